@@ -1,0 +1,177 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/viper"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// EnvPrefix prefixes the environment variables that override scalar settings, with dots in the
+// key replaced by underscores: DYNWATCH_API_ADDRESS overrides api.address.
+const EnvPrefix = "DYNWATCH"
+
+// Config is the whole configuration of one dynwatch process.
+type Config struct {
+	Resources []Resource `mapstructure:"resources"`
+	API       Listener   `mapstructure:"api"`
+	Metrics   Listener   `mapstructure:"metrics"`
+	Discovery Discovery  `mapstructure:"discovery"`
+	Log       Log        `mapstructure:"log"`
+}
+
+// Listener is the address an HTTP server listens on, host:port.
+type Listener struct {
+	Address string `mapstructure:"address"`
+}
+
+// Discovery controls how configured resources are matched to what the apiserver serves.
+type Discovery struct {
+	// Interval is how often discovery runs again, so a resource whose CRD appears or goes away
+	// is picked up or stopped within about this long. A watch that fails with NotFound triggers
+	// discovery at once.
+	Interval time.Duration `mapstructure:"interval"`
+}
+
+// Log configures the process's structured log.
+type Log struct {
+	Level  string `mapstructure:"level"`  // debug, info, warn or error
+	Format string `mapstructure:"format"` // json or text
+
+	// SlogLevel is Level, parsed.
+	SlogLevel slog.Level `mapstructure:"-"`
+}
+
+// Resource is one watched resource: one informer per listed namespace, or one for all.
+type Resource struct {
+	Group         string        `mapstructure:"group"`
+	Version       string        `mapstructure:"version"`
+	Resource      string        `mapstructure:"resource"`
+	Kind          string        `mapstructure:"kind"`
+	Namespaces    []string      `mapstructure:"namespaces"`
+	LabelSelector string        `mapstructure:"labelSelector"`
+	FieldSelector string        `mapstructure:"fieldSelector"`
+	Resync        time.Duration `mapstructure:"resync"`
+	Transform     Transform     `mapstructure:"transform"`
+	Indexers      []Indexer     `mapstructure:"indexers"`
+
+	// Labels and Fields are LabelSelector and FieldSelector, parsed; never nil after Load.
+	Labels labels.Selector `mapstructure:"-"`
+	Fields fields.Selector `mapstructure:"-"`
+}
+
+// Transform lists what is removed from objects before they enter the cache.
+type Transform struct {
+	StripManagedFields            *bool    `mapstructure:"stripManagedFields"`
+	StripLastAppliedConfiguration *bool    `mapstructure:"stripLastAppliedConfiguration"`
+	RemoveFields                  []string `mapstructure:"removeFields"`
+	// KeepSecretData opts a v1/secrets resource out of the default removal of data and
+	// stringData. It has no effect on other resources.
+	KeepSecretData bool `mapstructure:"keepSecretData"`
+
+	// Paths is RemoveFields, parsed.
+	Paths []FieldPath `mapstructure:"-"`
+}
+
+// IndexerType says what an Indexer indexes objects by.
+type IndexerType string
+
+// The indexer types.
+const (
+	IndexLabel      IndexerType = "label"      // the value of label Key
+	IndexAnnotation IndexerType = "annotation" // the value of annotation Key
+	IndexJSONPath   IndexerType = "jsonPath"   // every value Path yields
+	IndexOwner      IndexerType = "owner"      // each owner as Kind/name and as its uid
+)
+
+// Indexer is an extra named index on a resource's cache.
+type Indexer struct {
+	Name string      `mapstructure:"name"`
+	Type IndexerType `mapstructure:"type"`
+	Key  string      `mapstructure:"key"`
+	Path string      `mapstructure:"path"`
+
+	// JSONPath is Path, parsed, for type jsonPath.
+	JSONPath *JSONPath `mapstructure:"-"`
+}
+
+// GroupVersion returns the resource's group and version.
+func (r *Resource) GroupVersion() schema.GroupVersion {
+	return schema.GroupVersion{Group: r.Group, Version: r.Version}
+}
+
+// IsSecrets reports whether r names core v1 secrets, whose data is removed by default.
+func (r *Resource) IsSecrets() bool {
+	return r.Group == "" && (r.Resource == "secrets" || r.Kind == "Secret")
+}
+
+// String names the resource as configured, in kubectl's resource.version.group form (or
+// Kind.version.group when it is configured by kind).
+func (r *Resource) String() string {
+	name := r.Resource
+	if name == "" {
+		name = r.Kind
+	}
+	return strings.TrimSuffix(name+"."+r.Version+"."+r.Group, ".")
+}
+
+// setDefaults is the one place defaults are set. It runs on the viper instance before the
+// file is decoded, and on the decoded tree for values inside lists, which viper cannot default.
+func setDefaults(v *viper.Viper) {
+	v.SetDefault("api.address", ":8080")
+	v.SetDefault("metrics.address", ":9090")
+	v.SetDefault("discovery.interval", "5s")
+	v.SetDefault("log.level", "info")
+	v.SetDefault("log.format", "json")
+}
+
+func (c *Config) setListDefaults() {
+	yes := true
+	for i := range c.Resources {
+		t := &c.Resources[i].Transform
+		if t.StripManagedFields == nil {
+			t.StripManagedFields = &yes
+		}
+		if t.StripLastAppliedConfiguration == nil {
+			t.StripLastAppliedConfiguration = &yes
+		}
+	}
+}
+
+// Load reads the YAML file at path, applies DYNWATCH_ environment overrides and defaults, and
+// validates the result. Unknown keys are errors. The error, if any, lists every problem found.
+func Load(path string) (*Config, error) {
+	if path == "" {
+		return nil, errors.New("--config: a configuration file is required")
+	}
+	v := viper.New()
+	setDefaults(v)
+	v.SetConfigFile(path)
+	v.SetConfigType("yaml")
+	v.SetEnvPrefix(EnvPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	if err := v.ReadInConfig(); err != nil {
+		return nil, fmt.Errorf("read config %s: %w", path, err)
+	}
+	var c Config
+	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+		mapstructure.StringToTimeDurationHookFunc(),
+		mapstructure.StringToSliceHookFunc(","),
+	)))
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	c.setListDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("config %s is invalid:\n%w", path, err)
+	}
+	return &c, nil
+}

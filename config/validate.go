@@ -1,0 +1,166 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// NamespaceIndex is the name of the index every resource's cache has; indexers may not use it.
+const NamespaceIndex = "namespace"
+
+var (
+	indexerName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]*$`)
+	kindName    = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
+)
+
+// problems collects validation errors, each prefixed with its path in the file.
+type problems []error
+
+func (p *problems) add(path, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...)))
+}
+
+// validate checks the whole tree, fills the parsed fields, and reports every problem at once.
+func (c *Config) validate() error {
+	var p problems
+	if len(c.Resources) == 0 {
+		p.add("resources", "at least one resource must be configured")
+	}
+	seen := map[string]int{}
+	for i := range c.Resources {
+		path := fmt.Sprintf("resources[%d]", i)
+		r := &c.Resources[i]
+		r.validate(path, &p)
+		id := strings.ToLower(r.String())
+		if first, dup := seen[id]; dup {
+			p.add(path, "duplicate of resources[%d] (%s)", first, r)
+		} else {
+			seen[id] = i
+		}
+	}
+	checkAddress("api.address", c.API.Address, &p)
+	checkAddress("metrics.address", c.Metrics.Address, &p)
+	if c.Discovery.Interval < time.Second {
+		p.add("discovery.interval", "must be at least 1s, got %s", c.Discovery.Interval)
+	}
+	if err := c.Log.SlogLevel.UnmarshalText([]byte(c.Log.Level)); err != nil {
+		p.add("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)
+	}
+	if c.Log.Format != "json" && c.Log.Format != "text" {
+		p.add("log.format", "must be json or text, got %q", c.Log.Format)
+	}
+	return errors.Join(p...)
+}
+
+func checkAddress(path, addr string, p *problems) {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		p.add(path, "must be host:port, got %q", addr)
+	}
+}
+
+func (r *Resource) validate(path string, p *problems) {
+	if r.Version == "" {
+		p.add(path+".version", "is required")
+	}
+	if r.Group != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(r.Group) {
+			p.add(path+".group", "%s", msg)
+		}
+	}
+	switch {
+	case r.Resource == "" && r.Kind == "":
+		p.add(path, "one of resource or kind is required")
+	case r.Resource != "" && r.Kind != "":
+		p.add(path, "set resource or kind, not both")
+	case r.Resource != "":
+		for _, msg := range validation.IsDNS1123Label(r.Resource) {
+			p.add(path+".resource", "%s", msg)
+		}
+	case !kindName.MatchString(r.Kind):
+		p.add(path+".kind", "must be a Kind such as ConfigMap, got %q", r.Kind)
+	}
+	namespaces := map[string]bool{}
+	for j, ns := range r.Namespaces {
+		npath := fmt.Sprintf("%s.namespaces[%d]", path, j)
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			p.add(npath, "%s", msg)
+		}
+		if namespaces[ns] {
+			p.add(npath, "duplicate namespace %q", ns)
+		}
+		namespaces[ns] = true
+	}
+	var err error
+	if r.Labels, err = labels.Parse(r.LabelSelector); err != nil {
+		p.add(path+".labelSelector", "%v", err)
+	}
+	if r.Fields, err = fields.ParseSelector(r.FieldSelector); err != nil {
+		p.add(path+".fieldSelector", "%v", err)
+	}
+	if r.Resync != 0 && r.Resync < time.Second {
+		p.add(path+".resync", "must be 0 (off) or at least 1s, got %s", r.Resync)
+	}
+	for j, text := range r.Transform.RemoveFields {
+		fp, err := ParseFieldPath(text)
+		if err != nil {
+			p.add(fmt.Sprintf("%s.transform.removeFields[%d]", path, j), "%v", err)
+			continue
+		}
+		r.Transform.Paths = append(r.Transform.Paths, fp)
+	}
+	if r.Transform.KeepSecretData && !r.IsSecrets() {
+		p.add(path+".transform.keepSecretData", "only applies to core v1 secrets")
+	}
+	names := map[string]bool{}
+	for j := range r.Indexers {
+		ix := &r.Indexers[j]
+		ipath := fmt.Sprintf("%s.indexers[%d]", path, j)
+		ix.validate(ipath, p)
+		if names[ix.Name] {
+			p.add(ipath+".name", "duplicate indexer name %q", ix.Name)
+		}
+		names[ix.Name] = true
+	}
+}
+
+func (ix *Indexer) validate(path string, p *problems) {
+	switch {
+	case ix.Name == NamespaceIndex:
+		p.add(path+".name", "%q is reserved for the built-in namespace index", ix.Name)
+	case !indexerName.MatchString(ix.Name):
+		p.add(path+".name", "must start with a letter and contain only letters, digits, _ and -, got %q", ix.Name)
+	}
+	needKey, needPath := false, false
+	switch ix.Type {
+	case IndexLabel, IndexAnnotation:
+		needKey = true
+		for _, msg := range validation.IsQualifiedName(ix.Key) {
+			p.add(path+".key", "%s", msg)
+		}
+	case IndexJSONPath:
+		needPath = true
+		jp, err := ParseJSONPath(ix.Path)
+		if err != nil {
+			p.add(path+".path", "%v", err)
+		}
+		ix.JSONPath = jp
+	case IndexOwner:
+	default:
+		p.add(path+".type", "must be one of label, annotation, jsonPath, owner, got %q", ix.Type)
+		return
+	}
+	if !needKey && ix.Key != "" {
+		p.add(path+".key", "is not used by type %s", ix.Type)
+	}
+	if !needPath && ix.Path != "" {
+		p.add(path+".path", "is not used by type %s", ix.Type)
+	}
+}

@@ -1,0 +1,18 @@
+// Package dynamicinformer owns dynwatch's caches: for every configured resource it runs
+// client-go dynamic shared informers over unstructured.Unstructured, keyed by
+// GroupVersionResource (one informer per listed namespace, or one for all namespaces).
+//
+// Vocabulary: the Manager resolves each configured resource through discovery, starts its
+// informers when the apiserver serves it and stops them when it no longer does (a CRD deleted),
+// and reports readiness and status. A Resource is one configured entry and its informers. An
+// Event is what a change becomes: Added, Modified (with the old object) or Deleted (with the
+// last known object, unwrapped from a DeletedFinalStateUnknown tombstone).
+//
+// Objects pass the resource's Transform before they enter the cache; the transform is
+// idempotent, as client-go requires. Objects handed out by the cache and in Events are shared
+// and read-only.
+//
+// Concurrency: Subscribers are called from the informers' handler goroutines, one goroutine per
+// informer, in the order the informer saw the changes; they must return quickly and do no I/O.
+// All Manager and Resource methods are safe for concurrent use.
+package dynamicinformer

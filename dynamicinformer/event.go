@@ -1,0 +1,48 @@
+package dynamicinformer
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// EventType is the kind of change an Event reports, named as in Kubernetes watch events.
+type EventType string
+
+// The event types.
+const (
+	Added    EventType = "ADDED"
+	Modified EventType = "MODIFIED"
+	Deleted  EventType = "DELETED"
+)
+
+// EventTypes lists every EventType, in a stable order.
+var EventTypes = []EventType{Added, Modified, Deleted}
+
+// Event is one change to one object of a watched resource. Object and OldObject are
+// transformed and shared with the cache: subscribers must not modify them.
+type Event struct {
+	Type     EventType
+	Resource schema.GroupVersionResource
+	// Object is the new object, or for Deleted the last known one.
+	Object *unstructured.Unstructured
+	// OldObject is the object before the change, for Modified only.
+	OldObject *unstructured.Unstructured
+	// InitialList is true for Added events from an informer's initial list.
+	InitialList bool
+	// Observed is when the informer handed the change to dynwatch.
+	Observed time.Time
+}
+
+// Subscriber receives every Event. OnEvent is called from informer handler goroutines and must
+// return quickly without doing I/O: it should enqueue the event and return.
+type Subscriber interface {
+	OnEvent(Event)
+}
+
+// SubscriberFunc adapts a function to a Subscriber.
+type SubscriberFunc func(Event)
+
+// OnEvent calls f(e).
+func (f SubscriberFunc) OnEvent(e Event) { f(e) }

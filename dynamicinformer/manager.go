@@ -1,0 +1,268 @@
+package dynamicinformer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/dynwatch/dynwatch/config"
+)
+
+// Options are a Manager's dependencies.
+type Options struct {
+	Logger      *slog.Logger
+	Dynamic     dynamic.Interface
+	Discovery   discovery.DiscoveryInterface
+	Registerer  prometheus.Registerer
+	Resources   []config.Resource
+	Interval    time.Duration // how often discovery runs while a resource is not running
+	Subscribers []Subscriber
+	Now         func() time.Time // the clock; time.Now when nil
+}
+
+// Manager runs the informers of every configured resource.
+type Manager struct {
+	log         *slog.Logger
+	dynamic     dynamic.Interface
+	discovery   discovery.DiscoveryInterface
+	interval    time.Duration
+	subscribers []Subscriber
+	now         func() time.Time
+	resources   []*Resource // in configuration order
+
+	discovered atomic.Bool // discovery has succeeded at least once
+	nudge      chan struct{}
+	discoFails prometheus.Counter
+
+	mu    sync.RWMutex
+	byGVR map[schema.GroupVersionResource]*Resource
+}
+
+// New builds a Manager and registers its metrics. Nothing runs until Run.
+func New(o Options) (*Manager, error) {
+	m := &Manager{
+		log:         o.Logger,
+		dynamic:     o.Dynamic,
+		discovery:   o.Discovery,
+		interval:    o.Interval,
+		subscribers: o.Subscribers,
+		now:         o.Now,
+		nudge:       make(chan struct{}, 1),
+		byGVR:       map[schema.GroupVersionResource]*Resource{},
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	met := newMetrics(m)
+	if err := o.Registerer.Register(met); err != nil {
+		return nil, fmt.Errorf("register informer metrics: %w", err)
+	}
+	m.discoFails = met.discoveryFailures
+	for i := range o.Resources {
+		cfg := &o.Resources[i]
+		r := &Resource{cfg: cfg, name: cfg.String(), m: m, state: StatePending, events: map[EventType]counter{}}
+		for _, t := range EventTypes {
+			r.events[t] = met.events.WithLabelValues(r.name, string(t))
+		}
+		r.watchErrs = met.watchErrors.WithLabelValues(r.name)
+		m.resources = append(m.resources, r)
+	}
+	return m, nil
+}
+
+// Resources returns every configured resource, in configuration order.
+func (m *Manager) Resources() []*Resource { return m.resources }
+
+// Lookup returns the running resource that serves gvr.
+func (m *Manager) Lookup(gvr schema.GroupVersionResource) (*Resource, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r, ok := m.byGVR[gvr]
+	return r, ok
+}
+
+// Nudge asks the Manager to run discovery now rather than at the next interval.
+func (m *Manager) Nudge() {
+	select {
+	case m.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// Run resolves the configured resources through discovery and runs their informers until ctx
+// ends; then it stops every informer and returns nil. While any resource is not running
+// (not served yet, discovery failing) discovery runs again every interval, and at once when
+// a watch reports its resource gone.
+func (m *Manager) Run(ctx context.Context) error {
+	defer func() {
+		for _, r := range m.resources {
+			r.stopInformers()
+		}
+	}()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		case <-m.nudge:
+			timer.Stop()
+		}
+		m.reconcile(ctx)
+		if !m.allRunning() {
+			timer.Reset(m.interval)
+		}
+	}
+}
+
+func (m *Manager) allRunning() bool {
+	for _, r := range m.resources {
+		if !r.running() {
+			return false
+		}
+	}
+	return true
+}
+
+// Ready reports whether every resource the apiserver serves has synced, and if not, which
+// resources are holding readiness back and why.
+func (m *Manager) Ready() (bool, []string) {
+	if !m.discovered.Load() {
+		return false, []string{"discovery has not succeeded yet"}
+	}
+	var laggards []string
+	for _, r := range m.resources {
+		if st := r.State(); st == StatePending || st == StateSyncing {
+			laggards = append(laggards, fmt.Sprintf("%s: %s", r.name, st))
+		}
+	}
+	return len(laggards) == 0, laggards
+}
+
+// Status reports every configured resource, in configuration order.
+func (m *Manager) Status() []Status {
+	out := make([]Status, 0, len(m.resources))
+	for _, r := range m.resources {
+		out = append(out, r.Status())
+	}
+	return out
+}
+
+// reconcile runs discovery once and starts or stops informers to match what is served.
+func (m *Manager) reconcile(ctx context.Context) {
+	served, err := m.serve()
+	if err != nil {
+		m.discoFails.Inc()
+		m.log.Warn("discovery failed", "err", err)
+		for _, r := range m.resources {
+			if !r.running() {
+				r.mu.Lock()
+				r.lastError = err.Error()
+				r.mu.Unlock()
+			}
+		}
+		return
+	}
+	m.discovered.Store(true)
+	byGVR := map[schema.GroupVersionResource]*Resource{}
+	for _, r := range m.resources {
+		api, gvr, reason := resolve(served, r.cfg)
+		if reason != "" {
+			r.stopInformers()
+			r.setState(StateNotServed, reason)
+			continue
+		}
+		if other, dup := byGVR[gvr]; dup {
+			r.stopInformers()
+			r.setState(StateInvalid, fmt.Sprintf("resolves to %s, already watched as %s", gvr, other.name))
+			continue
+		}
+		if reason := applicable(r.cfg, api); reason != "" {
+			r.stopInformers()
+			r.setState(StateInvalid, reason)
+			continue
+		}
+		byGVR[gvr] = r
+		r.mu.RLock()
+		moved := r.stop != nil && r.gvr != gvr
+		r.mu.RUnlock()
+		if moved {
+			r.stopInformers()
+		}
+		if !r.running() {
+			if err := r.start(ctx, m.dynamic, gvr, api); err != nil {
+				r.setState(StateInvalid, err.Error())
+			}
+		}
+	}
+	m.mu.Lock()
+	m.byGVR = byGVR
+	m.mu.Unlock()
+}
+
+// serve returns the resources the apiserver serves, by group/version. A discovery failure of
+// some groups (a broken aggregated API) is logged, and the groups that answered are used.
+func (m *Manager) serve() (map[schema.GroupVersion][]metav1.APIResource, error) {
+	_, lists, err := m.discovery.ServerGroupsAndResources()
+	if err != nil {
+		if !discovery.IsGroupDiscoveryFailedError(err) {
+			return nil, fmt.Errorf("discover served resources: %w", err)
+		}
+		m.log.Warn("discovery failed for some groups", "err", err)
+	}
+	served := map[schema.GroupVersion][]metav1.APIResource{}
+	for _, list := range lists {
+		gv, perr := schema.ParseGroupVersion(list.GroupVersion)
+		if perr != nil {
+			return nil, errors.Join(err, perr)
+		}
+		served[gv] = list.APIResources
+	}
+	return served, nil
+}
+
+// resolve finds the configured resource among the served ones, or says why it is not served.
+func resolve(served map[schema.GroupVersion][]metav1.APIResource, cfg *config.Resource) (metav1.APIResource, schema.GroupVersionResource, string) {
+	gv := cfg.GroupVersion()
+	list, ok := served[gv]
+	if !ok {
+		return metav1.APIResource{}, schema.GroupVersionResource{}, fmt.Sprintf("the server does not serve API group version %q", gv)
+	}
+	for _, api := range list {
+		if strings.Contains(api.Name, "/") { // a subresource
+			continue
+		}
+		if (cfg.Resource != "" && api.Name == cfg.Resource) || (cfg.Kind != "" && api.Kind == cfg.Kind) {
+			return api, gv.WithResource(api.Name), ""
+		}
+	}
+	what := cfg.Resource
+	if what == "" {
+		what = "kind " + cfg.Kind
+	}
+	return metav1.APIResource{}, schema.GroupVersionResource{}, fmt.Sprintf("the server does not serve %s in %q", what, gv)
+}
+
+// applicable says why the configuration cannot apply to a served resource, or "".
+func applicable(cfg *config.Resource, api metav1.APIResource) string {
+	if !slices.Contains(api.Verbs, "list") || !slices.Contains(api.Verbs, "watch") {
+		return fmt.Sprintf("%s does not support list and watch (verbs %v)", api.Name, api.Verbs)
+	}
+	if !api.Namespaced && len(cfg.Namespaces) > 0 {
+		return fmt.Sprintf("%s is cluster-scoped: namespaces must be empty", api.Name)
+	}
+	return ""
+}

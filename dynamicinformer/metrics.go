@@ -1,0 +1,70 @@
+package dynamicinformer
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics holds the Manager's metrics. The gauges are read from the resources at scrape time.
+type metrics struct {
+	m                 *Manager
+	events            *prometheus.CounterVec
+	watchErrors       *prometheus.CounterVec
+	discoveryFailures prometheus.Counter
+	objects           *prometheus.Desc
+	synced            *prometheus.Desc
+	served            *prometheus.Desc
+}
+
+func newMetrics(m *Manager) *metrics {
+	return &metrics{
+		m: m,
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_informer_events_total",
+			Help: "Events emitted by the informers of a watched resource, by event type.",
+		}, []string{"resource", "type"}),
+		watchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_informer_watch_errors_total",
+			Help: "List and watch errors reported by the informers of a watched resource.",
+		}, []string{"resource"}),
+		discoveryFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dynwatch_discovery_failures_total",
+			Help: "Discovery runs that failed.",
+		}),
+		objects: prometheus.NewDesc("dynwatch_informer_objects",
+			"Objects in the cache of a watched resource.", []string{"resource"}, nil),
+		synced: prometheus.NewDesc("dynwatch_informer_synced",
+			"1 when the informers of a watched resource have synced, else 0.", []string{"resource"}, nil),
+		served: prometheus.NewDesc("dynwatch_informer_served",
+			"1 when the apiserver serves a watched resource and its informers run, else 0.", []string{"resource"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
+	x.events.Describe(ch)
+	x.watchErrors.Describe(ch)
+	x.discoveryFailures.Describe(ch)
+	ch <- x.objects
+	ch <- x.synced
+	ch <- x.served
+}
+
+// Collect implements prometheus.Collector.
+func (x *metrics) Collect(ch chan<- prometheus.Metric) {
+	x.events.Collect(ch)
+	x.watchErrors.Collect(ch)
+	x.discoveryFailures.Collect(ch)
+	for _, r := range x.m.resources {
+		st := r.State()
+		ch <- prometheus.MustNewConstMetric(x.objects, prometheus.GaugeValue, float64(r.objects.Load()), r.name)
+		ch <- prometheus.MustNewConstMetric(x.synced, prometheus.GaugeValue, bool01(st == StateSynced), r.name)
+		ch <- prometheus.MustNewConstMetric(x.served, prometheus.GaugeValue, bool01(st == StateSyncing || st == StateSynced), r.name)
+	}
+}
+
+func bool01(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,49 @@
+package dynamicinformer
+
+import (
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dynwatch/dynwatch/config"
+)
+
+// LastAppliedAnnotation is the annotation kubectl apply keeps the last applied configuration in.
+const LastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
+
+// NewTransform returns the cache transform for a configured resource: it strips managedFields
+// and the last-applied annotation (unless turned off), the data of core v1 secrets (unless
+// keepSecretData), and every removeFields path. It modifies objects in place, is idempotent,
+// and passes anything that is not an *unstructured.Unstructured through unchanged.
+func NewTransform(r *config.Resource) cache.TransformFunc {
+	stripManaged := *r.Transform.StripManagedFields
+	stripLastApplied := *r.Transform.StripLastAppliedConfiguration
+	stripSecretData := r.IsSecrets() && !r.Transform.KeepSecretData
+	paths := r.Transform.Paths
+	return func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil
+		}
+		if stripManaged {
+			unstructured.RemoveNestedField(u.Object, "metadata", "managedFields")
+		}
+		if stripLastApplied {
+			if annotations := u.GetAnnotations(); annotations != nil {
+				if _, ok := annotations[LastAppliedAnnotation]; ok {
+					unstructured.RemoveNestedField(u.Object, "metadata", "annotations", LastAppliedAnnotation)
+					if len(annotations) == 1 {
+						unstructured.RemoveNestedField(u.Object, "metadata", "annotations")
+					}
+				}
+			}
+		}
+		if stripSecretData {
+			delete(u.Object, "data")
+			delete(u.Object, "stringData")
+		}
+		for _, p := range paths {
+			p.Remove(u.Object)
+		}
+		return u, nil
+	}
+}

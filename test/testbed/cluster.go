@@ -1,0 +1,399 @@
+package testbed
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Options configure a Cluster.
+type Options struct {
+	// Dir holds the cluster's data, certificates and logs. A temporary directory, removed by
+	// Stop, when empty.
+	Dir string
+	// Out receives build progress. os.Stderr when nil.
+	Out io.Writer
+	// NoWatchCache turns the apiserver's watch cache off, so watches are served by etcd and a
+	// compaction makes older resourceVersions unwatchable at once.
+	NoWatchCache bool
+}
+
+// Cluster is a running etcd and kube-apiserver on loopback.
+type Cluster struct {
+	// Config is an admin (system:masters) client configuration.
+	Config *rest.Config
+	// Kubeconfig is the path of a kubeconfig file for the same admin.
+	Kubeconfig string
+	// Dir holds data, certificates and logs (etcd.log, kube-apiserver.log).
+	Dir string
+	// Binaries are the executables the cluster runs; Binaries.Kubectl matches its version.
+	Binaries Binaries
+
+	ownDir   bool
+	etcdURL  string
+	apiArgs  []string
+	apiURL   string
+	mu       sync.Mutex
+	etcd     *process
+	api      *process
+	stopOnce sync.Once
+}
+
+// process is a child that dies with the test process.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{}
+	err  error
+}
+
+func startProcess(name, bin, logPath string, args ...string) (*process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open %s log: %w", name, err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, log: logFile, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// stop sends SIGTERM, and SIGKILL if the process has not exited within grace.
+func (p *process) stop(grace time.Duration) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *process) exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s exited: %v", p.name, p.err)
+	default:
+		return nil
+	}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Start builds the binaries if needed, starts etcd and kube-apiserver, and returns once the
+// apiserver's /readyz answers 200. On error everything started is stopped.
+func Start(ctx context.Context, o Options) (c *Cluster, err error) {
+	out := o.Out
+	if out == nil {
+		out = os.Stderr
+	}
+	bins, err := EnsureBinaries(ctx, out)
+	if err != nil {
+		return nil, err
+	}
+	c = &Cluster{Dir: o.Dir, Binaries: bins}
+	if c.Dir == "" {
+		if c.Dir, err = os.MkdirTemp("", "dynwatch-testbed-"); err != nil {
+			return nil, err
+		}
+		c.ownDir = true
+	}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	if err := c.startEtcd(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.prepareAPIServer(o); err != nil {
+		return nil, err
+	}
+	if err := c.startAPIServer(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) startEtcd(ctx context.Context) error {
+	clientPort, err := FreePort()
+	if err != nil {
+		return err
+	}
+	peerPort, err := FreePort()
+	if err != nil {
+		return err
+	}
+	c.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", clientPort)
+	peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	p, err := startProcess("etcd", c.Binaries.Etcd, filepath.Join(c.Dir, "etcd.log"),
+		"--name=testbed", "--data-dir="+filepath.Join(c.Dir, "etcd"),
+		"--listen-client-urls="+c.etcdURL, "--advertise-client-urls="+c.etcdURL,
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
+		"--initial-cluster=testbed="+peer, "--unsafe-no-fsync", "--log-level=warn")
+	if err != nil {
+		return err
+	}
+	c.etcd = p
+	return c.waitFor(ctx, p, "etcd.log", func() bool {
+		resp, err := http.Get(c.etcdURL + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+func (c *Cluster) prepareAPIServer(o Options) error {
+	pki := filepath.Join(c.Dir, "pki")
+	if err := os.MkdirAll(pki, 0o700); err != nil {
+		return err
+	}
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return fmt.Errorf("generate service account key: %w", err)
+	}
+	saKey := filepath.Join(pki, "sa.key")
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
+	if err := os.WriteFile(saKey, keyPEM, 0o600); err != nil {
+		return err
+	}
+	token := make([]byte, 16)
+	if _, err := rand.Read(token); err != nil {
+		return err
+	}
+	adminToken := hex.EncodeToString(token)
+	tokens := filepath.Join(pki, "tokens.csv")
+	if err := os.WriteFile(tokens, []byte(adminToken+`,admin,admin,"system:masters"`+"\n"), 0o600); err != nil {
+		return err
+	}
+	port, err := FreePort()
+	if err != nil {
+		return err
+	}
+	c.apiURL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	c.apiArgs = []string{
+		"--etcd-servers=" + c.etcdURL,
+		"--secure-port=" + strconv.Itoa(port),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--cert-dir=" + pki,
+		"--token-auth-file=" + tokens,
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file=" + saKey,
+		"--service-account-signing-key-file=" + saKey,
+		"--service-cluster-ip-range=10.96.0.0/24",
+		// No controller-manager runs, so nothing creates default service accounts.
+		"--disable-admission-plugins=ServiceAccount",
+		"--endpoint-reconciler-type=none",
+		"--profiling=false",
+	}
+	if o.NoWatchCache {
+		c.apiArgs = append(c.apiArgs, "--watch-cache=false")
+	}
+	c.Config = &rest.Config{Host: c.apiURL, BearerToken: adminToken, QPS: 200, Burst: 400}
+	return nil
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context) error {
+	p, err := startProcess("kube-apiserver", c.Binaries.APIServer, filepath.Join(c.Dir, "kube-apiserver.log"), c.apiArgs...)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.api = p
+	c.mu.Unlock()
+	// The apiserver writes its self-signed serving certificate and CA before it listens.
+	var client *http.Client
+	err = c.waitFor(ctx, p, "kube-apiserver.log", func() bool {
+		if client == nil {
+			ca, err := os.ReadFile(filepath.Join(c.Dir, "pki", "apiserver.crt"))
+			if err != nil {
+				return false
+			}
+			c.Config.CAData = ca
+			pool := x509.NewCertPool()
+			pool.AppendCertsFromPEM(ca)
+			client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.apiURL+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+c.Config.BearerToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	if err != nil {
+		return err
+	}
+	return c.writeKubeconfig()
+}
+
+func (c *Cluster) writeKubeconfig() error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["testbed"] = &clientcmdapi.Cluster{Server: c.apiURL, CertificateAuthorityData: c.Config.CAData}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: c.Config.BearerToken}
+	cfg.Contexts["testbed"] = &clientcmdapi.Context{Cluster: "testbed", AuthInfo: "admin", Namespace: "default"}
+	cfg.CurrentContext = "testbed"
+	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
+	return clientcmd.WriteToFile(*cfg, c.Kubeconfig)
+}
+
+// waitFor polls ready until it holds, the process exits, ctx ends or a minute passes.
+func (c *Cluster) waitFor(ctx context.Context, p *process, logName string, ready func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !ready() {
+		if err := p.exited(); err != nil {
+			return fmt.Errorf("%w; last lines of %s:\n%s", err, logName, c.logTail(logName))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready: %w; last lines of %s:\n%s", p.name, ctx.Err(), logName, c.logTail(logName))
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) logTail(name string) string {
+	b, _ := os.ReadFile(filepath.Join(c.Dir, name))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
+}
+
+// URL is the apiserver's base URL.
+func (c *Cluster) URL() string { return c.apiURL }
+
+// RestartAPIServer stops the apiserver (SIGTERM) and starts it again on the same port and
+// storage, returning when it is ready. Watches against it break, as in a real restart.
+func (c *Cluster) RestartAPIServer(ctx context.Context) error {
+	c.mu.Lock()
+	api := c.api
+	c.mu.Unlock()
+	api.stop(30 * time.Second)
+	return c.startAPIServer(ctx)
+}
+
+// CompactEtcd compacts etcd's history up to its current revision, so a watch from an older
+// resourceVersion fails with 410 Gone and informers must relist.
+func (c *Cluster) CompactEtcd(ctx context.Context) error {
+	var rng struct {
+		Header struct {
+			Revision json.Number `json:"revision"`
+		} `json:"header"`
+	}
+	if err := c.etcdCall(ctx, "/v3/kv/range", `{"key":"AA=="}`, &rng); err != nil {
+		return fmt.Errorf("read etcd revision: %w", err)
+	}
+	body := fmt.Sprintf(`{"revision":%q,"physical":true}`, rng.Header.Revision.String())
+	if err := c.etcdCall(ctx, "/v3/kv/compaction", body, nil); err != nil {
+		return fmt.Errorf("compact etcd at revision %s: %w", rng.Header.Revision, err)
+	}
+	return nil
+}
+
+func (c *Cluster) etcdCall(ctx context.Context, path, body string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.etcdURL+path, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("etcd %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(b, out)
+}
+
+// Kubectl runs the test bed's kubectl against the cluster and returns its standard output. An
+// error carries standard error.
+func (c *Cluster) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
+	return Kubectl(ctx, c.Binaries.Kubectl, append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+}
+
+// Kubectl runs the kubectl binary at path with args.
+func Kubectl(ctx context.Context, path string, args ...string) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// Stop stops the apiserver and etcd and removes a temporary Dir. It is safe to call twice.
+func (c *Cluster) Stop() {
+	c.stopOnce.Do(func() {
+		c.mu.Lock()
+		api := c.api
+		c.mu.Unlock()
+		if api != nil {
+			api.stop(10 * time.Second)
+		}
+		if c.etcd != nil {
+			c.etcd.stop(10 * time.Second)
+		}
+		if c.ownDir {
+			_ = os.RemoveAll(c.Dir)
+		}
+	})
+}

@@ -1,0 +1,14 @@
+// Package testbed runs a real Kubernetes control plane for dynwatch's tests, demo and
+// benchmarks: etcd and kube-apiserver, built from the test/tools module (k8s.io/kubernetes
+// v1.36.3, etcd v3.6) into a cache directory outside the repository and started on free
+// loopback ports. A Cluster hands back a *rest.Config and a kubeconfig file for an admin token,
+// and can restart its apiserver and compact etcd for fault tests.
+//
+// Binaries are built once per version of test/tools (the cache key hashes its go.mod and
+// go.sum); concurrent test processes share the build through a file lock. The cache lives in
+// $DYNWATCH_TESTBED_CACHE, or dynwatch-testbed under the user cache directory.
+//
+// Every process the package starts dies with the test process (SIGKILL on parent death), and
+// Stop removes all it wrote. Nothing listens beyond 127.0.0.1. A Cluster's methods are safe for
+// concurrent use, except that Stop and RestartAPIServer must not overlap.
+package testbed

@@ -1,0 +1,98 @@
+package testbed
+
+import (
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+)
+
+var cluster *Cluster
+
+func TestMain(m *testing.M) { os.Exit(Main(m, &cluster)) }
+
+func TestClusterServesKubectlAndClientGo(t *testing.T) {
+	out, err := cluster.Kubectl(t.Context(), "create", "configmap", "hello", "--from-literal=a=b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "configmap/hello created") {
+		t.Fatalf("kubectl create said %q", out)
+	}
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	cm, err := cs.CoreV1().ConfigMaps("default").Get(t.Context(), "hello", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data["a"] != "b" {
+		t.Fatalf("data = %v, want a=b", cm.Data)
+	}
+}
+
+func TestRestartAPIServerKeepsData(t *testing.T) {
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "survivor"}}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.RestartAPIServer(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("default").Get(t.Context(), "survivor", metav1.GetOptions{}); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+}
+
+func TestCompactEtcdExpiresOldResourceVersions(t *testing.T) {
+	c, err := Start(t.Context(), Options{Dir: t.TempDir(), NoWatchCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	cs := kubernetes.NewForConfigOrDie(c.Config)
+	configMaps := cs.CoreV1().ConfigMaps("default")
+	cm, err := configMaps.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "compacted"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := cm.ResourceVersion
+	for _, v := range []string{"a", "b", "c"} {
+		cm.Data = map[string]string{"v": v}
+		if cm, err = configMaps.Update(t.Context(), cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	watchFrom := func() (watch.Event, error) {
+		w, err := configMaps.Watch(t.Context(), metav1.ListOptions{
+			FieldSelector:   fields.OneTermEqualSelector("metadata.name", "compacted").String(),
+			ResourceVersion: first,
+		})
+		if err != nil {
+			return watch.Event{}, err
+		}
+		defer w.Stop()
+		return <-w.ResultChan(), nil
+	}
+	ev, err := watchFrom()
+	if err != nil || ev.Type != watch.Modified {
+		t.Fatalf("before compaction, a watch from %s got %v, %v; want a MODIFIED event", first, ev.Type, err)
+	}
+	if err := c.CompactEtcd(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ev, err = watchFrom()
+	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return
+	}
+	if st, ok := ev.Object.(*metav1.Status); err == nil && ok && st.Code == http.StatusGone {
+		return
+	}
+	t.Fatalf("after compaction, a watch from %s got %v %v, %v; want 410 Gone", first, ev.Type, ev.Object, err)
+}
