@@ -1,0 +1,114 @@
+// Command dynwatch watches any set of Kubernetes resources through dynamic informers and serves
+// their state and changes. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/httpapi"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "dynwatch: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	flags := flag.NewFlagSet("dynwatch", flag.ContinueOnError)
+	configPath := flags.String("config", "", "path of the YAML configuration file (required)")
+	kubeconfig := flags.String("kubeconfig", "", "path of a kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
+	if err := flags.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	cfg, err := config.Load(*configPath)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Log)
+	klog.SetSlogLogger(log)
+	gin.SetMode(gin.ReleaseMode)
+
+	restConfig, err := clientConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	disco, err := discovery.NewDiscoveryClientForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("discovery client: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	informers, err := dynamicinformer.New(dynamicinformer.Options{
+		Logger: log, Dynamic: dyn, Discovery: disco, Registerer: reg,
+		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
+	})
+	if err != nil {
+		return err
+	}
+
+	log.Info("starting", "resources", len(cfg.Resources), "apiserver", restConfig.Host)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return informers.Run(ctx) })
+	g.Go(func() error {
+		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, httpapi.NewAPI(log, informers), 0)
+	})
+	g.Go(func() error {
+		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers), 30*time.Second)
+	})
+	err = g.Wait()
+	log.Info("stopped", "err", err)
+	return err
+}
+
+func newLogger(c config.Log) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.SlogLevel}
+	if c.Format == "text" {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+// clientConfig resolves the apiserver connection as client-go tools do: the --kubeconfig flag,
+// then $KUBECONFIG, then ~/.kube/config, then the in-cluster service account.
+func clientConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	c.UserAgent = "dynwatch"
+	c.QPS, c.Burst = 50, 100
+	return c, nil
+}

@@ -1,0 +1,176 @@
+// Command demo shows dynwatch at work against a local kube-apiserver: it starts the test bed,
+// runs the dynwatch binary with dynwatch.yaml, makes changes with kubectl and prints what
+// dynwatch reports after each. Run it with `make demo`.
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dynwatch/dynwatch/test/runner"
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+//go:embed crd.yaml
+var crd []byte
+
+//go:embed widget.yaml
+var widget []byte
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context) error {
+	keep := flag.Bool("keep", false, "keep dynwatch and the apiserver running until interrupted")
+	logPath := flag.String("log", "", "write dynwatch's log to this file (default: a file in the demo directory)")
+	flag.Parse()
+
+	step("Starting a local etcd and kube-apiserver " + testbed.KubernetesVersion + " (the first run builds them: minutes)")
+	cluster, err := testbed.Start(ctx, testbed.Options{Out: os.Stdout})
+	if err != nil {
+		return err
+	}
+	defer cluster.Stop()
+	fmt.Println("   apiserver:", cluster.URL(), " kubeconfig:", cluster.Kubeconfig)
+
+	step("Building and starting dynwatch with test/demo/dynwatch.yaml")
+	bin, err := runner.Build(ctx, cluster.Dir, false)
+	if err != nil {
+		return err
+	}
+	if *logPath == "" {
+		*logPath = filepath.Join(cluster.Dir, "dynwatch.log")
+	}
+	logFile, err := os.Create(*logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	dw, err := runner.Start(runner.Options{Binary: bin, Config: "test/demo/dynwatch.yaml", Kubeconfig: cluster.Kubeconfig, Log: logFile})
+	if err != nil {
+		return err
+	}
+	defer dw.Stop(10 * time.Second) //nolint:errcheck // reported below when it matters
+	if err := dw.WaitReady(ctx); err != nil {
+		return fmt.Errorf("%w\n%s", err, dw.Log())
+	}
+	api, metrics, _ := dw.WaitListening(ctx)
+	fmt.Println("   API:", api, " metrics:", metrics, " log:", *logPath)
+	if err := show(ctx, dw, "ready: configmaps and pods synced; widgets not served yet (no CRD)"); err != nil {
+		return err
+	}
+
+	kubectl := func(args ...string) error {
+		fmt.Println("   $ kubectl", strings.Join(args, " "))
+		_, err := cluster.Kubectl(ctx, args...)
+		return err
+	}
+	crdPath, widgetPath := filepath.Join(cluster.Dir, "crd.yaml"), filepath.Join(cluster.Dir, "widget.yaml")
+	if err := errors.Join(os.WriteFile(crdPath, crd, 0o644), os.WriteFile(widgetPath, widget, 0o644)); err != nil {
+		return err
+	}
+	steps := []struct {
+		title string
+		cmds  [][]string
+	}{
+		{"Create configmaps in namespace demo (one has a password dynwatch strips)", [][]string{
+			{"create", "namespace", "demo"},
+			{"-n", "demo", "create", "configmap", "web", "--from-literal=color=blue", "--from-literal=password=hunter2"},
+			{"-n", "demo", "label", "configmap", "web", "app=web"},
+			{"-n", "demo", "create", "configmap", "db", "--from-literal=size=10Gi"},
+			{"-n", "demo", "annotate", "configmap", "db", "example.com/team=storage"},
+		}},
+		{"Create a pod bound to node n1 (no kubelet runs; it stays Pending)", [][]string{
+			{"-n", "demo", "run", "nginx", "--image=nginx:1.27", "--overrides", `{"spec":{"nodeName":"n1"}}`},
+		}},
+		{"Install the Widget CRD: dynwatch discovers it within seconds and starts watching", [][]string{
+			{"apply", "-f", crdPath},
+			{"wait", "--for=condition=Established", "crd/widgets.demo.dynwatch.io"},
+		}},
+		{"Create a widget, change a configmap, delete the pod", [][]string{
+			{"apply", "-f", widgetPath},
+			{"-n", "demo", "patch", "configmap", "web", "-p", `{"data":{"color":"green"}}`},
+			{"-n", "demo", "delete", "pod", "nginx", "--grace-period=0", "--force"},
+		}},
+	}
+	for _, s := range steps {
+		step(s.title)
+		for _, c := range s.cmds {
+			if err := kubectl(c...); err != nil {
+				return err
+			}
+		}
+		time.Sleep(3 * time.Second) // let discovery (every 2s) and the watches catch up before showing
+		if err := show(ctx, dw, "after: "+s.title); err != nil {
+			return err
+		}
+	}
+
+	step("Event counters from " + metrics + "/metrics")
+	if err := printMetrics(ctx, metrics, "dynwatch_informer_events_total"); err != nil {
+		return err
+	}
+	if *keep {
+		step("Still running. Try: curl " + api + "/status   curl " + metrics + "/metrics\n   kubectl --kubeconfig " + cluster.Kubeconfig + " get cm -n demo\n   Press Ctrl-C to stop.")
+		<-ctx.Done()
+	}
+	step("Stopping dynwatch with SIGTERM")
+	if err := dw.Stop(10 * time.Second); err != nil {
+		return err
+	}
+	fmt.Println("   dynwatch exited 0")
+	return nil
+}
+
+func step(s string) { fmt.Printf("\n== %s\n", s) }
+
+func show(ctx context.Context, dw *runner.Process, title string) error {
+	st, err := dw.Status(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("   /status (%s): ready=%v\n", title, st.Ready)
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "   RESOURCE\tSTATE\tOBJECTS\tINDEXERS\tREASON")
+	for _, r := range st.Resources {
+		fmt.Fprintf(w, "   %s\t%s\t%d\t%s\t%s\n", r.Resource, r.State, r.Objects, strings.Join(r.Indexers, ","), r.Reason)
+	}
+	return w.Flush()
+}
+
+func printMetrics(ctx context.Context, base, prefix string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			fmt.Println("   " + line)
+		}
+	}
+	return nil
+}

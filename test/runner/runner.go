@@ -1,0 +1,227 @@
+// Package runner builds the dynwatch binary and runs it as a child process, for end-to-end
+// tests, the demo and benchmarks. A Process learns the addresses its servers bound (configure
+// port 0) from the "listening" lines of dynwatch's JSON log, keeps the whole log for failure
+// reports, and dies with the parent process. Methods are safe for concurrent use.
+package runner
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dynwatch/dynwatch/httpapi"
+)
+
+// Build compiles dynwatch (with the race detector when race is true) into dir and returns the
+// binary's path.
+func Build(ctx context.Context, dir string, race bool) (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("locate module root: no caller information")
+	}
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	bin := filepath.Join(dir, "dynwatch")
+	args := []string{"build", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, ".")...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build dynwatch: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// Options say how to run dynwatch.
+type Options struct {
+	Binary     string
+	Config     string    // --config
+	Kubeconfig string    // --kubeconfig
+	Env        []string  // added to the environment
+	Log        io.Writer // receives dynwatch's log lines as they come, if set
+}
+
+// Process is a running dynwatch.
+type Process struct {
+	cmd  *exec.Cmd
+	out  io.Writer
+	done chan struct{}
+
+	mu      sync.Mutex
+	log     strings.Builder
+	addrs   map[string]string // server name → bound address
+	waitErr error
+	changed chan struct{} // closed and replaced whenever the log grows
+}
+
+// Start starts dynwatch. It does not wait for anything; see WaitListening and WaitReady.
+func Start(o Options) (*Process, error) {
+	args := []string{"--config", o.Config}
+	if o.Kubeconfig != "" {
+		args = append(args, "--kubeconfig", o.Kubeconfig)
+	}
+	cmd := exec.Command(o.Binary, args...)
+	cmd.Env = append(os.Environ(), o.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout = cmd.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start dynwatch: %w", err)
+	}
+	p := &Process{cmd: cmd, out: o.Log, done: make(chan struct{}), addrs: map[string]string{}, changed: make(chan struct{})}
+	go p.read(stderr)
+	return p, nil
+}
+
+func (p *Process) read(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		var entry struct{ Msg, Server, Address string }
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "listening" {
+			p.mu.Lock()
+			p.addrs[entry.Server] = entry.Address
+			p.mu.Unlock()
+		}
+		if p.out != nil {
+			fmt.Fprintln(p.out, line)
+		}
+		p.mu.Lock()
+		p.log.WriteString(line + "\n")
+		close(p.changed)
+		p.changed = make(chan struct{})
+		p.mu.Unlock()
+	}
+	err := p.cmd.Wait()
+	p.mu.Lock()
+	p.waitErr = err
+	p.mu.Unlock()
+	close(p.done)
+}
+
+// Log returns everything dynwatch has logged so far.
+func (p *Process) Log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// WaitLog waits until dynwatch has logged a line containing s, and returns that line.
+func (p *Process) WaitLog(ctx context.Context, s string) (string, error) {
+	for {
+		p.mu.Lock()
+		log, changed := p.log.String(), p.changed
+		p.mu.Unlock()
+		for line := range strings.SplitSeq(log, "\n") {
+			if strings.Contains(line, s) {
+				return line, nil
+			}
+		}
+		select {
+		case <-changed:
+		case <-p.done:
+			return "", fmt.Errorf("dynwatch exited (%v) before logging %q", p.ExitErr(), s)
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for dynwatch to log %q: %w", s, ctx.Err())
+		}
+	}
+}
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// ExitErr is the error from waiting for the process; nil if it exited 0 or still runs.
+func (p *Process) ExitErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waitErr
+}
+
+// WaitListening waits until both servers have logged their addresses, and returns the base
+// URLs of the API and the metrics servers.
+func (p *Process) WaitListening(ctx context.Context) (api, metrics string, err error) {
+	for _, server := range []string{"api", "metrics"} {
+		if _, err := p.WaitLog(ctx, `"server":"`+server+`"`); err != nil {
+			return "", "", err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return "http://" + p.addrs["api"], "http://" + p.addrs["metrics"], nil
+}
+
+// WaitReady waits until /readyz on the metrics server answers 200.
+func (p *Process) WaitReady(ctx context.Context) error {
+	_, metrics, err := p.WaitListening(ctx)
+	if err != nil {
+		return err
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		resp, err := http.Get(metrics + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-tick.C:
+		case <-p.done:
+			return fmt.Errorf("dynwatch exited (%v) before it was ready", p.ExitErr())
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for dynwatch to be ready: %w", ctx.Err())
+		}
+	}
+}
+
+// Status fetches and decodes GET /status.
+func (p *Process) Status(ctx context.Context) (httpapi.StatusResponse, error) {
+	var s httpapi.StatusResponse
+	api, _, err := p.WaitListening(ctx)
+	if err != nil {
+		return s, err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api+"/status", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Stop sends SIGTERM and waits up to timeout for the process to exit; it kills it after that.
+// It returns the exit error (nil for exit code 0) or an error saying it had to kill it.
+func (p *Process) Stop(timeout time.Duration) error {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.ExitErr()
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("dynwatch did not exit within %s of SIGTERM; killed", timeout)
+	}
+}
