@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"time"
 
@@ -163,7 +164,7 @@ func Load(path string) (*Config, error) {
 	}
 	var c Config
 	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
-		mapstructure.StringToTimeDurationHookFunc(),
+		durationHook,
 		mapstructure.StringToSliceHookFunc(","),
 	)))
 	if err != nil {
@@ -174,4 +175,16 @@ func Load(path string) (*Config, error) {
 		return nil, fmt.Errorf("config %s is invalid:\n%w", path, err)
 	}
 	return &c, nil
+}
+
+// durationHook decodes durations such as "500ms" or "5m", naming the bad value on error.
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to != reflect.TypeFor[time.Duration]() {
+		return data, nil
+	}
+	d, err := time.ParseDuration(data.(string))
+	if err != nil {
+		return nil, fmt.Errorf("invalid duration %q (write it like 500ms, 30s or 5m)", data)
+	}
+	return d, nil
 }

@@ -1,0 +1,199 @@
+package config
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestLoadParsesTheFullExample(t *testing.T) {
+	c, err := Load("testdata/full.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Resources) != 4 {
+		t.Fatalf("got %d resources, want 4", len(c.Resources))
+	}
+	cm := c.Resources[0]
+	if got := cm.Labels.String(); got != "app in (api,web),tier!=test" {
+		t.Errorf("label selector parsed as %q", got)
+	}
+	if got := cm.Fields.String(); got != "metadata.name!=kube-root-ca.crt" {
+		t.Errorf("field selector parsed as %q", got)
+	}
+	if len(cm.Transform.Paths) != 2 || !*cm.Transform.StripManagedFields {
+		t.Errorf("transform parsed as %+v", cm.Transform)
+	}
+	if got := c.Resources[1].Indexers[1].JSONPath.String(); got != "{.spec.containers[*].image}" {
+		t.Errorf("jsonPath indexer parsed as %q", got)
+	}
+	if !c.Resources[2].IsSecrets() || c.Resources[3].String() != "Deployment.v1.apps" {
+		t.Errorf("resources parsed as %v, %v", c.Resources[2].String(), c.Resources[3].String())
+	}
+}
+
+func TestLoadAppliesDefaults(t *testing.T) {
+	c, err := Load(writeConfig(t, "resources: [{version: v1, resource: configmaps}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := c.Resources[0].Transform
+	got := []any{c.API.Address, c.Metrics.Address, c.Discovery.Interval, c.Log.Level, c.Log.Format,
+		*tr.StripManagedFields, *tr.StripLastAppliedConfiguration, c.Resources[0].Labels.Empty()}
+	want := []any{":8080", ":9090", 5 * time.Second, "info", "json", true, true, true}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("default %d = %v, want %v", i, got[i], want[i])
+		}
+	}
+}
+
+func TestEnvironmentOverridesTheFile(t *testing.T) {
+	t.Setenv("DYNWATCH_API_ADDRESS", "127.0.0.1:1234")
+	t.Setenv("DYNWATCH_LOG_LEVEL", "debug")
+	c, err := Load(writeConfig(t, "resources: [{version: v1, resource: configmaps}]\napi: {address: ':7000'}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.API.Address != "127.0.0.1:1234" || c.Log.Level != "debug" {
+		t.Fatalf("api.address=%q log.level=%q, want the environment's values", c.API.Address, c.Log.Level)
+	}
+}
+
+func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{"a config without resources", "api: {address: ':1'}\n",
+			[]string{"resources: at least one resource"}},
+		{"an unknown key in a resource", "resources: [{version: v1, resource: configmaps, labelSelectr: x}]\n",
+			[]string{"resources[0]", "labelselectr"}},
+		{"an unknown top-level key", "resources: [{version: v1, resource: pods}]\ninformers: {resync: 1s}\n",
+			[]string{"informers"}},
+		{"a duplicate resource", "resources: [{version: v1, resource: pods}, {group: '', version: v1, resource: pods}]\n",
+			[]string{"resources[1]: duplicate of resources[0] (pods.v1)"}},
+		{"a bad label selector", "resources: [{version: v1, resource: pods, labelSelector: 'app in (a'}]\n",
+			[]string{"resources[0].labelSelector:"}},
+		{"a bad field selector", "resources: [{version: v1, resource: pods, fieldSelector: 'spec.nodeName'}]\n",
+			[]string{"resources[0].fieldSelector:"}},
+		{"a bad JSONPath", "resources: [{version: v1, resource: pods, indexers: [{name: x, type: jsonPath, path: '{.spec[}'}]}]\n",
+			[]string{"resources[0].indexers[0].path: invalid JSONPath"}},
+		{"a bad duration", "resources: [{version: v1, resource: pods, resync: 5parsecs}]\n",
+			[]string{"resources[0].resync", `invalid duration "5parsecs"`}},
+		{"a too short resync", "resources: [{version: v1, resource: pods, resync: 10ms}]\n",
+			[]string{"resources[0].resync: must be 0 (off) or at least 1s"}},
+		{"duplicate indexer names", "resources: [{version: v1, resource: pods, indexers: [{name: a, type: owner}, {name: a, type: label, key: app}]}]\n",
+			[]string{`resources[0].indexers[1].name: duplicate indexer name "a"`}},
+		{"the reserved namespace indexer", "resources: [{version: v1, resource: pods, indexers: [{name: namespace, type: owner}]}]\n",
+			[]string{"resources[0].indexers[0].name: \"namespace\" is reserved"}},
+		{"an indexer of unknown type", "resources: [{version: v1, resource: pods, indexers: [{name: a, type: regex}]}]\n",
+			[]string{"resources[0].indexers[0].type: must be one of"}},
+		{"a label indexer without key", "resources: [{version: v1, resource: pods, indexers: [{name: a, type: label}]}]\n",
+			[]string{"resources[0].indexers[0].key:"}},
+		{"a path on an owner indexer", "resources: [{version: v1, resource: pods, indexers: [{name: a, type: owner, path: x}]}]\n",
+			[]string{"resources[0].indexers[0].path: is not used by type owner"}},
+		{"both resource and kind", "resources: [{version: v1, resource: pods, kind: Pod}]\n",
+			[]string{"resources[0]: set resource or kind, not both"}},
+		{"neither resource nor kind", "resources: [{version: v1}]\n",
+			[]string{"resources[0]: one of resource or kind is required"}},
+		{"a missing version", "resources: [{resource: pods}]\n",
+			[]string{"resources[0].version: is required"}},
+		{"a removeFields filter", "resources: [{version: v1, resource: pods, transform: {removeFields: ['{.spec.containers[?(@.name==\"x\")].env}']}}]\n",
+			[]string{"resources[0].transform.removeFields[0]: invalid path", "not supported for removal"}},
+		{"keepSecretData on configmaps", "resources: [{version: v1, resource: configmaps, transform: {keepSecretData: true}}]\n",
+			[]string{"resources[0].transform.keepSecretData: only applies to core v1 secrets"}},
+		{"a bad namespace", "resources: [{version: v1, resource: pods, namespaces: [Team_A]}]\n",
+			[]string{"resources[0].namespaces[0]:"}},
+		{"bad listeners and log settings", "resources: [{version: v1, resource: pods}]\napi: {address: nowhere}\nlog: {level: loud, format: xml}\n",
+			[]string{"api.address: must be host:port", "log.level:", "log.format:"}},
+		{"several problems at once", "resources: [{version: v1, resource: pods, labelSelector: '=x', indexers: [{name: b, type: jsonPath, path: '{['}]}, {kind: lower}]\n",
+			[]string{"resources[0].labelSelector:", "resources[0].indexers[0].path:", "resources[1].version: is required", "resources[1].kind: must be a Kind"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Load(writeConfig(t, tt.yaml))
+			if err == nil {
+				t.Fatal("Load succeeded, want an error")
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error does not mention %q:\n%v", want, err)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadRequiresAPath(t *testing.T) {
+	if _, err := Load(""); err == nil || !strings.Contains(err.Error(), "--config") {
+		t.Fatalf("Load(\"\") = %v, want an error naming --config", err)
+	}
+}
+
+func TestFieldPathRemovesWhatItSelects(t *testing.T) {
+	tests := []struct {
+		name, path, in, want string
+	}{
+		{"a dot path", "data.password", `{"data":{"password":"x","user":"u"}}`, `{"data":{"user":"u"}}`},
+		{"an escaped dot in a key", `metadata.annotations.example\.com/secret`,
+			`{"metadata":{"annotations":{"example.com/secret":"s","keep":"k"}}}`, `{"metadata":{"annotations":{"keep":"k"}}}`},
+		{"a JSONPath over every list item", "{.spec.containers[*].env}",
+			`{"spec":{"containers":[{"name":"a","env":[1]},{"name":"b","env":[2]}]}}`, `{"spec":{"containers":[{"name":"a"},{"name":"b"}]}}`},
+		{"one list item", "{.spec.containers[1].env}",
+			`{"spec":{"containers":[{"env":[1]},{"env":[2]}]}}`, `{"spec":{"containers":[{"env":[1]},{}]}}`},
+		{"every field of a map", "{.data.*}", `{"data":{"a":"1","b":"2"},"kind":"K"}`, `{"data":{},"kind":"K"}`},
+		{"a missing field", "status.secret", `{"spec":{}}`, `{"spec":{}}`},
+		{"a path through a scalar", "spec.x.y", `{"spec":{"x":"scalar"}}`, `{"spec":{"x":"scalar"}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := ParseFieldPath(tt.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var obj map[string]any
+			if err := json.Unmarshal([]byte(tt.in), &obj); err != nil {
+				t.Fatal(err)
+			}
+			p.Remove(obj)
+			got, _ := json.Marshal(obj)
+			if string(got) != tt.want {
+				t.Errorf("after removing %s: %s, want %s", tt.path, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestJSONPathYieldsEveryScalar(t *testing.T) {
+	jp, err := ParseJSONPath("{.spec.containers[*].image}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := map[string]any{"spec": map[string]any{"containers": []any{
+		map[string]any{"image": "nginx:1"}, map[string]any{"image": "redis:7"}, map[string]any{"name": "no-image"},
+	}}}
+	got, err := jp.Values(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "nginx:1,redis:7" {
+		t.Fatalf("values = %v, want [nginx:1 redis:7]", got)
+	}
+	if got, _ := jp.Values(map[string]any{}); len(got) != 0 {
+		t.Fatalf("values of an object without the path = %v, want none", got)
+	}
+}

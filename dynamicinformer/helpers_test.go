@@ -1,0 +1,213 @@
+package dynamicinformer
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+var cluster *testbed.Cluster
+
+func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
+
+// syncBuffer is a log destination shared by the Manager's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// recorder is a Subscriber that keeps every event.
+type recorder struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (r *recorder) OnEvent(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// find returns the events for namespace/name, in order.
+func (r *recorder) find(namespace, name string) []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Event
+	for _, e := range r.events {
+		if e.Object.GetNamespace() == namespace && e.Object.GetName() == name {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+type started struct {
+	*Manager
+	registry *prometheus.Registry
+}
+
+// startManager runs a Manager for the YAML configuration against the test bed until the test
+// ends. Its log is printed if the test fails.
+func startManager(t *testing.T, restConfig *rest.Config, yaml string, subs ...Subscriber) started {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	m, err := New(Options{
+		Logger:      slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Dynamic:     dynamic.NewForConfigOrDie(restConfig),
+		Discovery:   discovery.NewDiscoveryClientForConfigOrDie(restConfig),
+		Registerer:  reg,
+		Resources:   cfg.Resources,
+		Interval:    time.Second,
+		Subscribers: subs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+		if t.Failed() {
+			t.Logf("manager log:\n%s", logs)
+		}
+	})
+	return started{Manager: m, registry: reg}
+}
+
+func waitReady(t *testing.T, m started) {
+	t.Helper()
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if ok, lag := m.Ready(); !ok {
+			return fmt.Errorf("not ready: %v", lag)
+		}
+		return nil
+	})
+}
+
+// resource returns the configured resource named name (resource.version.group).
+func resource(t *testing.T, m started, name string) *Resource {
+	t.Helper()
+	for _, r := range m.Resources() {
+		if r.Name() == name {
+			return r
+		}
+	}
+	t.Fatalf("no resource %s", name)
+	return nil
+}
+
+// namespaces creates n namespaces with unique names.
+func namespaces(t *testing.T, n int) []string {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	var out []string
+	for range n {
+		suffix := make([]byte, 3)
+		_, _ = rand.Read(suffix)
+		name := "t-" + hex.EncodeToString(suffix)
+		if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// names returns the sorted namespace/name keys of objs.
+func names(objs []*unstructured.Unstructured) string {
+	keys := make([]string, 0, len(objs))
+	for _, o := range objs {
+		keys = append(keys, strings.TrimPrefix(o.GetNamespace()+"/"+o.GetName(), "/"))
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, " ")
+}
+
+// cacheHas waits until the resource's cache holds exactly the objects with the namespace/name
+// keys given.
+func cacheHas(t *testing.T, r *Resource, keys ...string) {
+	t.Helper()
+	slices.Sort(keys)
+	want := strings.Join(keys, " ")
+	testbed.Eventually(t, 20*time.Second, func() error {
+		if got := names(r.List()); got != want {
+			return fmt.Errorf("cache of %s holds %q, want %q", r.Name(), got, want)
+		}
+		return nil
+	})
+}
+
+// metricValue returns the value of the metric name whose label values are labels, in order.
+func metricValue(t *testing.T, m started, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, metric := range f.GetMetric() {
+			for i, lp := range metric.GetLabel() {
+				if i >= len(labels) || lp.GetValue() != labels[i] {
+					continue metrics
+				}
+			}
+			if c := metric.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return metric.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s%v", name, labels)
+	return 0
+}

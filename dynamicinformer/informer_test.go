@@ -1,0 +1,402 @@
+package dynamicinformer
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	corev1apply "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+func configMap(ns, name string, labels map[string]string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}}
+}
+
+func create(t *testing.T, cms ...*corev1.ConfigMap) {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	for _, cm := range cms {
+		if _, err := cs.CoreV1().ConfigMaps(cm.Namespace).Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestCachesObjectsOfTheListedNamespacesOnly(t *testing.T) {
+	ns := namespaces(t, 3)
+	create(t, configMap(ns[0], "a", nil), configMap(ns[2], "excluded", nil))
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - {version: v1, resource: configmaps, namespaces: [%s, %s]}
+`, ns[0], ns[1]))
+	waitReady(t, m)
+	create(t, configMap(ns[1], "b", nil), configMap(ns[2], "excluded-too", nil))
+	r := resource(t, m, "configmaps.v1")
+	cacheHas(t, r, ns[0]+"/a", ns[1]+"/b")
+	if _, ok := r.Get(ns[1], "b"); !ok {
+		t.Errorf("Get(%s, b) found nothing", ns[1])
+	}
+	if _, ok := r.Get(ns[2], "excluded"); ok {
+		t.Errorf("Get found an object of a namespace that is not watched")
+	}
+	if st := r.Status(); st.Objects != 2 || !st.Synced || st.Plural != "configmaps" || !st.Namespaced {
+		t.Errorf("status = %+v, want 2 synced namespaced configmaps", st)
+	}
+}
+
+func TestSelectorsAreAppliedByTheServer(t *testing.T) {
+	ns := namespaces(t, 1)[0]
+	create(t,
+		configMap(ns, "web", map[string]string{"app": "web"}),
+		configMap(ns, "web-skipped", map[string]string{"app": "web"}),
+		configMap(ns, "db", map[string]string{"app": "db"}),
+		configMap(ns, "unlabelled", nil))
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - version: v1
+    resource: configmaps
+    namespaces: [%s]
+    labelSelector: "app in (web, api)"
+    fieldSelector: "metadata.name!=web-skipped"
+`, ns))
+	waitReady(t, m)
+	r := resource(t, m, "configmaps.v1")
+	cacheHas(t, r, ns+"/web")
+	create(t, configMap(ns, "api", map[string]string{"app": "api"}), configMap(ns, "other", map[string]string{"app": "x"}))
+	cacheHas(t, r, ns+"/api", ns+"/web")
+}
+
+func TestTransformStripsFieldsBeforeTheCache(t *testing.T) {
+	ns := namespaces(t, 1)[0]
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	// Two server-side apply managers, and kubectl's last-applied annotation.
+	for i, manager := range []string{"deployer", "operator"} {
+		key := fmt.Sprintf("k%d", i)
+		cm := corev1apply.ConfigMap("applied", ns).
+			WithAnnotations(map[string]string{
+				LastAppliedAnnotation: `{"kind":"ConfigMap"}`,
+				"example.com/team":    "storefront",
+			}).
+			WithData(map[string]string{key: "v", "password": "hunter2"})
+		if _, err := cs.CoreV1().ConfigMaps(ns).Apply(t.Context(), cm, metav1.ApplyOptions{FieldManager: manager, Force: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live, err := cs.CoreV1().ConfigMaps(ns).Get(t.Context(), "applied", metav1.GetOptions{})
+	if err != nil || len(live.ManagedFields) < 2 {
+		t.Fatalf("the live object should have managedFields of two managers: %v, %v", live.ManagedFields, err)
+	}
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - {version: v1, resource: configmaps, namespaces: [%s], transform: {removeFields: [data.password]}}
+`, ns))
+	waitReady(t, m)
+	r := resource(t, m, "configmaps.v1")
+	cacheHas(t, r, ns+"/applied")
+	obj, _ := r.Get(ns, "applied")
+	if obj.GetManagedFields() != nil {
+		t.Errorf("managedFields are still cached: %v", obj.GetManagedFields())
+	}
+	if a := obj.GetAnnotations(); a[LastAppliedAnnotation] != "" || a["example.com/team"] != "storefront" {
+		t.Errorf("annotations = %v, want last-applied gone and the team kept", a)
+	}
+	data, _, _ := unstructured.NestedStringMap(obj.Object, "data")
+	if _, ok := data["password"]; ok || data["k0"] != "v" || data["k1"] != "v" {
+		t.Errorf("data = %v, want k0 and k1 without password", data)
+	}
+}
+
+func TestIndexersReturnTheRightObjects(t *testing.T) {
+	ns := namespaces(t, 1)[0]
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	owner := configMap(ns, "owner", map[string]string{"app": "web"})
+	owner.Annotations = map[string]string{"example.com/team": "storefront"}
+	created, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), owner, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, node string, images ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.PodSpec{NodeName: node}}
+		for i, img := range images {
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: fmt.Sprintf("c%d", i), Image: img})
+		}
+		return p
+	}
+	owned := pod("owned", "n1", "nginx:1.27", "envoy:1.30")
+	owned.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "owner", UID: created.UID}}
+	for _, p := range []*corev1.Pod{owned, pod("other", "n2", "nginx:1.27")} {
+		if _, err := cs.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - version: v1
+    resource: configmaps
+    namespaces: [%[1]s]
+    indexers:
+      - {name: byApp, type: label, key: app}
+      - {name: byTeam, type: annotation, key: example.com/team}
+  - version: v1
+    resource: pods
+    namespaces: [%[1]s]
+    indexers:
+      - {name: byNode, type: jsonPath, path: "{.spec.nodeName}"}
+      - {name: byImage, type: jsonPath, path: "{.spec.containers[*].image}"}
+      - {name: byOwner, type: owner}
+`, ns))
+	waitReady(t, m)
+	cms, pods := resource(t, m, "configmaps.v1"), resource(t, m, "pods.v1")
+	cacheHas(t, pods, ns+"/other", ns+"/owned")
+	tests := []struct {
+		r            *Resource
+		index, value string
+		want         string
+	}{
+		{cms, "byApp", "web", ns + "/owner"},
+		{cms, "byApp", "db", ""},
+		{cms, "byTeam", "storefront", ns + "/owner"},
+		{cms, "namespace", ns, ns + "/owner"},
+		{pods, "byNode", "n1", ns + "/owned"},
+		{pods, "byImage", "nginx:1.27", ns + "/other " + ns + "/owned"},
+		{pods, "byImage", "envoy:1.30", ns + "/owned"},
+		{pods, "byOwner", OwnerKey("ConfigMap", "owner"), ns + "/owned"},
+		{pods, "byOwner", string(created.UID), ns + "/owned"},
+	}
+	for _, tt := range tests {
+		objs, err := tt.r.ByIndex(tt.index, tt.value)
+		if err != nil {
+			t.Errorf("ByIndex(%s, %s): %v", tt.index, tt.value, err)
+			continue
+		}
+		if got := names(objs); got != tt.want {
+			t.Errorf("%s ByIndex(%s, %q) = %q, want %q", tt.r.Name(), tt.index, tt.value, got, tt.want)
+		}
+	}
+	if _, err := pods.ByIndex("byNothing", "x"); err == nil {
+		t.Errorf("ByIndex of an unknown index succeeded")
+	}
+}
+
+func TestEventsCarryTheRightObjects(t *testing.T) {
+	ns := namespaces(t, 1)[0]
+	create(t, configMap(ns, "before", nil))
+	rec := &recorder{}
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - {version: v1, resource: configmaps, namespaces: [%s]}
+`, ns), rec)
+	waitReady(t, m)
+	cs := kubernetes.NewForConfigOrDie(cluster.Config).CoreV1().ConfigMaps(ns)
+	cm := configMap(ns, "cm", nil)
+	cm.Data = map[string]string{"v": "1"}
+	create(t, cm)
+	live, err := cs.Get(t.Context(), "cm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Data["v"] = "2"
+	if _, err := cs.Update(t.Context(), live, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.Delete(t.Context(), "cm", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, func() error {
+		if n := len(rec.find(ns, "cm")); n != 3 {
+			return fmt.Errorf("%d events for cm, want 3", n)
+		}
+		return nil
+	})
+	events := rec.find(ns, "cm")
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	data := func(u *unstructured.Unstructured) string {
+		if u == nil {
+			return "<nil>"
+		}
+		v, _, _ := unstructured.NestedString(u.Object, "data", "v")
+		return v
+	}
+	want := []struct {
+		typ      EventType
+		obj, old string
+	}{{Added, "1", "<nil>"}, {Modified, "2", "1"}, {Deleted, "2", "<nil>"}}
+	for i, w := range want {
+		e := events[i]
+		if e.Type != w.typ || data(e.Object) != w.obj || data(e.OldObject) != w.old || e.Resource != gvr || e.InitialList {
+			t.Errorf("event %d = %s obj=%s old=%s gvr=%v initial=%v; want %s obj=%s old=%s", i,
+				e.Type, data(e.Object), data(e.OldObject), e.Resource, e.InitialList, w.typ, w.obj, w.old)
+		}
+		if e.Object.GetManagedFields() != nil {
+			t.Errorf("event %d carries managedFields: events must carry transformed objects", i)
+		}
+	}
+	if before := rec.find(ns, "before"); len(before) != 1 || !before[0].InitialList || before[0].Type != Added {
+		t.Errorf("events for an object that existed at start = %+v, want one initial-list ADDED", before)
+	}
+	if got := metricValue(t, m, "dynwatch_informer_events_total", "configmaps.v1", "MODIFIED"); got != 1 {
+		t.Errorf("dynwatch_informer_events_total{type=MODIFIED} = %v, want 1", got)
+	}
+}
+
+// crd returns a namespaced CRD in group, kind Thing, version v1.
+func crd(group string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1",
+		"kind":       "CustomResourceDefinition",
+		"metadata":   map[string]any{"name": "things." + group},
+		"spec": map[string]any{
+			"group": group,
+			"names": map[string]any{"kind": "Thing", "plural": "things", "singular": "thing", "listKind": "ThingList"},
+			"scope": "Namespaced",
+			"versions": []any{map[string]any{
+				"name": "v1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{
+					"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+				}},
+			}},
+		},
+	}}
+}
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+func TestCRDCreatedAfterStartIsWatchedAndStopsWhenDeleted(t *testing.T) {
+	ns := namespaces(t, 1)[0]
+	group := ns + ".example.com"
+	rec := &recorder{}
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - {version: v1, resource: configmaps, namespaces: [%s]}
+  - {group: %s, version: v1, kind: Thing}
+`, ns, group), rec)
+	waitReady(t, m)
+	things := resource(t, m, "Thing.v1."+group)
+	if st := things.Status(); st.State != StateNotServed || !strings.Contains(st.Reason, group) {
+		t.Fatalf("before the CRD exists, status = %+v; want NotServed naming the group", st)
+	}
+
+	dyn := dynamic.NewForConfigOrDie(cluster.Config)
+	if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd(group), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	thingGVR := schema.GroupVersionResource{Group: group, Version: "v1", Resource: "things"}
+	thing := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": group + "/v1", "kind": "Thing", "metadata": map[string]any{"name": "gear", "namespace": ns},
+	}}
+	// The CRD takes a moment to be served; creating the object is the proof it is.
+	testbed.Eventually(t, 30*time.Second, func() error {
+		_, err := dyn.Resource(thingGVR).Namespace(ns).Create(t.Context(), thing, metav1.CreateOptions{})
+		return err
+	})
+	cacheHas(t, things, ns+"/gear")
+	if st := things.Status(); st.State != StateSynced || st.Plural != "things" {
+		t.Fatalf("after the CRD appeared, status = %+v; want Synced things", st)
+	}
+	waitReady(t, m)
+	if got, ok := m.Lookup(thingGVR); !ok || got != things {
+		t.Errorf("Lookup(%v) = %v, %v; want the Thing resource", thingGVR, got, ok)
+	}
+
+	if err := dyn.Resource(crdGVR).Delete(t.Context(), "things."+group, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if st := things.Status(); st.State != StateNotServed {
+			return fmt.Errorf("after the CRD was deleted, state = %s (%s)", st.State, st.LastError)
+		}
+		return nil
+	})
+	if things.running() || len(things.List()) != 0 {
+		t.Errorf("informers still run or cache still holds objects after the CRD went away")
+	}
+	if evs := rec.find(ns, "gear"); len(evs) != 2 || evs[1].Type != Deleted {
+		t.Errorf("events for the custom object = %d, want ADDED then DELETED", len(evs))
+	}
+	// Stopped, not retrying: the watch error count does not grow while it is not served.
+	errs := metricValue(t, m, "dynwatch_informer_watch_errors_total", things.Name())
+	if errs > 5 {
+		t.Errorf("%v watch errors after the CRD was deleted: a retry loop", errs)
+	}
+	if _, ok := m.Lookup(thingGVR); ok {
+		t.Errorf("Lookup still finds the resource of a deleted CRD")
+	}
+}
+
+func TestReadinessFollowsAccess(t *testing.T) {
+	ns := namespaces(t, 1)[0]
+	create(t, configMap(ns, "a", nil))
+	user := "limited-" + ns
+	limited := rest.CopyConfig(cluster.Config)
+	limited.Impersonate = rest.ImpersonationConfig{UserName: user}
+	m := startManager(t, limited, fmt.Sprintf(`
+resources:
+  - {version: v1, resource: configmaps, namespaces: [%s]}
+`, ns))
+	r := resource(t, m, "configmaps.v1")
+	testbed.Eventually(t, 20*time.Second, func() error {
+		st := r.Status()
+		if st.State != StateSyncing || !strings.Contains(st.LastError, "forbidden") {
+			return fmt.Errorf("status = %+v, want Syncing with a forbidden error", st)
+		}
+		return nil
+	})
+	if ok, lag := m.Ready(); ok || len(lag) != 1 || !strings.Contains(lag[0], "configmaps.v1") {
+		t.Fatalf("Ready() = %v, %v; want not ready naming configmaps.v1", ok, lag)
+	}
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "read-configmaps", Namespace: ns},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "read-configmaps", Namespace: ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "read-configmaps"},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
+	}
+	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 60*time.Second, func() error {
+		if ok, lag := m.Ready(); !ok {
+			return fmt.Errorf("not ready: %v", lag)
+		}
+		return nil
+	})
+	cacheHas(t, r, ns+"/a")
+}
+
+// The handler is tested directly for what a live cluster cannot produce on demand.
+
+func TestHandlerUnwrapsTombstonesAndSkipsResyncs(t *testing.T) {
+	rec := &recorder{}
+	m := startManager(t, cluster.Config, "resources: [{version: v1, resource: configmaps, namespaces: [none]}]\n", rec)
+	r := resource(t, m, "configmaps.v1")
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	h := r.handler(gvr)
+	obj := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
+	}}}
+	h.OnUpdate(obj, obj.DeepCopy()) // same resourceVersion: a resync
+	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "ns/gone", Obj: obj})
+	events := rec.find("ns", "gone")
+	if len(events) != 1 || events[0].Type != Deleted || events[0].Object != obj {
+		t.Fatalf("events = %+v; want one DELETED carrying the tombstone's object", events)
+	}
+}
