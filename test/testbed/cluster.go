@@ -397,3 +397,20 @@ func (c *Cluster) Stop() {
 		}
 	})
 }
+
+// KubeconfigAs writes a kubeconfig that uses the admin token to impersonate user (and groups),
+// so a client runs with exactly that user's RBAC permissions. It returns the file's path.
+func (c *Cluster) KubeconfigAs(user string, groups ...string) (string, error) {
+	cfg, err := clientcmd.LoadFromFile(c.Kubeconfig)
+	if err != nil {
+		return "", err
+	}
+	cfg.AuthInfos["admin"].Impersonate = user
+	cfg.AuthInfos["admin"].ImpersonateGroups = groups
+	f, err := os.CreateTemp(c.Dir, "kubeconfig-"+user+"-")
+	if err != nil {
+		return "", err
+	}
+	f.Close()
+	return f.Name(), clientcmd.WriteToFile(*cfg, f.Name())
+}

@@ -1,0 +1,275 @@
+// Package e2e tests the dynwatch binary end to end against the test bed's real apiserver.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dynwatch/dynwatch/test/runner"
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+var (
+	update  = flag.Bool("update", false, "rewrite golden files under testdata/")
+	cluster *testbed.Cluster
+
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
+
+// dynwatchBinary builds the binary, with the race detector, once per test run.
+func dynwatchBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dynwatch-e2e-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary, buildErr = runner.Build(context.Background(), dir, true)
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+// start runs the binary with the YAML configuration and kubeconfig until the test ends.
+func start(t *testing.T, kubeconfig, yaml string) *runner.Process {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: path, Kubeconfig: kubeconfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.Stop(10 * time.Second)
+		if t.Failed() {
+			t.Logf("dynwatch log:\n%s", p.Log())
+		}
+	})
+	return p
+}
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	name = name[:min(len(name), 50)]
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func get(ctx context.Context, url string) (int, string, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+func TestBadConfigExitsNonZeroNamingEveryField(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	bad := `
+resources:
+  - version: v1
+    resource: pods
+    labelSelector: "app in (web"
+    indexers:
+      - {name: byImage, type: jsonPath, path: "{.spec.containers[*"}
+      - {name: byImage, type: owner}
+  - {version: v1, resource: pods}
+`
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), dynwatchBinary(t), "--config", path, "--kubeconfig", cluster.Kubeconfig).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("dynwatch with a bad config: err=%v, want a non-zero exit; output:\n%s", err, out)
+	}
+	for _, want := range []string{
+		"resources[0].labelSelector:",
+		"resources[0].indexers[0].path:",
+		"resources[0].indexers[1].name: duplicate indexer name",
+		"resources[1]: duplicate of resources[0]",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output does not name %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "listening") {
+		t.Errorf("dynwatch started serving with a bad config:\n%s", out)
+	}
+}
+
+func TestReadyzFollowsTheInformersAccess(t *testing.T) {
+	ns := namespace(t)
+	user := "dynwatch-" + ns
+	kubeconfig, err := cluster.KubeconfigAs(user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, kubeconfig, fmt.Sprintf(`
+resources:
+  - {version: v1, resource: configmaps, namespaces: [%s]}
+  - {group: nowhere.example.com, version: v1, kind: Ghost}
+api: {address: "127.0.0.1:0"}
+metrics: {address: "127.0.0.1:0"}
+`, ns))
+	_, metrics, err := p.WaitListening(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The user may not list configmaps: the informer cannot sync.
+	testbed.Eventually(t, 20*time.Second, func() error {
+		code, body, err := get(t.Context(), metrics+"/readyz")
+		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "configmaps.v1: Syncing") {
+			return fmt.Errorf("/readyz = %d %q, %v; want 503 naming configmaps.v1", code, body, err)
+		}
+		return nil
+	})
+	if code, _, err := get(t.Context(), metrics+"/healthz"); err != nil || code != http.StatusOK {
+		t.Errorf("/healthz = %d, %v while not ready; liveness must not depend on readiness", code, err)
+	}
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 60*time.Second, func() error {
+		code, body, err := get(t.Context(), metrics+"/readyz")
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("/readyz = %d %q, %v; want 200 once access is granted", code, body, err)
+		}
+		return nil
+	})
+	// A resource the server does not serve is reported, but does not hold readiness back.
+	st, err := p.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Ready || len(st.Resources) != 2 || st.Resources[1].State != "NotServed" || !strings.Contains(st.Resources[1].Reason, "nowhere.example.com/v1") {
+		t.Errorf("/status = %+v; want ready, with Ghost NotServed and its reason", st)
+	}
+}
+
+func TestMetricsAreLintCleanAndPreInitialised(t *testing.T) {
+	ns := namespace(t)
+	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+resources:
+  - {version: v1, resource: configmaps, namespaces: [%s]}
+  - {group: nowhere.example.com, version: v1, resource: ghosts}
+api: {address: "127.0.0.1:0"}
+metrics: {address: "127.0.0.1:0"}
+`, ns))
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_, metrics, _ := p.WaitListening(t.Context())
+	code, body, err := get(t.Context(), metrics+"/metrics")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("/metrics = %d, %v", code, err)
+	}
+	problems, err := promlint.New(strings.NewReader(body)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+	// The dynwatch series, without values, against testdata/metrics.golden.
+	var series []string
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "dynwatch_") || strings.HasPrefix(line, "# HELP dynwatch_") || strings.HasPrefix(line, "# TYPE dynwatch_") {
+			if !strings.HasPrefix(line, "#") {
+				line = line[:strings.LastIndex(line, " ")]
+			}
+			series = append(series, strings.ReplaceAll(line, ns, "NAMESPACE"))
+		}
+	}
+	slices.Sort(series)
+	got := strings.Join(series, "\n") + "\n"
+	golden := "testdata/metrics.golden"
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("dynwatch series differ from %s:\n%s", golden, got)
+	}
+}
+
+func TestSIGTERMStopsPromptlyWithExitZero(t *testing.T) {
+	p := start(t, cluster.Kubeconfig, `
+resources:
+  - {version: v1, resource: configmaps}
+  - {version: v1, resource: pods}
+api: {address: "127.0.0.1:0"}
+metrics: {address: "127.0.0.1:0"}
+`)
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("dynwatch still runs 5s after SIGTERM")
+	}
+	if err := p.ExitErr(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v, want exit code 0", err)
+	}
+	if _, err := p.WaitLog(t.Context(), `"msg":"stopped"`); err != nil {
+		t.Error(err)
+	}
+}
