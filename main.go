@@ -69,9 +69,18 @@ func run(ctx context.Context, args []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	watches := httpapi.NewHub(cfg.API.WatchHistory)
 	informers, err := dynamicinformer.New(dynamicinformer.Options{
 		Logger: log, Dynamic: dyn, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
+		Subscribers: []dynamicinformer.Subscriber{watches},
+	})
+	if err != nil {
+		return err
+	}
+	api, err := httpapi.NewAPI(httpapi.APIOptions{
+		Logger: log, Informers: informers, Watches: watches, Registerer: reg,
+		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 	})
 	if err != nil {
 		return err
@@ -81,7 +90,7 @@ func run(ctx context.Context, args []string) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return informers.Run(ctx) })
 	g.Go(func() error {
-		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, httpapi.NewAPI(log, informers), 0)
+		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, 0)
 	})
 	g.Go(func() error {
 		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers), 30*time.Second)

@@ -22,7 +22,7 @@ const EnvPrefix = "DYNWATCH"
 // Config is the whole configuration of one dynwatch process.
 type Config struct {
 	Resources []Resource `mapstructure:"resources"`
-	API       Listener   `mapstructure:"api"`
+	API       API        `mapstructure:"api"`
 	Metrics   Listener   `mapstructure:"metrics"`
 	Discovery Discovery  `mapstructure:"discovery"`
 	Log       Log        `mapstructure:"log"`
@@ -31,6 +31,19 @@ type Config struct {
 // Listener is the address an HTTP server listens on, host:port.
 type Listener struct {
 	Address string `mapstructure:"address"`
+}
+
+// API configures the query API server.
+type API struct {
+	Address string `mapstructure:"address"`
+	// MaxPageSize caps the items of one list response; the rest come through continue tokens.
+	MaxPageSize int `mapstructure:"maxPageSize"`
+	// WatchHistory is how many recent events per resource a watch can resume from.
+	WatchHistory int `mapstructure:"watchHistory"`
+	// RequestTimeout bounds answering one request other than a watch.
+	RequestTimeout time.Duration `mapstructure:"requestTimeout"`
+	// MaxWatchTimeout bounds one watch; clients ask for less with timeoutSeconds.
+	MaxWatchTimeout time.Duration `mapstructure:"maxWatchTimeout"`
 }
 
 // Discovery controls how configured resources are matched to what the apiserver serves.
@@ -127,6 +140,10 @@ func (r *Resource) String() string {
 // file is decoded, and on the decoded tree for values inside lists, which viper cannot default.
 func setDefaults(v *viper.Viper) {
 	v.SetDefault("api.address", ":8080")
+	v.SetDefault("api.maxPageSize", 500)
+	v.SetDefault("api.watchHistory", 1000)
+	v.SetDefault("api.requestTimeout", "60s")
+	v.SetDefault("api.maxWatchTimeout", "30m")
 	v.SetDefault("metrics.address", ":9090")
 	v.SetDefault("discovery.interval", "5s")
 	v.SetDefault("log.level", "info")

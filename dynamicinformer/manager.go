@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 
@@ -43,6 +44,7 @@ type Manager struct {
 	resources   []*Resource // in configuration order
 
 	discovered atomic.Bool // discovery has succeeded at least once
+	version    atomic.Pointer[version.Info]
 	nudge      chan struct{}
 	discoFails prometheus.Counter
 
@@ -92,6 +94,9 @@ func (m *Manager) Lookup(gvr schema.GroupVersionResource) (*Resource, bool) {
 	r, ok := m.byGVR[gvr]
 	return r, ok
 }
+
+// ServerVersion returns the apiserver's version, or nil before discovery has succeeded.
+func (m *Manager) ServerVersion() *version.Info { return m.version.Load() }
 
 // Nudge asks the Manager to run discovery now rather than at the next interval.
 func (m *Manager) Nudge() {
@@ -177,6 +182,11 @@ func (m *Manager) reconcile(ctx context.Context) {
 		return
 	}
 	m.discovered.Store(true)
+	if m.version.Load() == nil {
+		if v, err := m.discovery.ServerVersion(); err == nil {
+			m.version.Store(v)
+		}
+	}
 	byGVR := map[schema.GroupVersionResource]*Resource{}
 	for _, r := range m.resources {
 		api, gvr, reason := resolve(served, r.cfg)

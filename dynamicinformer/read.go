@@ -2,9 +2,35 @@ package dynamicinformer
 
 import (
 	"fmt"
+	"strconv"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
+
+// API returns the resource's GroupVersionResource and its discovery entry (kind, scope,
+// short names), and false while its informers do not run.
+func (r *Resource) API() (schema.GroupVersionResource, metav1.APIResource, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.gvr, r.api, r.stop != nil
+}
+
+// ResourceVersion returns the oldest of the informers' last synced resourceVersions: every
+// change up to it is in the cache. It is 0 before the first list.
+func (r *Resource) ResourceVersion() uint64 {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var oldest uint64
+	for i, ni := range r.informers {
+		rv, _ := strconv.ParseUint(ni.informer.LastSyncResourceVersion(), 10, 64)
+		if i == 0 || rv < oldest {
+			oldest = rv
+		}
+	}
+	return oldest
+}
 
 // The objects these methods return are shared with the cache: callers must not modify them.
 

@@ -53,8 +53,7 @@ type Resource struct {
 	reason     string
 	lastError  string
 	gvr        schema.GroupVersionResource
-	kind       string
-	namespaced bool
+	api        metav1.APIResource // as discovery serves it
 	informers  []namespaceInformer
 	stop       context.CancelFunc
 	done       sync.WaitGroup
@@ -138,7 +137,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	ctx, cancel := context.WithCancel(ctx)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.gvr, r.kind, r.namespaced = gvr, api.Kind, api.Namespaced
+	r.gvr, r.api = gvr, api
 	r.informers, r.stop, r.lastError = informers, cancel, ""
 	r.state, r.reason = StateSyncing, ""
 	for _, ni := range informers {
@@ -244,8 +243,8 @@ func (r *Resource) Status() Status {
 		Group:      r.cfg.Group,
 		Version:    r.cfg.Version,
 		Plural:     r.gvr.Resource,
-		Kind:       r.kind,
-		Namespaced: r.namespaced,
+		Kind:       r.api.Kind,
+		Namespaced: r.api.Namespaced,
 		Namespaces: append([]string{}, r.cfg.Namespaces...),
 		State:      st,
 		Synced:     st == StateSynced,

@@ -1,20 +1,19 @@
 package httpapi
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
-
-// Cache is what the API reads: the informer manager.
-type Cache interface {
-	Readiness
-	Status() []dynamicinformer.Status
-}
 
 // StatusResponse is the body of GET /status.
 type StatusResponse struct {
@@ -23,29 +22,191 @@ type StatusResponse struct {
 	Resources []dynamicinformer.Status `json:"resources"`
 }
 
-// NewAPI returns the API handler.
-func NewAPI(log *slog.Logger, cache Cache) http.Handler {
+// APIOptions are the API handler's dependencies and limits.
+type APIOptions struct {
+	Logger     *slog.Logger
+	Informers  *dynamicinformer.Manager
+	Watches    *Hub
+	Registerer prometheus.Registerer
+	// MaxPageSize caps the items of one list response; more come through continue tokens.
+	MaxPageSize int
+	// RequestTimeout bounds writing the answer to a request other than a watch.
+	RequestTimeout time.Duration
+	// MaxWatchTimeout bounds a watch; clients ask for less with timeoutSeconds.
+	MaxWatchTimeout time.Duration
+}
+
+type api struct {
+	APIOptions
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+// routeKey is the gin context key under which handlers name their route for metrics.
+const routeKey = "dynwatch.route"
+
+// NewAPI returns the API handler: GET /status, /version, discovery, and read-only list, get
+// and watch of every watched resource at the Kubernetes API's paths.
+func NewAPI(o APIOptions) (http.Handler, error) {
+	a := &api{
+		APIOptions: o,
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_api_requests_total",
+			Help: "API requests, by route (discovery, list, get, watch, status, version, other) and HTTP status code.",
+		}, []string{"route", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dynwatch_api_request_duration_seconds",
+			Help:    "Time to answer API requests, by route; for watches, how long they lasted.",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300},
+		}, []string{"route"}),
+	}
+	if err := registerAll(o.Registerer, a.requests, a.latency); err != nil {
+		return nil, err
+	}
 	r := gin.New()
-	r.Use(recovery(log), requestLog(log))
-	r.GET("/status", func(c *gin.Context) {
-		ok, reasons := cache.Ready()
-		c.JSON(http.StatusOK, StatusResponse{Ready: ok, NotReady: reasons, Resources: cache.Status()})
-	})
-	return r
+	r.RedirectTrailingSlash = false
+	r.Use(a.instrument, recovery(o.Logger))
+	r.GET("/status", a.status)
+	r.GET("/version", a.version)
+	r.NoRoute(a.serve) // every Kubernetes path: gin's router cannot express their overlaps
+	return r, nil
+}
+
+func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *api) instrument(c *gin.Context) {
+	start := time.Now()
+	c.Next()
+	route := c.GetString(routeKey)
+	if route == "" {
+		route = "other"
+	}
+	a.requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
+	a.latency.WithLabelValues(route).Observe(time.Since(start).Seconds())
+	a.Logger.Debug("request", "method", c.Request.Method, "path", c.Request.URL.Path, "query", c.Request.URL.RawQuery,
+		"route", route, "status", c.Writer.Status(), "duration", time.Since(start))
 }
 
 func recovery(log *slog.Logger) gin.HandlerFunc {
 	return gin.CustomRecoveryWithWriter(nil, func(c *gin.Context, err any) {
 		log.Error("panic serving request", "method", c.Request.Method, "path", c.Request.URL.Path, "err", err)
-		c.AbortWithStatus(http.StatusInternalServerError)
+		writeStatus(c.Writer, apierrors.NewInternalError(fmt.Errorf("panic: %v", err)))
+		c.Abort()
 	})
 }
 
-func requestLog(log *slog.Logger) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		start := time.Now()
-		c.Next()
-		log.Debug("request", "method", c.Request.Method, "path", c.Request.URL.Path,
-			"status", c.Writer.Status(), "duration", time.Since(start), "remote", c.ClientIP())
+func (a *api) status(c *gin.Context) {
+	c.Set(routeKey, "status")
+	a.deadline(c, a.RequestTimeout)
+	ok, reasons := a.Informers.Ready()
+	c.JSON(http.StatusOK, StatusResponse{Ready: ok, NotReady: reasons, Resources: a.Informers.Status()})
+}
+
+func (a *api) version(c *gin.Context) {
+	c.Set(routeKey, "version")
+	v := a.Informers.ServerVersion()
+	if v == nil {
+		writeStatus(c.Writer, apierrors.NewServiceUnavailable("the apiserver's version is not known yet"))
+		return
 	}
+	c.JSON(http.StatusOK, v)
+}
+
+// deadline bounds writing the response.
+func (a *api) deadline(c *gin.Context, d time.Duration) {
+	_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(d))
+}
+
+// serve answers every Kubernetes API path.
+func (a *api) serve(c *gin.Context) {
+	w := c.Writer
+	t, ok := parsePath(c.Request.URL.Path)
+	if !ok {
+		writeStatus(w, notServed())
+		return
+	}
+	if c.Request.Method != http.MethodGet && c.Request.Method != http.MethodHead {
+		c.Set(routeKey, "write")
+		writeStatus(w, apierrors.NewMethodNotSupported(t.gv.WithResource(t.resource).GroupResource(), c.Request.Method))
+		return
+	}
+	if t.discovery != "" {
+		c.Set(routeKey, "discovery")
+		a.deadline(c, a.RequestTimeout)
+		a.discovery(w, t)
+		return
+	}
+	res, ok := a.Informers.Lookup(t.gv.WithResource(t.resource))
+	if !ok {
+		writeStatus(w, notServed())
+		return
+	}
+	gvr, info, running := res.API()
+	if !running || (info.Namespaced && t.namespace == "" && t.name != "") || (!info.Namespaced && t.namespace != "") {
+		writeStatus(w, notServed())
+		return
+	}
+	q, serr := parseQuery(c.Request.URL.Query(), a.MaxPageSize)
+	if serr != nil {
+		writeStatus(w, serr)
+		return
+	}
+	if res.State() != dynamicinformer.StateSynced {
+		writeStatus(w, apierrors.NewServiceUnavailable(res.Name()+" has not synced yet"))
+		return
+	}
+	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: wantsTable(c.Request), include: includeObject(c.Request)}
+	switch {
+	case q.watch:
+		c.Set(routeKey, "watch")
+		a.watch(c, res, t, q, out)
+	case t.name != "":
+		c.Set(routeKey, "get")
+		a.deadline(c, a.RequestTimeout)
+		obj, found := res.Get(t.namespace, t.name)
+		if !found {
+			writeStatus(w, apierrors.NewNotFound(gvr.GroupResource(), t.name))
+			return
+		}
+		out.object(w, obj)
+	default:
+		c.Set(routeKey, "list")
+		a.deadline(c, a.RequestTimeout)
+		a.list(c, res, t, q, out)
+	}
+}
+
+func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
+	l, serr := q.candidates(res, t.namespace)
+	if serr != nil {
+		writeStatus(c.Writer, serr)
+		return
+	}
+	rv := q.listRV
+	if rv == "" {
+		rv = strconv.FormatUint(res.ResourceVersion(), 10)
+	}
+	c.Header("X-Dynwatch-Lookup", l.strategy)
+	out.list(c.Writer, q.paginate(l.objs, t.namespace, rv), rv)
+}
+
+// withTypeMeta returns obj's content with apiVersion and kind set, copying the top level of
+// the map only when they are missing (the cached object is shared and read-only).
+func (o responder) withTypeMeta(obj *unstructured.Unstructured) map[string]any {
+	if obj.GetKind() != "" && obj.GetAPIVersion() != "" {
+		return obj.Object
+	}
+	m := make(map[string]any, len(obj.Object)+2)
+	for k, v := range obj.Object {
+		m[k] = v
+	}
+	m["apiVersion"], m["kind"] = o.gvk.GroupVersion().String(), o.gvk.Kind
+	return m
 }

@@ -1,0 +1,84 @@
+package httpapi
+
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// target is what a Kubernetes API path addresses.
+type target struct {
+	// discovery is set for /api, /api/v1, /apis, /apis/{g} and /apis/{g}/{v}: "root" (/api
+	// or /apis), "group" or "version".
+	discovery string
+	legacy    bool // under /api rather than /apis
+	gv        schema.GroupVersion
+	resource  string
+	namespace string // set when the path has namespaces/{namespace}/{resource}
+	name      string
+}
+
+// parsePath splits a Kubernetes API path: /api/v1/..., /apis/{group}/{version}/..., followed
+// by {resource}, {resource}/{name}, namespaces/{ns}/{resource} or namespaces/{ns}/{resource}/{name}.
+func parsePath(path string) (target, bool) {
+	segs := strings.Split(strings.Trim(path, "/"), "/")
+	var t target
+	switch {
+	case segs[0] == "api":
+		t.legacy = true
+		if len(segs) == 1 {
+			t.discovery = "root"
+			return t, true
+		}
+		t.gv = schema.GroupVersion{Version: segs[1]}
+		segs = segs[2:]
+	case segs[0] == "apis":
+		switch len(segs) {
+		case 1:
+			t.discovery = "root"
+			return t, true
+		case 2:
+			t.discovery, t.gv.Group = "group", segs[1]
+			return t, true
+		}
+		t.gv = schema.GroupVersion{Group: segs[1], Version: segs[2]}
+		segs = segs[3:]
+	default:
+		return t, false
+	}
+	switch {
+	case len(segs) == 0:
+		t.discovery = "version"
+	case len(segs) >= 3 && segs[0] == "namespaces":
+		t.namespace, t.resource = segs[1], segs[2]
+		if len(segs) == 4 {
+			t.name = segs[3]
+		}
+		return t, len(segs) <= 4 && t.namespace != "" && t.resource != "" && (len(segs) == 3 || t.name != "")
+	case len(segs) <= 2:
+		t.resource = segs[0]
+		if len(segs) == 2 {
+			t.name = segs[1]
+		}
+		return t, t.resource != "" && (len(segs) == 1 || t.name != "")
+	default:
+		return t, false
+	}
+	return t, true
+}
+
+// route names the shape of a target for metrics, with bounded values.
+func (t target) route(verb string) string {
+	if t.discovery != "" {
+		return "discovery"
+	}
+	return verb
+}
+
+func sprintf(format string, args ...any) string {
+	if len(args) == 0 {
+		return format
+	}
+	return fmt.Sprintf(format, args...)
+}

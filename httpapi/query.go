@@ -1,0 +1,270 @@
+package httpapi
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+)
+
+// query is a list or watch request's parameters, parsed.
+type query struct {
+	labels     labels.Selector
+	fields     fields.Selector
+	fieldPaths map[string][]string // fieldSelector field → its dot path, split
+	name       string              // set for a watch of one object (a path with a name)
+	index      string              // explicit index=NAME
+	value      string              // and value=V
+	limit      int
+	after      string // continue: the last key of the previous page
+	listRV     string // continue: the resourceVersion of the first page
+
+	watch               bool
+	resourceVersion     uint64
+	sendInitialEvents   bool
+	allowWatchBookmarks bool
+	timeoutSeconds      int64
+}
+
+// parseQuery parses the query string. Errors are 400s naming the parameter.
+func parseQuery(v url.Values, maxPage int) (*query, *apierrors.StatusError) {
+	q := &query{limit: maxPage}
+	var err error
+	if q.labels, err = labels.Parse(v.Get("labelSelector")); err != nil {
+		return nil, badParameter("labelSelector", "%v", err)
+	}
+	if q.fields, err = fields.ParseSelector(v.Get("fieldSelector")); err != nil {
+		return nil, badParameter("fieldSelector", "%v", err)
+	}
+	q.fieldPaths = map[string][]string{}
+	for _, r := range q.fields.Requirements() {
+		q.fieldPaths[r.Field] = strings.Split(r.Field, ".")
+	}
+	q.index, q.value = v.Get("index"), v.Get("value")
+	if (q.index == "") != (!v.Has("value")) {
+		return nil, badParameter("index", "index and value must be given together")
+	}
+	if s := v.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return nil, badParameter("limit", "must be a non-negative integer, got %q", s)
+		}
+		if n > 0 && n < maxPage {
+			q.limit = n
+		}
+	}
+	if s := v.Get("continue"); s != "" {
+		var tok continueToken
+		b, err := base64.RawURLEncoding.DecodeString(s)
+		if err == nil {
+			err = json.Unmarshal(b, &tok)
+		}
+		if err != nil || tok.After == "" {
+			return nil, badParameter("continue", "invalid continue token")
+		}
+		q.after, q.listRV = tok.After, tok.RV
+	}
+	if s := v.Get("watch"); s != "" {
+		if q.watch, err = strconv.ParseBool(s); err != nil {
+			return nil, badParameter("watch", "must be true or false, got %q", s)
+		}
+	}
+	if s := v.Get("resourceVersion"); s != "" {
+		if q.resourceVersion, err = strconv.ParseUint(s, 10, 64); err != nil {
+			return nil, badParameter("resourceVersion", "must be a resourceVersion from this API, got %q", s)
+		}
+	}
+	for _, b := range []struct {
+		name string
+		dst  *bool
+	}{{"sendInitialEvents", &q.sendInitialEvents}, {"allowWatchBookmarks", &q.allowWatchBookmarks}} {
+		if s := v.Get(b.name); s != "" {
+			if *b.dst, err = strconv.ParseBool(s); err != nil {
+				return nil, badParameter(b.name, "must be true or false, got %q", s)
+			}
+		}
+	}
+	if s := v.Get("timeoutSeconds"); s != "" {
+		if q.timeoutSeconds, err = strconv.ParseInt(s, 10, 64); err != nil || q.timeoutSeconds < 0 {
+			return nil, badParameter("timeoutSeconds", "must be a non-negative integer, got %q", s)
+		}
+	}
+	return q, nil
+}
+
+type continueToken struct {
+	RV    string `json:"rv"`
+	After string `json:"after"`
+}
+
+func encodeContinue(rv, after string) string {
+	b, _ := json.Marshal(continueToken{RV: rv, After: after})
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// matches reports whether obj is in namespace (if set) and matches the selectors.
+func (q *query) matches(obj *unstructured.Unstructured, namespace string) bool {
+	if (namespace != "" && obj.GetNamespace() != namespace) || (q.name != "" && obj.GetName() != q.name) {
+		return false
+	}
+	if !q.labels.Empty() && !q.labels.Matches(labels.Set(obj.GetLabels())) {
+		return false
+	}
+	if q.fields.Empty() {
+		return true
+	}
+	set := make(fields.Set, len(q.fieldPaths))
+	for field, path := range q.fieldPaths {
+		set[field] = fieldValue(obj.Object, path)
+	}
+	return q.fields.Matches(set)
+}
+
+// fieldValue is the string form of the scalar at path, or "" when there is none.
+func fieldValue(obj map[string]any, path []string) string {
+	v, found, err := unstructured.NestedFieldNoCopy(obj, path...)
+	if !found || err != nil || v == nil {
+		return ""
+	}
+	switch v := v.(type) {
+	case string:
+		return v
+	case bool, int64, float64, int32, int:
+		b, _ := json.Marshal(v)
+		return string(b)
+	}
+	return ""
+}
+
+// lookup is how candidates were found: an index name or "scan".
+type lookup struct {
+	strategy string
+	objs     []*unstructured.Unstructured
+}
+
+// candidates returns a superset of the objects the query selects, through an index when one
+// applies: the explicit index, a label indexer for an equality or set requirement of the
+// label selector, a jsonPath indexer for an equality of the field selector, the namespace
+// index; a full scan only when none does.
+func (q *query) candidates(r *dynamicinformer.Resource, namespace string) (lookup, *apierrors.StatusError) {
+	cfg := r.Config()
+	if q.index != "" {
+		if q.index != config.NamespaceIndex && !slices.ContainsFunc(cfg.Indexers, func(ix config.Indexer) bool { return ix.Name == q.index }) {
+			return lookup{}, badParameter("index", "%s has no index %q", r.Name(), q.index)
+		}
+		return byIndex(r, q.index, q.value)
+	}
+	if reqs, ok := q.labels.Requirements(); ok {
+		for _, req := range reqs {
+			if req.Operator() != selection.Equals && req.Operator() != selection.DoubleEquals && req.Operator() != selection.In {
+				continue
+			}
+			for _, ix := range cfg.Indexers {
+				if ix.Type == config.IndexLabel && ix.Key == req.Key() {
+					return byIndex(r, ix.Name, req.Values().UnsortedList()...)
+				}
+			}
+		}
+	}
+	for _, req := range q.fields.Requirements() {
+		if req.Operator != selection.Equals && req.Operator != selection.DoubleEquals {
+			continue
+		}
+		for _, ix := range cfg.Indexers {
+			if ix.Type == config.IndexJSONPath && samePath(ix.Path, req.Field) {
+				return byIndex(r, ix.Name, req.Value)
+			}
+		}
+	}
+	if namespace != "" {
+		return byIndex(r, config.NamespaceIndex, namespace)
+	}
+	return lookup{strategy: "scan", objs: r.List()}, nil
+}
+
+func byIndex(r *dynamicinformer.Resource, index string, values ...string) (lookup, *apierrors.StatusError) {
+	l := lookup{strategy: "index/" + index}
+	for _, v := range values {
+		objs, err := r.ByIndex(index, v)
+		if err != nil {
+			return lookup{}, apierrors.NewInternalError(err)
+		}
+		l.objs = append(l.objs, objs...)
+	}
+	if len(values) > 1 { // an object can carry several of the values
+		slices.SortFunc(l.objs, compareKeys)
+		l.objs = slices.CompactFunc(l.objs, func(a, b *unstructured.Unstructured) bool { return compareKeys(a, b) == 0 })
+	}
+	return l, nil
+}
+
+// samePath reports whether a jsonPath indexer's path is the field selector's dot path:
+// "{.spec.nodeName}" and ".spec.nodeName" match "spec.nodeName".
+func samePath(jsonPath, field string) bool {
+	p := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(jsonPath), "{"), "}")
+	return strings.TrimPrefix(p, ".") == field
+}
+
+func key(o *unstructured.Unstructured) string {
+	if ns := o.GetNamespace(); ns != "" {
+		return ns + "/" + o.GetName()
+	}
+	return o.GetName()
+}
+
+func compareKeys(a, b *unstructured.Unstructured) int {
+	if c := strings.Compare(a.GetNamespace(), b.GetNamespace()); c != 0 {
+		return c
+	}
+	return strings.Compare(a.GetName(), b.GetName())
+}
+
+// page is one page of a list: the selected objects in key order after the cursor.
+type page struct {
+	items     []*unstructured.Unstructured
+	next      string // the continue token, "" on the last page
+	remaining int64  // objects after this page
+}
+
+// paginate filters candidates, orders them by namespace/name and cuts the page after the
+// cursor. Ordering by key makes paging stable while objects change: an object that exists
+// throughout a paged list is returned exactly once.
+func (q *query) paginate(candidates []*unstructured.Unstructured, namespace, rv string) page {
+	selected := candidates[:0:0]
+	for _, o := range candidates {
+		if q.matches(o, namespace) && (q.after == "" || afterKey(o, q.after)) {
+			selected = append(selected, o)
+		}
+	}
+	slices.SortFunc(selected, compareKeys)
+	p := page{items: selected}
+	if len(selected) > q.limit {
+		p.items = selected[:q.limit]
+		p.remaining = int64(len(selected) - q.limit)
+		p.next = encodeContinue(rv, key(p.items[len(p.items)-1]))
+	}
+	return p
+}
+
+// afterKey reports whether o sorts after the key namespace/name (or name).
+func afterKey(o *unstructured.Unstructured, k string) bool {
+	ns, name, found := strings.Cut(k, "/")
+	if !found {
+		ns, name = "", k
+	}
+	if c := strings.Compare(o.GetNamespace(), ns); c != 0 {
+		return c > 0
+	}
+	return o.GetName() > name
+}

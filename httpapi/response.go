@@ -1,0 +1,137 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/duration"
+)
+
+// responder writes objects as the client asked: plain JSON, or a meta.k8s.io/v1 Table (what
+// kubectl's human-readable output asks for) with Name and Age columns.
+type responder struct {
+	gvk     schema.GroupVersionKind
+	table   bool
+	include metav1.IncludeObjectPolicy
+}
+
+// wantsTable reports whether the Accept header asks for a Table (as=Table;g=meta.k8s.io).
+func wantsTable(r *http.Request) bool {
+	for accept := range strings.SplitSeq(r.Header.Get("Accept"), ",") {
+		_, params, err := mime.ParseMediaType(strings.TrimSpace(accept))
+		if err == nil && params["as"] == "Table" && params["g"] == "meta.k8s.io" {
+			return true
+		}
+	}
+	return false
+}
+
+func includeObject(r *http.Request) metav1.IncludeObjectPolicy {
+	switch p := metav1.IncludeObjectPolicy(r.URL.Query().Get("includeObject")); p {
+	case metav1.IncludeNone, metav1.IncludeObject:
+		return p
+	default:
+		return metav1.IncludeMetadata
+	}
+}
+
+var tableColumns = []metav1.TableColumnDefinition{
+	{Name: "Name", Type: "string", Format: "name", Description: "Name of the object."},
+	{Name: "Age", Type: "string", Description: "Time since the object was created."},
+}
+
+func (o responder) row(obj *unstructured.Unstructured) metav1.TableRow {
+	age := "<unknown>"
+	if ts := obj.GetCreationTimestamp(); !ts.IsZero() {
+		age = duration.HumanDuration(time.Since(ts.Time))
+	}
+	row := metav1.TableRow{Cells: []any{obj.GetName(), age}}
+	switch o.include {
+	case metav1.IncludeObject:
+		row.Object.Raw, _ = json.Marshal(o.withTypeMeta(obj))
+	case metav1.IncludeMetadata:
+		meta, _ := obj.Object["metadata"].(map[string]any)
+		row.Object.Raw, _ = json.Marshal(map[string]any{
+			"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta,
+		})
+	}
+	return row
+}
+
+func (o responder) tableOf(objs []*unstructured.Unstructured, meta metav1.ListMeta, headers bool) *metav1.Table {
+	t := &metav1.Table{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "Table"}, ListMeta: meta, Rows: []metav1.TableRow{}}
+	if headers {
+		t.ColumnDefinitions = tableColumns
+	}
+	for _, obj := range objs {
+		t.Rows = append(t.Rows, o.row(obj))
+	}
+	return t
+}
+
+// object writes one object.
+func (o responder) object(w http.ResponseWriter, obj *unstructured.Unstructured) {
+	if o.table {
+		writeJSON(w, http.StatusOK, o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, true))
+		return
+	}
+	writeJSON(w, http.StatusOK, o.withTypeMeta(obj))
+}
+
+// list writes a {Kind}List (or a Table) for a page.
+func (o responder) list(w http.ResponseWriter, p page, rv string) {
+	meta := metav1.ListMeta{ResourceVersion: rv, Continue: p.next}
+	if p.next != "" {
+		meta.RemainingItemCount = &p.remaining
+	}
+	if o.table {
+		writeJSON(w, http.StatusOK, o.tableOf(p.items, meta, true))
+		return
+	}
+	var buf bytes.Buffer
+	buf.WriteString(`{"apiVersion":`)
+	writeValue(&buf, o.gvk.GroupVersion().String())
+	buf.WriteString(`,"kind":`)
+	writeValue(&buf, o.gvk.Kind+"List")
+	buf.WriteString(`,"metadata":`)
+	writeValue(&buf, &meta)
+	buf.WriteString(`,"items":[`)
+	for i, obj := range p.items {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		writeValue(&buf, o.withTypeMeta(obj))
+	}
+	buf.WriteString("]}\n")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// writeValue appends v's JSON. Cached objects came from JSON, so they always encode.
+func writeValue(buf *bytes.Buffer, v any) {
+	b, _ := json.Marshal(v)
+	buf.Write(b)
+}
+
+// watchEvent is one line of a watch stream.
+type watchEvent struct {
+	Type   string `json:"type"`
+	Object any    `json:"object"`
+}
+
+// event returns the watch event for obj; a Table with one row when the client asked for
+// tables, with column definitions on the first event only, as the apiserver does.
+func (o responder) event(typ string, obj *unstructured.Unstructured, first bool) watchEvent {
+	if o.table && typ != "BOOKMARK" {
+		return watchEvent{Type: typ, Object: o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first)}
+	}
+	return watchEvent{Type: typ, Object: o.withTypeMeta(obj)}
+}

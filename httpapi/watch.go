@@ -1,0 +1,250 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+)
+
+// watcherBuffer is how many events a watcher may fall behind before it is disconnected; the
+// client then resumes from its last resourceVersion, as with the apiserver.
+const watcherBuffer = 1024
+
+// Hub fans informer events out to the API's watchers and keeps, per resource, the last
+// History events, so that a watch can resume from a recent resourceVersion. It is a
+// dynamicinformer.Subscriber: OnEvent never blocks, and a watcher that cannot keep up is
+// disconnected rather than slowing the informer.
+type Hub struct {
+	history int
+	mu      sync.Mutex
+	streams map[schema.GroupVersionResource]*stream
+}
+
+// NewHub returns a Hub that keeps history events per resource.
+func NewHub(history int) *Hub {
+	return &Hub{history: history, streams: map[schema.GroupVersionResource]*stream{}}
+}
+
+// OnEvent implements dynamicinformer.Subscriber.
+func (h *Hub) OnEvent(e dynamicinformer.Event) { h.stream(e.Resource).publish(e) }
+
+func (h *Hub) stream(gvr schema.GroupVersionResource) *stream {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.streams[gvr]
+	if !ok {
+		s = &stream{ring: make([]dynamicinformer.Event, h.history), watchers: map[*watcher]struct{}{}}
+		h.streams[gvr] = s
+	}
+	return s
+}
+
+// stream is one resource's recent history and watchers.
+type stream struct {
+	mu       sync.Mutex
+	ring     []dynamicinformer.Event // circular: the last n events end at next-1
+	next, n  int
+	floor    uint64 // watches from a resourceVersion below this cannot be served (410)
+	watchers map[*watcher]struct{}
+}
+
+type watcher struct {
+	ch    chan dynamicinformer.Event
+	minRV uint64            // events at or below this are already known to the client
+	fresh map[string]uint64 // snapshot objects newer than minRV: key → their resourceVersion
+}
+
+func rvOf(o *unstructured.Unstructured) uint64 {
+	rv, _ := strconv.ParseUint(o.GetResourceVersion(), 10, 64)
+	return rv
+}
+
+func (s *stream) publish(e dynamicinformer.Event) {
+	rv := rvOf(e.Object)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.InitialList {
+		// The informer (re)listed: history before its list cannot be replayed.
+		s.floor = max(s.floor, rv)
+	} else if len(s.ring) > 0 {
+		if s.n == len(s.ring) {
+			s.floor = max(s.floor, rvOf(s.ring[s.next].Object))
+		} else {
+			s.n++
+		}
+		s.ring[s.next] = e
+		s.next = (s.next + 1) % len(s.ring)
+	}
+	for w := range s.watchers {
+		if !w.wants(e, rv) {
+			continue
+		}
+		select {
+		case w.ch <- e:
+		default: // too slow: disconnect it
+			close(w.ch)
+			delete(s.watchers, w)
+		}
+	}
+}
+
+// wants reports whether the watcher has not seen e yet. Deletions always pass: one found
+// only by a relist carries the object's last known, older resourceVersion.
+func (w *watcher) wants(e dynamicinformer.Event, rv uint64) bool {
+	if e.Type == dynamicinformer.Deleted {
+		return true
+	}
+	if rv <= w.minRV {
+		return false
+	}
+	if seen, ok := w.fresh[key(e.Object)]; ok {
+		if rv <= seen {
+			return false
+		}
+		delete(w.fresh, key(e.Object))
+	}
+	return true
+}
+
+// subscribe registers a watcher. With initial, it returns the current objects of res, to be
+// sent first; without, the watch resumes after resourceVersion rv from the history, or fails
+// with 410 Gone when the history no longer reaches back that far.
+func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial bool) (*watcher, []*unstructured.Unstructured, uint64, *apierrors.StatusError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if initial {
+		// The resourceVersion first: every change up to it is in the snapshot that follows.
+		w := &watcher{ch: make(chan dynamicinformer.Event, watcherBuffer), minRV: res.ResourceVersion(), fresh: map[string]uint64{}}
+		snapshot := res.List()
+		for _, o := range snapshot {
+			if orv := rvOf(o); orv > w.minRV {
+				w.fresh[key(o)] = orv
+			}
+		}
+		s.watchers[w] = struct{}{}
+		return w, snapshot, w.minRV, nil
+	}
+	if rv < s.floor {
+		return nil, nil, 0, apierrors.NewResourceExpired("too old resource version: " + strconv.FormatUint(rv, 10) + " (" + strconv.FormatUint(s.floor, 10) + ")")
+	}
+	var replay []dynamicinformer.Event
+	for i := range s.n {
+		e := s.ring[(s.next-s.n+i+len(s.ring))%len(s.ring)]
+		if len(replay) > 0 || rvOf(e.Object) > rv {
+			replay = append(replay, e)
+		}
+	}
+	w := &watcher{ch: make(chan dynamicinformer.Event, watcherBuffer+len(replay)), minRV: rv}
+	for _, e := range replay {
+		w.ch <- e
+	}
+	s.watchers[w] = struct{}{}
+	return w, nil, rv, nil
+}
+
+func (s *stream) unsubscribe(w *watcher) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.watchers[w]; ok {
+		delete(s.watchers, w)
+		close(w.ch)
+	}
+}
+
+// transition is the watch event type a change is for this query, "" if none: an object that
+// starts or stops matching the selectors is ADDED or DELETED, as with the apiserver.
+func (q *query) transition(e dynamicinformer.Event, namespace string) string {
+	now := q.matches(e.Object, namespace)
+	switch e.Type {
+	case dynamicinformer.Modified:
+		was := q.matches(e.OldObject, namespace)
+		switch {
+		case now && was:
+			return string(dynamicinformer.Modified)
+		case now:
+			return string(dynamicinformer.Added)
+		case was:
+			return string(dynamicinformer.Deleted)
+		}
+		return ""
+	default:
+		if now {
+			return string(e.Type)
+		}
+		return ""
+	}
+}
+
+// watch streams watch events, one JSON object per line: with no resourceVersion (or
+// sendInitialEvents), the current matching objects as ADDED first, then every change.
+func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
+	q.name = t.name
+	gvr, _, _ := res.API()
+	s := a.Watches.stream(gvr)
+	w, snapshot, snapRV, serr := s.subscribe(res, q.resourceVersion, q.resourceVersion == 0 || q.sendInitialEvents)
+	if serr != nil {
+		writeStatus(c.Writer, serr)
+		return
+	}
+	defer s.unsubscribe(w)
+	timeout := a.MaxWatchTimeout
+	if q.timeoutSeconds > 0 {
+		timeout = min(timeout, time.Duration(q.timeoutSeconds)*time.Second)
+	}
+	a.deadline(c, timeout+a.RequestTimeout)
+	c.Header("Content-Type", "application/json")
+	c.Status(http.StatusOK)
+	c.Writer.Flush()
+
+	enc := json.NewEncoder(c.Writer)
+	first := true
+	send := func(typ string, obj *unstructured.Unstructured) bool {
+		err := enc.Encode(out.event(typ, obj, first))
+		first = false
+		c.Writer.Flush()
+		return err == nil
+	}
+	slices.SortFunc(snapshot, compareKeys)
+	for _, o := range snapshot {
+		if q.matches(o, t.namespace) && !send(string(dynamicinformer.Added), o) {
+			return
+		}
+	}
+	if q.sendInitialEvents && q.allowWatchBookmarks {
+		bookmark := &unstructured.Unstructured{}
+		bookmark.SetGroupVersionKind(out.gvk)
+		bookmark.SetResourceVersion(strconv.FormatUint(snapRV, 10))
+		bookmark.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+		if !send("BOOKMARK", bookmark) {
+			return
+		}
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case e, ok := <-w.ch:
+			if !ok {
+				return
+			}
+			if typ := q.transition(e, t.namespace); typ != "" && !send(typ, e.Object) {
+				return
+			}
+		case <-timer.C:
+			return
+		case <-c.Request.Context().Done():
+			return
+		}
+	}
+}
