@@ -48,15 +48,15 @@ type Resource struct {
 	events    map[EventType]counter
 	watchErrs counter
 
-	mu         sync.RWMutex
-	state      State
-	reason     string
-	lastError  string
-	gvr        schema.GroupVersionResource
-	api        metav1.APIResource // as discovery serves it
-	informers  []namespaceInformer
-	stop       context.CancelFunc
-	done       sync.WaitGroup
+	mu        sync.RWMutex
+	state     State
+	reason    string
+	lastError string
+	gvr       schema.GroupVersionResource
+	api       metav1.APIResource // as discovery serves it
+	informers []namespaceInformer
+	stop      context.CancelFunc
+	done      sync.WaitGroup
 }
 
 type namespaceInformer struct {

@@ -42,6 +42,9 @@ type api struct {
 	latency  *prometheus.HistogramVec
 }
 
+// routes are the values of the route label.
+var routes = []string{"discovery", "list", "get", "watch", "status", "version", "write", "other"}
+
 // routeKey is the gin context key under which handlers name their route for metrics.
 const routeKey = "dynwatch.route"
 
@@ -62,6 +65,9 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	}
 	if err := registerAll(o.Registerer, a.requests, a.latency); err != nil {
 		return nil, err
+	}
+	for _, route := range routes {
+		a.latency.WithLabelValues(route)
 	}
 	r := gin.New()
 	r.RedirectTrailingSlash = false

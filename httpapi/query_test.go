@@ -1,0 +1,116 @@
+package httpapi
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+func TestParsePathNamesWhatTheKubernetesAPIDoes(t *testing.T) {
+	core := schema.GroupVersion{Version: "v1"}
+	apps := schema.GroupVersion{Group: "apps", Version: "v1"}
+	tests := []struct {
+		path string
+		want target
+		ok   bool
+	}{
+		{"/api", target{discovery: "root", legacy: true}, true},
+		{"/api/v1", target{discovery: "version", legacy: true, gv: core}, true},
+		{"/apis", target{discovery: "root"}, true},
+		{"/apis/apps", target{discovery: "group", gv: schema.GroupVersion{Group: "apps"}}, true},
+		{"/apis/apps/v1", target{discovery: "version", gv: apps}, true},
+		{"/api/v1/configmaps", target{legacy: true, gv: core, resource: "configmaps"}, true},
+		{"/api/v1/nodes/n1", target{legacy: true, gv: core, resource: "nodes", name: "n1"}, true},
+		{"/api/v1/namespaces/kube-system", target{legacy: true, gv: core, resource: "namespaces", name: "kube-system"}, true},
+		{"/api/v1/namespaces/a/configmaps", target{legacy: true, gv: core, namespace: "a", resource: "configmaps"}, true},
+		{"/apis/apps/v1/namespaces/a/deployments/web", target{gv: apps, namespace: "a", resource: "deployments", name: "web"}, true},
+		{"/apis/apps/v1/namespaces/a/deployments/web/scale", target{}, false},
+		{"/api/v1/pods/a/b", target{}, false},
+		{"/healthz", target{}, false},
+	}
+	for _, tt := range tests {
+		got, ok := parsePath(tt.path)
+		if ok != tt.ok || (ok && got != tt.want) {
+			t.Errorf("parsePath(%q) = %+v, %v; want %+v, %v", tt.path, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func obj(ns, name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetNamespace(ns)
+	u.SetName(name)
+	return u
+}
+
+// TestPagingIsStableWhileObjectsChange lists in pages of 3 while objects are created and
+// deleted between pages: every object that exists throughout is returned exactly once.
+func TestPagingIsStableWhileObjectsChange(t *testing.T) {
+	var objs []*unstructured.Unstructured
+	for i := range 10 {
+		objs = append(objs, obj("ns", fmt.Sprintf("obj-%02d", i)))
+	}
+	seen := map[string]int{}
+	q, serr := parseQuery(url.Values{"limit": {"3"}}, 500)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	for page := 0; ; page++ {
+		p := q.paginate(objs, "", "42")
+		for _, o := range p.items {
+			seen[o.GetName()]++
+		}
+		if p.next == "" {
+			break
+		}
+		if p.remaining != int64(len(objs))-int64(len(p.items))-int64(countBefore(objs, q.after)) {
+			t.Errorf("page %d: remainingItemCount %d does not count the objects after it", page, p.remaining)
+		}
+		// Between pages: one object before the cursor goes, two arrive on both sides of it.
+		objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetName() == fmt.Sprintf("obj-%02d", page) })
+		objs = append(objs, obj("ns", fmt.Sprintf("new-a%d", page)), obj("ns", fmt.Sprintf("obj-%02d-new", 9-page)))
+		if q, serr = parseQuery(url.Values{"limit": {"3"}, "continue": {p.next}}, 500); serr != nil {
+			t.Fatal(serr)
+		}
+	}
+	for i := 3; i < 10; i++ { // obj-00..02 were deleted after being listed; the rest stayed
+		if name := fmt.Sprintf("obj-%02d", i); seen[name] != 1 {
+			t.Errorf("%s was listed %d times, want exactly once", name, seen[name])
+		}
+	}
+	for name, n := range seen {
+		if n != 1 {
+			t.Errorf("%s was listed %d times", name, n)
+		}
+	}
+}
+
+func countBefore(objs []*unstructured.Unstructured, after string) int {
+	n := 0
+	for _, o := range objs {
+		if !afterKey(o, after) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestPageSizeIsCapped(t *testing.T) {
+	var objs []*unstructured.Unstructured
+	for i := range 20 {
+		objs = append(objs, obj("ns", fmt.Sprintf("o%02d", i)))
+	}
+	for _, limit := range []string{"", "0", "1000"} {
+		q, serr := parseQuery(url.Values{"limit": {limit}}, 7)
+		if serr != nil {
+			t.Fatal(serr)
+		}
+		if p := q.paginate(objs, "", "1"); len(p.items) != 7 || p.next == "" || p.remaining != 13 {
+			t.Errorf("limit=%q with a cap of 7: %d items, remaining %d, continue %q", limit, len(p.items), p.remaining, p.next)
+		}
+	}
+}
