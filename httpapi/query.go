@@ -118,8 +118,11 @@ func (q *query) matches(obj *unstructured.Unstructured, namespace string) bool {
 	if (namespace != "" && obj.GetNamespace() != namespace) || (q.name != "" && obj.GetName() != q.name) {
 		return false
 	}
-	if !q.labels.Empty() && !q.labels.Matches(labels.Set(obj.GetLabels())) {
-		return false
+	if !q.labels.Empty() {
+		m, _, _ := unstructured.NestedFieldNoCopy(obj.Object, "metadata", "labels")
+		if l, _ := m.(map[string]any); !q.labels.Matches(objectLabels(l)) {
+			return false
+		}
 	}
 	if q.fields.Empty() {
 		return true
@@ -129,6 +132,18 @@ func (q *query) matches(obj *unstructured.Unstructured, namespace string) bool {
 		set[field] = fieldValue(obj.Object, path)
 	}
 	return q.fields.Matches(set)
+}
+
+// objectLabels reads a cached object's labels in place; GetLabels would copy them.
+type objectLabels map[string]any
+
+func (l objectLabels) Has(k string) bool { _, ok := l[k]; return ok }
+
+func (l objectLabels) Get(k string) string { v, _ := l.Lookup(k); return v }
+
+func (l objectLabels) Lookup(k string) (string, bool) {
+	v, ok := l[k].(string)
+	return v, ok
 }
 
 // fieldValue is the string form of the scalar at path, or "" when there is none.
@@ -223,12 +238,7 @@ func key(o *unstructured.Unstructured) string {
 	return o.GetName()
 }
 
-func compareKeys(a, b *unstructured.Unstructured) int {
-	if c := strings.Compare(a.GetNamespace(), b.GetNamespace()); c != 0 {
-		return c
-	}
-	return strings.Compare(a.GetName(), b.GetName())
-}
+func compareKeys(a, b *unstructured.Unstructured) int { return compareKey(key(a), key(b)) }
 
 // page is one page of a list: the selected objects in key order after the cursor.
 type page struct {
@@ -237,34 +247,51 @@ type page struct {
 	remaining int64  // objects after this page
 }
 
+type keyed struct {
+	key string
+	obj *unstructured.Unstructured
+}
+
 // paginate filters candidates, orders them by namespace/name and cuts the page after the
 // cursor. Ordering by key makes paging stable while objects change: an object that exists
 // throughout a paged list is returned exactly once.
 func (q *query) paginate(candidates []*unstructured.Unstructured, namespace, rv string) page {
-	selected := candidates[:0:0]
+	selected := make([]keyed, 0, len(candidates))
 	for _, o := range candidates {
-		if q.matches(o, namespace) && (q.after == "" || afterKey(o, q.after)) {
-			selected = append(selected, o)
+		if !q.matches(o, namespace) {
+			continue
+		}
+		if k := key(o); q.after == "" || compareKey(k, q.after) > 0 {
+			selected = append(selected, keyed{k, o})
 		}
 	}
-	slices.SortFunc(selected, compareKeys)
-	p := page{items: selected}
-	if len(selected) > q.limit {
-		p.items = selected[:q.limit]
-		p.remaining = int64(len(selected) - q.limit)
-		p.next = encodeContinue(rv, key(p.items[len(p.items)-1]))
+	slices.SortFunc(selected, func(a, b keyed) int { return compareKey(a.key, b.key) })
+	n := min(len(selected), q.limit)
+	p := page{items: make([]*unstructured.Unstructured, n)}
+	for i := range n {
+		p.items[i] = selected[i].obj
+	}
+	if len(selected) > n {
+		p.remaining = int64(len(selected) - n)
+		p.next = encodeContinue(rv, selected[n-1].key)
 	}
 	return p
 }
 
-// afterKey reports whether o sorts after the key namespace/name (or name).
-func afterKey(o *unstructured.Unstructured, k string) bool {
-	ns, name, found := strings.Cut(k, "/")
-	if !found {
-		ns, name = "", k
+// compareKey orders namespace/name keys by namespace, then name; a cluster-scoped key (no
+// namespace) sorts before namespaced ones, as in etcd.
+func compareKey(a, b string) int {
+	ans, aname, _ := cutKey(a)
+	bns, bname, _ := cutKey(b)
+	if c := strings.Compare(ans, bns); c != 0 {
+		return c
 	}
-	if c := strings.Compare(o.GetNamespace(), ns); c != 0 {
-		return c > 0
+	return strings.Compare(aname, bname)
+}
+
+func cutKey(k string) (namespace, name string, namespaced bool) {
+	if ns, name, ok := strings.Cut(k, "/"); ok {
+		return ns, name, true
 	}
-	return o.GetName() > name
+	return "", k, false
 }

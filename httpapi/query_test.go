@@ -92,7 +92,7 @@ func TestPagingIsStableWhileObjectsChange(t *testing.T) {
 func countBefore(objs []*unstructured.Unstructured, after string) int {
 	n := 0
 	for _, o := range objs {
-		if !afterKey(o, after) {
+		if compareKey(key(o), after) <= 0 {
 			n++
 		}
 	}

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"encoding/json"
 	"mime"
 	"net/http"
@@ -82,7 +81,9 @@ func (o responder) object(w http.ResponseWriter, obj *unstructured.Unstructured)
 		writeJSON(w, http.StatusOK, o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, true))
 		return
 	}
-	writeJSON(w, http.StatusOK, o.withTypeMeta(obj))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(append(appendJSON(nil, o.withTypeMeta(obj)), '\n'))
 }
 
 // list writes a {Kind}List (or a Table) for a page.
@@ -95,43 +96,38 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 		writeJSON(w, http.StatusOK, o.tableOf(p.items, meta, true))
 		return
 	}
-	var buf bytes.Buffer
-	buf.WriteString(`{"apiVersion":`)
-	writeValue(&buf, o.gvk.GroupVersion().String())
-	buf.WriteString(`,"kind":`)
-	writeValue(&buf, o.gvk.Kind+"List")
-	buf.WriteString(`,"metadata":`)
-	writeValue(&buf, &meta)
-	buf.WriteString(`,"items":[`)
+	metaJSON, _ := json.Marshal(&meta)
+	buf := make([]byte, 0, 1024*(len(p.items)+1))
+	buf = append(buf, `{"apiVersion":`...)
+	buf = appendString(buf, o.gvk.GroupVersion().String())
+	buf = append(buf, `,"kind":`...)
+	buf = appendString(buf, o.gvk.Kind+"List")
+	buf = append(buf, `,"metadata":`...)
+	buf = append(buf, metaJSON...)
+	buf = append(buf, `,"items":[`...)
 	for i, obj := range p.items {
 		if i > 0 {
-			buf.WriteByte(',')
+			buf = append(buf, ',')
 		}
-		writeValue(&buf, o.withTypeMeta(obj))
+		buf = appendJSON(buf, o.withTypeMeta(obj))
 	}
-	buf.WriteString("]}\n")
+	buf = append(buf, "]}\n"...)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(buf.Bytes())
+	_, _ = w.Write(buf)
 }
 
-// writeValue appends v's JSON. Cached objects came from JSON, so they always encode.
-func writeValue(buf *bytes.Buffer, v any) {
-	b, _ := json.Marshal(v)
-	buf.Write(b)
-}
-
-// watchEvent is one line of a watch stream.
-type watchEvent struct {
-	Type   string `json:"type"`
-	Object any    `json:"object"`
-}
-
-// event returns the watch event for obj; a Table with one row when the client asked for
-// tables, with column definitions on the first event only, as the apiserver does.
-func (o responder) event(typ string, obj *unstructured.Unstructured, first bool) watchEvent {
+// event returns one line of a watch stream, {"type":...,"object":...}; the object is a Table
+// with one row when the client asked for tables, with column definitions on the first event
+// only, as the apiserver does.
+func (o responder) event(typ string, obj *unstructured.Unstructured, first bool) []byte {
+	line := append([]byte(`{"type":`), appendString(nil, typ)...)
+	line = append(line, `,"object":`...)
 	if o.table && typ != "BOOKMARK" {
-		return watchEvent{Type: typ, Object: o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first)}
+		t, _ := json.Marshal(o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first))
+		line = append(line, t...)
+	} else {
+		line = appendJSON(line, o.withTypeMeta(obj))
 	}
-	return watchEvent{Type: typ, Object: o.withTypeMeta(obj)}
+	return append(line, "}\n"...)
 }

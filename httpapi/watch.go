@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"encoding/json"
 	"net/http"
 	"slices"
 	"strconv"
@@ -207,10 +206,9 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	c.Status(http.StatusOK)
 	c.Writer.Flush()
 
-	enc := json.NewEncoder(c.Writer)
 	first := true
 	send := func(typ string, obj *unstructured.Unstructured) bool {
-		err := enc.Encode(out.event(typ, obj, first))
+		_, err := c.Writer.Write(out.event(typ, obj, first))
 		first = false
 		c.Writer.Flush()
 		return err == nil
