@@ -90,10 +90,10 @@ func run(ctx context.Context, args []string) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return informers.Run(ctx) })
 	g.Go(func() error {
-		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, 0)
+		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.Timeouts{Read: 30 * time.Second})
 	})
 	g.Go(func() error {
-		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers), 30*time.Second)
+		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers), httpapi.Timeouts{Read: 30 * time.Second, Write: 30 * time.Second})
 	})
 	err = g.Wait()
 	log.Info("stopped", "err", err)

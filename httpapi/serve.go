@@ -13,9 +13,15 @@ import (
 // ShutdownTimeout bounds how long Serve waits for requests in flight when its context ends.
 const ShutdownTimeout = 5 * time.Second
 
+// Timeouts bound reading a request and writing its response; 0 means none. Handlers that
+// stream (watches) lift both for their own requests.
+type Timeouts struct {
+	Read, Write time.Duration
+}
+
 // Serve listens on addr and serves h until ctx ends, then shuts down gracefully. It logs the
 // address it listens on (useful with port 0) under the message "listening".
-func Serve(ctx context.Context, log *slog.Logger, addr string, h http.Handler, writeTimeout time.Duration) error {
+func Serve(ctx context.Context, log *slog.Logger, addr string, h http.Handler, t Timeouts) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
@@ -23,8 +29,8 @@ func Serve(ctx context.Context, log *slog.Logger, addr string, h http.Handler, w
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      writeTimeout,
+		ReadTimeout:       t.Read,
+		WriteTimeout:      t.Write,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
@@ -45,4 +51,12 @@ func Serve(ctx context.Context, log *slog.Logger, addr string, h http.Handler, w
 		return fmt.Errorf("serve %s: %w", addr, err)
 	}
 	return nil
+}
+
+// streaming lifts the server's read deadline for a long-lived response (net/http cancels a
+// request whose connection read deadline passes) and bounds writing it by d instead.
+func streaming(w http.ResponseWriter, d time.Duration) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Now().Add(d))
 }

@@ -201,7 +201,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	if q.timeoutSeconds > 0 {
 		timeout = min(timeout, time.Duration(q.timeoutSeconds)*time.Second)
 	}
-	a.deadline(c, timeout+a.RequestTimeout)
+	streaming(c.Writer, timeout+a.RequestTimeout)
 	c.Header("Content-Type", "application/json")
 	c.Status(http.StatusOK)
 	c.Writer.Flush()
