@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test testbed testbed-up vet fmt-check clean
+.PHONY: all build demo test testbed testbed-up bench-api vet fmt-check clean
 
 all: build
 
@@ -27,6 +27,10 @@ demo: testbed
 ## test: vet, format check, and every test with the race detector against the real apiserver
 test: testbed vet fmt-check
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
+bench-api: testbed
+	$(GO) test -run '^$$' -bench . -benchtime 3000x ./httpapi/
 
 vet:
 	$(GO) vet ./...

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -124,6 +125,29 @@ func run(ctx context.Context) error {
 		}
 	}
 
+	step("Query dynwatch's cache the way you query the apiserver: kubectl, curl, client-go")
+	empty := filepath.Join(cluster.Dir, "empty-kubeconfig")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		return err
+	}
+	for _, args := range [][]string{
+		{"get", "configmaps", "-n", "demo", "-l", "app=web"},
+		{"get", "widgets", "-A"},
+		{"get", "configmap", "web", "-n", "demo", "-o", "jsonpath={.data}"},
+	} {
+		fmt.Printf("   $ kubectl --server %s %s\n", api, strings.Join(args, " "))
+		out, err := testbed.Kubectl(ctx, cluster.Binaries.Kubectl, append([]string{"--kubeconfig", empty, "--server", api, "--cache-dir", filepath.Join(cluster.Dir, "kubectl-cache")}, args...)...)
+		if err != nil {
+			return err
+		}
+		fmt.Println(indent(string(out)))
+	}
+	query := api + "/api/v1/namespaces/demo/configmaps?index=byTeam&value=storage"
+	fmt.Printf("   $ curl '%s'   (names only)\n", query)
+	if err := printNames(ctx, query); err != nil {
+		return err
+	}
+
 	step("Event counters from " + metrics + "/metrics")
 	if err := printMetrics(ctx, metrics, "dynwatch_informer_events_total"); err != nil {
 		return err
@@ -154,6 +178,30 @@ func show(ctx context.Context, dw *runner.Process, title string) error {
 		fmt.Fprintf(w, "   %s\t%s\t%d\t%s\t%s\n", r.Resource, r.State, r.Objects, strings.Join(r.Indexers, ","), r.Reason)
 	}
 	return w.Flush()
+}
+
+func indent(s string) string {
+	return "     " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n     ")
+}
+
+func printNames(ctx context.Context, url string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Kind  string
+		Items []struct{ Metadata struct{ Namespace, Name string } }
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return err
+	}
+	for _, item := range list.Items {
+		fmt.Printf("     %s %s/%s  (lookup: %s)\n", list.Kind, item.Metadata.Namespace, item.Metadata.Name, resp.Header.Get("X-Dynwatch-Lookup"))
+	}
+	return nil
 }
 
 func printMetrics(ctx context.Context, base, prefix string) error {
