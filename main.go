@@ -26,6 +26,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/httpapi"
+	"github.com/dynwatch/dynwatch/webhook"
 )
 
 func main() {
@@ -70,10 +71,14 @@ func run(ctx context.Context, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	watches := httpapi.NewHub(cfg.API.WatchHistory)
+	webhooks, err := webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks})
+	if err != nil {
+		return err
+	}
 	informers, err := dynamicinformer.New(dynamicinformer.Options{
 		Logger: log, Dynamic: dyn, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
-		Subscribers: []dynamicinformer.Subscriber{watches},
+		Subscribers: []dynamicinformer.Subscriber{watches, webhooks},
 	})
 	if err != nil {
 		return err
@@ -86,9 +91,10 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	log.Info("starting", "resources", len(cfg.Resources), "apiserver", restConfig.Host)
+	log.Info("starting", "resources", len(cfg.Resources), "webhooks", len(cfg.Webhooks), "apiserver", restConfig.Host)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return informers.Run(ctx) })
+	g.Go(func() error { return webhooks.Run(ctx) })
 	g.Go(func() error {
 		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.Timeouts{Read: 30 * time.Second})
 	})

@@ -22,6 +22,7 @@ const EnvPrefix = "DYNWATCH"
 // Config is the whole configuration of one dynwatch process.
 type Config struct {
 	Resources []Resource `mapstructure:"resources"`
+	Webhooks  []Webhook  `mapstructure:"webhooks"`
 	API       API        `mapstructure:"api"`
 	Metrics   Listener   `mapstructure:"metrics"`
 	Discovery Discovery  `mapstructure:"discovery"`
@@ -151,6 +152,9 @@ func setDefaults(v *viper.Viper) {
 }
 
 func (c *Config) setListDefaults() {
+	for i := range c.Webhooks {
+		c.Webhooks[i].setDefaults()
+	}
 	yes := true
 	for i := range c.Resources {
 		t := &c.Resources[i].Transform

@@ -46,6 +46,21 @@ func (c *Config) validate() error {
 			seen[id] = i
 		}
 	}
+	env, err := celEnv()
+	if err != nil {
+		p.add("webhooks", "CEL environment: %v", err)
+	}
+	names := map[string]int{}
+	for i := range c.Webhooks {
+		path := fmt.Sprintf("webhooks[%d]", i)
+		w := &c.Webhooks[i]
+		w.validate(path, c.Resources, env, &p)
+		if first, dup := names[w.Name]; dup {
+			p.add(path+".name", "duplicate of webhooks[%d] (%s)", first, w.Name)
+		} else {
+			names[w.Name] = i
+		}
+	}
 	checkAddress("api.address", c.API.Address, &p)
 	checkAddress("metrics.address", c.Metrics.Address, &p)
 	if c.API.MaxPageSize < 1 {

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/duration"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // responder writes objects as the client asked: plain JSON, or a meta.k8s.io/v1 Table (what
@@ -83,7 +85,7 @@ func (o responder) object(w http.ResponseWriter, obj *unstructured.Unstructured)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(append(appendJSON(nil, o.withTypeMeta(obj)), '\n'))
+	_, _ = w.Write(append(dynamicinformer.AppendJSON(nil, o.withTypeMeta(obj)), '\n'))
 }
 
 // list writes a {Kind}List (or a Table) for a page.
@@ -99,9 +101,9 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 	metaJSON, _ := json.Marshal(&meta)
 	buf := make([]byte, 0, 1024*(len(p.items)+1))
 	buf = append(buf, `{"apiVersion":`...)
-	buf = appendString(buf, o.gvk.GroupVersion().String())
+	buf = dynamicinformer.AppendString(buf, o.gvk.GroupVersion().String())
 	buf = append(buf, `,"kind":`...)
-	buf = appendString(buf, o.gvk.Kind+"List")
+	buf = dynamicinformer.AppendString(buf, o.gvk.Kind+"List")
 	buf = append(buf, `,"metadata":`...)
 	buf = append(buf, metaJSON...)
 	buf = append(buf, `,"items":[`...)
@@ -109,7 +111,7 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 		if i > 0 {
 			buf = append(buf, ',')
 		}
-		buf = appendJSON(buf, o.withTypeMeta(obj))
+		buf = dynamicinformer.AppendJSON(buf, o.withTypeMeta(obj))
 	}
 	buf = append(buf, "]}\n"...)
 	w.Header().Set("Content-Type", "application/json")
@@ -121,13 +123,13 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 // with one row when the client asked for tables, with column definitions on the first event
 // only, as the apiserver does.
 func (o responder) event(typ string, obj *unstructured.Unstructured, first bool) []byte {
-	line := append([]byte(`{"type":`), appendString(nil, typ)...)
+	line := append([]byte(`{"type":`), dynamicinformer.AppendString(nil, typ)...)
 	line = append(line, `,"object":`...)
 	if o.table && typ != "BOOKMARK" {
 		t, _ := json.Marshal(o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first))
 		line = append(line, t...)
 	} else {
-		line = appendJSON(line, o.withTypeMeta(obj))
+		line = dynamicinformer.AppendJSON(line, o.withTypeMeta(obj))
 	}
 	return append(line, "}\n"...)
 }

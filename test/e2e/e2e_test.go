@@ -4,6 +4,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -79,8 +81,10 @@ func start(t *testing.T, kubeconfig, yaml string) *runner.Process {
 
 func namespace(t *testing.T) string {
 	t.Helper()
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
 	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
-	name = name[:min(len(name), 50)]
+	name = name[:min(len(name), 50)] + "-" + hex.EncodeToString(suffix)
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package httpapi
+package dynamicinformer
 
 import (
 	"bytes"
@@ -25,13 +25,13 @@ func checkSameAsEncodingJSON(t testing.TB, v any) {
 	if err != nil {
 		return
 	}
-	if got := appendJSON(nil, v); !bytes.Equal(got, want) {
-		t.Fatalf("appendJSON:\n%s\nencoding/json:\n%s", got, want)
+	if got := AppendJSON(nil, v); !bytes.Equal(got, want) {
+		t.Fatalf("AppendJSON:\n%s\nencoding/json:\n%s", got, want)
 	}
 }
 
 func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
-	files, _ := filepath.Glob("../dynamicinformer/testdata/transform/*.input.yaml")
+	files, _ := filepath.Glob("testdata/transform/*.input.yaml")
 	if len(files) == 0 {
 		t.Fatal("no sample objects found")
 	}

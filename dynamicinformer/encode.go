@@ -1,4 +1,4 @@
-package httpapi
+package dynamicinformer
 
 import (
 	"encoding/json"
@@ -6,12 +6,12 @@ import (
 	"strconv"
 )
 
-// appendJSON appends the JSON encoding of v, a value of unstructured content (maps, slices,
-// strings, int64, bool, nil) to buf, exactly as encoding/json would: map keys sorted, HTML
-// characters escaped. It avoids encoding/json's reflection on the hot path of list and watch
-// responses; anything it does not handle itself (floats, strings that need escaping, other
-// types) it hands to encoding/json.
-func appendJSON(buf []byte, v any) []byte {
+// AppendJSON appends the JSON encoding of v, a value of unstructured content (maps, slices,
+// strings, int64, bool, nil) such as a cached object's Object, to buf, exactly as
+// encoding/json would: map keys sorted, HTML characters escaped. It avoids encoding/json's
+// reflection on the hot paths of API responses and webhook bodies; anything it does not handle
+// itself (floats, strings that need escaping, other types) it hands to encoding/json.
+func AppendJSON(buf []byte, v any) []byte {
 	switch v := v.(type) {
 	case nil:
 		return append(buf, "null"...)
@@ -34,7 +34,7 @@ func appendJSON(buf []byte, v any) []byte {
 			}
 			buf = appendString(buf, k)
 			buf = append(buf, ':')
-			buf = appendJSON(buf, v[k])
+			buf = AppendJSON(buf, v[k])
 		}
 		return append(buf, '}')
 	case []any:
@@ -43,7 +43,7 @@ func appendJSON(buf []byte, v any) []byte {
 			if i > 0 {
 				buf = append(buf, ',')
 			}
-			buf = appendJSON(buf, item)
+			buf = AppendJSON(buf, item)
 		}
 		return append(buf, ']')
 	default:
@@ -54,6 +54,10 @@ func appendJSON(buf []byte, v any) []byte {
 		return append(buf, b...)
 	}
 }
+
+// AppendString appends s as a JSON string. Strings with characters encoding/json escapes
+// go through it.
+func AppendString(buf []byte, s string) []byte { return appendString(buf, s) }
 
 // appendString quotes s; strings with characters encoding/json escapes go through it.
 func appendString(buf []byte, s string) []byte {

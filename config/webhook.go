@@ -1,0 +1,305 @@
+package config
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"cel.dev/cel-go/cel"
+	"golang.org/x/net/http/httpguts"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Webhook is one HTTP sink that receives the events its filters select.
+type Webhook struct {
+	Name string `mapstructure:"name"`
+	URL  string `mapstructure:"url"`
+	// Resources selects events by resource[.group] ("configmaps", "deployments.apps"); empty
+	// selects every watched resource.
+	Resources  []string `mapstructure:"resources"`
+	EventTypes []string `mapstructure:"eventTypes"` // ADDED, MODIFIED, DELETED; empty: all
+	Namespaces []string `mapstructure:"namespaces"` // empty: all (and cluster-scoped objects)
+	// LabelSelector selects events whose object (or, for MODIFIED, old object) matches.
+	LabelSelector string `mapstructure:"labelSelector"`
+	// Filter is a CEL expression over type, object, oldObject and resource; true delivers.
+	Filter            string        `mapstructure:"filter"`
+	Headers           []Header      `mapstructure:"headers"`
+	BearerTokenFile   string        `mapstructure:"bearerTokenFile"`
+	SigningSecretFile string        `mapstructure:"signingSecretFile"` // Standard Webhooks secret, whsec_...
+	TLS               TLS           `mapstructure:"tls"`
+	Timeout           time.Duration `mapstructure:"timeout"`
+	Workers           int           `mapstructure:"workers"`
+	QueueSize         int           `mapstructure:"queueSize"`
+	Retry             Retry         `mapstructure:"retry"`
+	DeadLetter        DeadLetter    `mapstructure:"deadLetter"`
+
+	// Parsed by Load.
+	Endpoint       *url.URL               `mapstructure:"-"`
+	GroupResources []schema.GroupResource `mapstructure:"-"`
+	Labels         labels.Selector        `mapstructure:"-"`
+	Program        cel.Program            `mapstructure:"-"` // nil without a filter
+	BearerToken    Secret                 `mapstructure:"-"`
+	SigningSecret  Secret                 `mapstructure:"-"` // decoded key bytes
+	TLSConfig      *tls.Config            `mapstructure:"-"` // nil: Go's defaults
+	DeadLetterURL  *url.URL               `mapstructure:"-"`
+}
+
+// Header is an extra HTTP header sent with every request.
+type Header struct {
+	Name  string `mapstructure:"name"`
+	Value string `mapstructure:"value"`
+}
+
+// TLS configures the connection to an https sink.
+type TLS struct {
+	CAFile             string `mapstructure:"caFile"`
+	CertFile           string `mapstructure:"certFile"`
+	KeyFile            string `mapstructure:"keyFile"`
+	InsecureSkipVerify bool   `mapstructure:"insecureSkipVerify"`
+}
+
+// Retry bounds redelivery: exponential backoff with jitter from InitialBackoff up to
+// MaxBackoff between attempts, giving up MaxElapsed after the first.
+type Retry struct {
+	InitialBackoff time.Duration `mapstructure:"initialBackoff"`
+	MaxBackoff     time.Duration `mapstructure:"maxBackoff"`
+	MaxElapsed     time.Duration `mapstructure:"maxElapsed"`
+}
+
+// DeadLetter says where events go that cannot be delivered: appended as JSON lines to File,
+// POSTed to URL, or both. With neither, they are logged.
+type DeadLetter struct {
+	File string `mapstructure:"file"`
+	URL  string `mapstructure:"url"`
+}
+
+// Secret holds a credential. It prints as [redacted] so it never reaches a log or an error.
+type Secret []byte
+
+// String implements fmt.Stringer.
+func (Secret) String() string { return "[redacted]" }
+
+// GoString implements fmt.GoStringer.
+func (Secret) GoString() string { return "[redacted]" }
+
+// MarshalText implements encoding.TextMarshaler, for JSON and slog.
+func (Secret) MarshalText() ([]byte, error) { return []byte("[redacted]"), nil }
+
+// The webhook defaults: a zero value in the file means the default.
+const (
+	DefaultWebhookTimeout = 10 * time.Second
+	DefaultWebhookWorkers = 4
+	DefaultQueueSize      = 10000
+	DefaultInitialBackoff = 500 * time.Millisecond
+	DefaultMaxBackoff     = 30 * time.Second
+	DefaultMaxElapsed     = 10 * time.Minute
+)
+
+func (w *Webhook) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&w.Timeout, DefaultWebhookTimeout)
+	def(&w.Retry.InitialBackoff, DefaultInitialBackoff)
+	def(&w.Retry.MaxBackoff, DefaultMaxBackoff)
+	def(&w.Retry.MaxElapsed, DefaultMaxElapsed)
+	if w.Workers == 0 {
+		w.Workers = DefaultWebhookWorkers
+	}
+	if w.QueueSize == 0 {
+		w.QueueSize = DefaultQueueSize
+	}
+}
+
+// celEnv declares the variables a webhook filter sees.
+func celEnv() (*cel.Env, error) {
+	return cel.NewEnv(
+		cel.Variable("type", cel.StringType),
+		cel.Variable("object", cel.DynType),
+		cel.Variable("oldObject", cel.DynType),
+		cel.Variable("resource", cel.MapType(cel.StringType, cel.StringType)),
+	)
+}
+
+// reservedHeaders are set by dynwatch itself.
+var reservedHeaders = []string{"content-type", "content-length", "host", "authorization", "webhook-id", "webhook-timestamp", "webhook-signature"}
+
+func (w *Webhook) validate(path string, resources []Resource, env *cel.Env, p *problems) {
+	if errs := validation.IsDNS1123Label(w.Name); len(errs) > 0 {
+		p.add(path+".name", "%s", strings.Join(errs, "; "))
+	}
+	w.Endpoint = checkURL(path+".url", w.URL, true, p)
+	for j, name := range w.Resources {
+		gr := schema.ParseGroupResource(name)
+		watched := slices.ContainsFunc(resources, func(r Resource) bool {
+			return r.Group == gr.Group && (r.Resource == gr.Resource || r.Kind != "")
+		})
+		if !watched {
+			p.add(fmt.Sprintf("%s.resources[%d]", path, j), "%q is not a watched resource (write resource.group, e.g. deployments.apps)", name)
+		}
+		w.GroupResources = append(w.GroupResources, gr)
+	}
+	for j, t := range w.EventTypes {
+		if t != "ADDED" && t != "MODIFIED" && t != "DELETED" {
+			p.add(fmt.Sprintf("%s.eventTypes[%d]", path, j), "must be ADDED, MODIFIED or DELETED, got %q", t)
+		}
+	}
+	for j, ns := range w.Namespaces {
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			p.add(fmt.Sprintf("%s.namespaces[%d]", path, j), "%s", msg)
+		}
+	}
+	var err error
+	if w.Labels, err = labels.Parse(w.LabelSelector); err != nil {
+		p.add(path+".labelSelector", "%v", err)
+	}
+	if w.Filter != "" {
+		w.Program = compileFilter(path+".filter", w.Filter, env, p)
+	}
+	seen := map[string]bool{}
+	for j, h := range w.Headers {
+		hpath := fmt.Sprintf("%s.headers[%d]", path, j)
+		lower := strings.ToLower(h.Name)
+		switch {
+		case !httpguts.ValidHeaderFieldName(h.Name):
+			p.add(hpath+".name", "%q is not a valid header name", h.Name)
+		case slices.Contains(reservedHeaders, lower) || strings.HasPrefix(lower, "ce-"):
+			p.add(hpath+".name", "%s is set by dynwatch", h.Name)
+		case seen[lower]:
+			p.add(hpath+".name", "duplicate header %s", h.Name)
+		}
+		seen[lower] = true
+		if !httpguts.ValidHeaderFieldValue(h.Value) {
+			p.add(hpath+".value", "is not a valid header value")
+		}
+	}
+	if w.BearerTokenFile != "" {
+		if b, err := os.ReadFile(w.BearerTokenFile); err != nil {
+			p.add(path+".bearerTokenFile", "%v", err)
+		} else if w.BearerToken = Secret(strings.TrimSpace(string(b))); len(w.BearerToken) == 0 {
+			p.add(path+".bearerTokenFile", "%s is empty", w.BearerTokenFile)
+		}
+	}
+	if w.SigningSecretFile != "" {
+		if b, err := os.ReadFile(w.SigningSecretFile); err != nil {
+			p.add(path+".signingSecretFile", "%v", err)
+		} else if key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(strings.TrimSpace(string(b)), "whsec_")); err != nil || len(key) == 0 {
+			p.add(path+".signingSecretFile", "%s does not hold a Standard Webhooks secret (whsec_ followed by base64)", w.SigningSecretFile)
+		} else {
+			w.SigningSecret = key
+		}
+	}
+	w.TLSConfig = w.TLS.parse(path+".tls", p)
+	if w.TLSConfig != nil && w.Endpoint != nil && w.Endpoint.Scheme != "https" {
+		p.add(path+".tls", "is set, but url is not https")
+	}
+	w.checkLimits(path, p)
+	if w.DeadLetter.File != "" {
+		if dir := filepath.Dir(w.DeadLetter.File); !isDir(dir) {
+			p.add(path+".deadLetter.file", "directory %s does not exist", dir)
+		}
+	}
+	if w.DeadLetter.URL != "" {
+		w.DeadLetterURL = checkURL(path+".deadLetter.url", w.DeadLetter.URL, false, p)
+	}
+}
+
+func (w *Webhook) checkLimits(path string, p *problems) {
+	if w.Timeout < 0 {
+		p.add(path+".timeout", "must be positive, got %s", w.Timeout)
+	}
+	if w.Workers < 1 || w.Workers > 256 {
+		p.add(path+".workers", "must be between 1 and 256, got %d", w.Workers)
+	}
+	if w.QueueSize < 1 {
+		p.add(path+".queueSize", "must be at least 1, got %d", w.QueueSize)
+	}
+	r := w.Retry
+	switch {
+	case r.InitialBackoff < 0:
+		p.add(path+".retry.initialBackoff", "must be positive, got %s", r.InitialBackoff)
+	case r.MaxBackoff < r.InitialBackoff:
+		p.add(path+".retry.maxBackoff", "must be at least initialBackoff (%s), got %s", r.InitialBackoff, r.MaxBackoff)
+	case r.MaxElapsed < r.InitialBackoff:
+		p.add(path+".retry.maxElapsed", "must be at least initialBackoff (%s), got %s", r.InitialBackoff, r.MaxElapsed)
+	}
+}
+
+func isDir(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.IsDir()
+}
+
+func checkURL(path, raw string, required bool, p *problems) *url.URL {
+	if raw == "" {
+		if required {
+			p.add(path, "is required")
+		}
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		p.add(path, "must be an http or https URL, got %q", raw)
+		return nil
+	}
+	return u
+}
+
+func compileFilter(path, expr string, env *cel.Env, p *problems) cel.Program {
+	if env == nil {
+		return nil
+	}
+	ast, iss := env.Compile(expr)
+	if iss.Err() != nil {
+		p.add(path, "%v", iss.Err())
+		return nil
+	}
+	if ast.OutputType() != cel.BoolType && ast.OutputType() != cel.DynType {
+		p.add(path, "must evaluate to a bool, not %s", ast.OutputType())
+		return nil
+	}
+	prg, err := env.Program(ast, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(1_000_000))
+	if err != nil {
+		p.add(path, "%v", err)
+		return nil
+	}
+	return prg
+}
+
+// parse builds the TLS client configuration, or nil when nothing is set.
+func (t TLS) parse(path string, p *problems) *tls.Config {
+	if t == (TLS{}) {
+		return nil
+	}
+	c := &tls.Config{InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: tls.VersionTLS12} //nolint:gosec // the user's explicit choice
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			p.add(path+".caFile", "%v", err)
+		} else if c.RootCAs = x509.NewCertPool(); !c.RootCAs.AppendCertsFromPEM(pem) {
+			p.add(path+".caFile", "%s holds no PEM certificate", t.CAFile)
+		}
+	}
+	switch {
+	case (t.CertFile == "") != (t.KeyFile == ""):
+		p.add(path, "certFile and keyFile go together")
+	case t.CertFile != "":
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			p.add(path+".certFile", "%v", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c
+}

@@ -1,0 +1,89 @@
+package webhook
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the webhook metrics, labelled by sink; every label value exists from the start.
+type metrics struct {
+	enqueued, delivered, deadLettered *prometheus.CounterVec
+	attempts, retries, filterErrors   *prometheus.CounterVec
+	deadLetters, deadLetterFailures   *prometheus.CounterVec
+	requestDuration, age              *prometheus.HistogramVec
+	queueLength                       *prometheus.Desc
+	queues                            map[string]Queue
+}
+
+// sinkMetrics are one sink's children of the metrics.
+type sinkMetrics struct {
+	enqueued, delivered, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
+	deadLetters                                                                            map[string]prometheus.Counter
+	requestDuration, age                                                                   prometheus.Observer
+}
+
+var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
+
+func newMetrics() *metrics {
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dynwatch_webhook_" + name, Help: help}, append([]string{"sink"}, labels...))
+	}
+	return &metrics{
+		enqueued:           counter("enqueued_total", "Events a sink's filters selected and its queue accepted."),
+		delivered:          counter("deliveries_total", "Events finished, by result: delivered (2xx) or dead_lettered.", "result"),
+		attempts:           counter("attempts_total", "HTTP requests made to a sink."),
+		retries:            counter("retries_total", "HTTP requests that repeated an earlier failed one."),
+		filterErrors:       counter("filter_errors_total", "Events whose CEL filter failed to evaluate; they are not delivered."),
+		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown.", "reason"),
+		deadLetterFailures: counter("dead_letter_failures_total", "Dead letters that could not be written to their file or URL (they are logged instead) or were lost to a full backlog."),
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dynwatch_webhook_request_duration_seconds", Help: "Duration of HTTP requests to a sink.", Buckets: latencyBuckets,
+		}, []string{"sink"}),
+		age: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dynwatch_webhook_event_age_seconds", Help: "Time from an event's observation to its delivery.", Buckets: latencyBuckets,
+		}, []string{"sink"}),
+		queueLength: prometheus.NewDesc("dynwatch_webhook_queue_length", "Events queued or being delivered, per sink.", []string{"sink"}, nil),
+		queues:      map[string]Queue{},
+	}
+}
+
+func (m *metrics) forSink(sink string, q Queue) sinkMetrics {
+	m.queues[sink] = q
+	sm := sinkMetrics{
+		enqueued:           m.enqueued.WithLabelValues(sink),
+		delivered:          m.delivered.WithLabelValues(sink, "delivered"),
+		deadLettered:       m.delivered.WithLabelValues(sink, "dead_lettered"),
+		attempts:           m.attempts.WithLabelValues(sink),
+		retries:            m.retries.WithLabelValues(sink),
+		filterErrors:       m.filterErrors.WithLabelValues(sink),
+		deadLetterFailures: m.deadLetterFailures.WithLabelValues(sink),
+		deadLetters:        map[string]prometheus.Counter{},
+		requestDuration:    m.requestDuration.WithLabelValues(sink),
+		age:                m.age.WithLabelValues(sink),
+	}
+	for _, r := range reasons {
+		sm.deadLetters[r] = m.deadLetters.WithLabelValues(sink, r)
+	}
+	return sm
+}
+
+func (m *metrics) vectors() []prometheus.Collector {
+	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age}
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.vectors() {
+		c.Describe(ch)
+	}
+	ch <- m.queueLength
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.vectors() {
+		c.Collect(ch)
+	}
+	for sink, q := range m.queues {
+		ch <- prometheus.MustNewConstMetric(m.queueLength, prometheus.GaugeValue, float64(q.Len()), sink)
+	}
+}
