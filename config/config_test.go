@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,6 +121,30 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"resources[0].namespaces[0]:"}},
 		{"bad listeners and log settings", "resources: [{version: v1, resource: pods}]\napi: {address: nowhere}\nlog: {level: loud, format: xml}\n",
 			[]string{"api.address: must be host:port", "log.level:", "log.format:"}},
+		{"a webhook without url", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a}]\n",
+			[]string{"webhooks[0].url: is required"}},
+		{"a webhook with a bad url", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'ftp://x'}]\n",
+			[]string{"webhooks[0].url: must be an http or https URL"}},
+		{"duplicate webhook names", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x'}, {name: a, url: 'http://y'}]\n",
+			[]string{"webhooks[1].name: duplicate of webhooks[0]"}},
+		{"a webhook for a resource not watched", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', resources: [deployments.apps]}]\n",
+			[]string{`webhooks[0].resources[0]: "deployments.apps" is not a watched resource`}},
+		{"a bad CEL filter", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', filter: 'type ==='}]\n",
+			[]string{"webhooks[0].filter:"}},
+		{"a CEL filter that is not a bool", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', filter: 'type + \"x\"'}]\n",
+			[]string{"webhooks[0].filter: must evaluate to a bool"}},
+		{"an unknown event type", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', eventTypes: [UPDATED]}]\n",
+			[]string{"webhooks[0].eventTypes[0]: must be ADDED, MODIFIED or DELETED"}},
+		{"a reserved header", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', headers: [{name: ce-id, value: x}]}]\n",
+			[]string{"webhooks[0].headers[0].name: ce-id is set by dynwatch"}},
+		{"a missing signing secret file", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', signingSecretFile: /nonexistent/secret}]\n",
+			[]string{"webhooks[0].signingSecretFile:"}},
+		{"TLS on an http url", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', tls: {insecureSkipVerify: true}}]\n",
+			[]string{"webhooks[0].tls: is set, but url is not https"}},
+		{"bad retry bounds", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', retry: {initialBackoff: 5s, maxBackoff: 1s}, workers: 1000}]\n",
+			[]string{"webhooks[0].retry.maxBackoff: must be at least initialBackoff", "webhooks[0].workers: must be between 1 and 256"}},
+		{"a dead-letter file in a missing directory", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', deadLetter: {file: /nonexistent/dir/dl.jsonl}}]\n",
+			[]string{"webhooks[0].deadLetter.file: directory /nonexistent/dir does not exist"}},
 		{"several problems at once", "resources: [{version: v1, resource: pods, labelSelector: '=x', indexers: [{name: b, type: jsonPath, path: '{['}]}, {kind: lower}]\n",
 			[]string{"resources[0].labelSelector:", "resources[0].indexers[0].path:", "resources[1].version: is required", "resources[1].kind: must be a Kind"}},
 	}
@@ -195,5 +220,37 @@ func TestJSONPathYieldsEveryScalar(t *testing.T) {
 	}
 	if got, _ := jp.Values(map[string]any{}); len(got) != 0 {
 		t.Fatalf("values of an object without the path = %v, want none", got)
+	}
+}
+
+func TestWebhookSecretsAreReadAndNeverPrinted(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(secret, []byte("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(token, []byte("tok-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(writeConfig(t, fmt.Sprintf("resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'https://x', signingSecretFile: %s, bearerTokenFile: %s}]\n", secret, token)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := c.Webhooks[0]
+	if string(w.BearerToken) != "tok-123" || len(w.SigningSecret) == 0 {
+		t.Fatalf("token %q, secret of %d bytes", string(w.BearerToken), len(w.SigningSecret))
+	}
+	if w.Timeout != DefaultWebhookTimeout || w.Workers != DefaultWebhookWorkers || w.Retry.MaxElapsed != DefaultMaxElapsed {
+		t.Errorf("defaults not applied: %+v", w)
+	}
+	for _, s := range []string{fmt.Sprint(w.BearerToken), fmt.Sprintf("%v %+v %#v", w, w, w)} {
+		if strings.Contains(s, "tok-123") {
+			t.Fatalf("the token is printed: %s", s)
+		}
+	}
+	b, _ := json.Marshal(w)
+	if strings.Contains(string(b), "tok-123") {
+		t.Fatalf("the token is in JSON: %s", b)
 	}
 }

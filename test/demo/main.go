@@ -193,7 +193,9 @@ func printNames(ctx context.Context, url string) error {
 	defer resp.Body.Close()
 	var list struct {
 		Kind  string
-		Items []struct{ Metadata struct{ Namespace, Name string } }
+		Items []struct {
+			Metadata struct{ Namespace, Name string }
+		}
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
 		return err

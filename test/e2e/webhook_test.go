@@ -287,7 +287,7 @@ webhooks:
 		}
 	}
 	web := map[string]string{"app": "web"}
-	create(ns1, "web", web, "1")                          // a: ADDED
+	create(ns1, "web", web, "1")                           // a: ADDED
 	patch(ns1, "web", `{"data":{"v":"2"}}`)                // b: MODIFIED
 	patch(ns1, "web", `{"metadata":{"labels":{"x":"y"}}}`) // neither: v unchanged
 	create(ns1, "db", nil, "1")                            // a: ADDED
@@ -303,8 +303,8 @@ webhooks:
 	}
 	// Sentinels last: with one worker a sink delivers in arrival order, so once a sentinel is
 	// in, everything before it is too.
-	create(ns1, "zz-end", nil, "1")               // a: ADDED
-	create(ns2, "zz-end", web, "1")               // neither
+	create(ns1, "zz-end", nil, "1")              // a: ADDED
+	create(ns2, "zz-end", web, "1")              // neither
 	patch(ns2, "zz-end", `{"data":{"v":"end"}}`) // b: MODIFIED
 	summary := func(rs []received) string {
 		var out []string
@@ -377,8 +377,8 @@ webhooks:
 	t.Run("400 is not retried and goes to the dead letters", func(t *testing.T) {
 		var rec struct {
 			Sink, Reason, ID, Error string
-			Attempts             int
-			Event                struct{ Type string }
+			Attempts                int
+			Event                   struct{ Type string }
 		}
 		testbed.Eventually(t, 10*time.Second, func() error {
 			b, err := os.ReadFile(deadLetters)
