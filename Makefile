@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test testbed testbed-up bench-api vet fmt-check clean
+.PHONY: all build demo test testbed testbed-up bench-api bench-webhook vet fmt-check clean
 
 all: build
 
@@ -31,6 +31,10 @@ test: testbed vet fmt-check
 ## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
 bench-api: testbed
 	$(GO) test -run '^$$' -bench . -benchtime 3000x ./httpapi/
+
+## bench-webhook: webhook delivery throughput and latency to a loopback receiver
+bench-webhook:
+	$(GO) test -run '^$$' -bench Delivery -benchtime 10000x ./webhook/
 
 vet:
 	$(GO) vet ./...

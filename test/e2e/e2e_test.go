@@ -200,13 +200,16 @@ metrics: {address: "127.0.0.1:0"}
 
 func TestMetricsAreLintCleanAndPreInitialised(t *testing.T) {
 	ns := namespace(t)
+	rc := newReceiver(t, nil, false)
 	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
 resources:
   - {version: v1, resource: configmaps, namespaces: [%s]}
   - {group: nowhere.example.com, version: v1, resource: ghosts}
+webhooks:
+  - {name: audit, url: %s}
 api: {address: "127.0.0.1:0"}
 metrics: {address: "127.0.0.1:0"}
-`, ns))
+`, ns, rc.URL))
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
