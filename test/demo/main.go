@@ -5,24 +5,33 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
 	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
+
+//go:embed dynwatch.yaml
+var demoConfig string
 
 //go:embed crd.yaml
 var crd []byte
@@ -52,6 +61,18 @@ func run(ctx context.Context) error {
 	defer cluster.Stop()
 	fmt.Println("   apiserver:", cluster.URL(), " kubeconfig:", cluster.Kubeconfig)
 
+	step("Starting a webhook receiver that verifies signatures and prints what arrives")
+	receiverURL, secretFile, err := startReceiver(cluster.Dir)
+	if err != nil {
+		return err
+	}
+	configPath := filepath.Join(cluster.Dir, "dynwatch.yaml")
+	vars := map[string]string{"RECEIVER_URL": receiverURL, "SECRET_FILE": secretFile}
+	if err := os.WriteFile(configPath, []byte(os.Expand(demoConfig, func(k string) string { return vars[k] })), 0o600); err != nil {
+		return err
+	}
+	fmt.Println("   receiver:", receiverURL)
+
 	step("Building and starting dynwatch with test/demo/dynwatch.yaml")
 	bin, err := runner.Build(ctx, cluster.Dir, false)
 	if err != nil {
@@ -65,7 +86,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer logFile.Close()
-	dw, err := runner.Start(runner.Options{Binary: bin, Config: "test/demo/dynwatch.yaml", Kubeconfig: cluster.Kubeconfig, Log: logFile})
+	dw, err := runner.Start(runner.Options{Binary: bin, Config: configPath, Kubeconfig: cluster.Kubeconfig, Log: logFile})
 	if err != nil {
 		return err
 	}
@@ -164,13 +185,56 @@ func run(ctx context.Context) error {
 	return nil
 }
 
-func step(s string) { fmt.Printf("\n== %s\n", s) }
+// out serialises the demo's output with the receiver's.
+var out sync.Mutex
+
+func step(s string) {
+	out.Lock()
+	defer out.Unlock()
+	fmt.Printf("\n== %s\n", s)
+}
+
+// startReceiver serves a webhook receiver on 127.0.0.1 that verifies each request's Standard
+// Webhooks signature and prints the event. It returns its URL and the signing secret's file.
+func startReceiver(dir string) (string, string, error) {
+	key := make([]byte, 24)
+	_, _ = rand.Read(key)
+	secret := "whsec_" + base64.StdEncoding.EncodeToString(key)
+	secretFile := filepath.Join(dir, "signing-secret")
+	if err := os.WriteFile(secretFile, []byte(secret), 0o600); err != nil {
+		return "", "", err
+	}
+	verifier, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		return "", "", err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", err
+	}
+	go func() {
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			verified := "signature ok"
+			if err := verifier.Verify(body, r.Header); err != nil {
+				verified = "BAD SIGNATURE: " + err.Error()
+			}
+			out.Lock()
+			fmt.Printf("   webhook <- %-8s %-45s ce-id=%s  %s\n", strings.TrimPrefix(r.Header.Get("ce-type"), "io.dynwatch.resource."),
+				r.Header.Get("ce-source")+" "+r.Header.Get("ce-subject"), r.Header.Get("ce-id"), verified)
+			out.Unlock()
+		}))
+	}()
+	return "http://" + ln.Addr().String() + "/events", secretFile, nil
+}
 
 func show(ctx context.Context, dw *runner.Process, title string) error {
 	st, err := dw.Status(ctx)
 	if err != nil {
 		return err
 	}
+	out.Lock()
+	defer out.Unlock()
 	fmt.Printf("   /status (%s): ready=%v\n", title, st.Ready)
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "   RESOURCE\tSTATE\tOBJECTS\tINDEXERS\tREASON")
