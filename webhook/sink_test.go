@@ -1,0 +1,167 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+)
+
+// run starts a Dispatcher for the webhooks YAML (the resources are fixed) until the test ends.
+func run(t *testing.T, webhooksYAML string) *Dispatcher {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte("resources: [{version: v1, resource: configmaps}]\nwebhooks:\n"+webhooksYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return d
+}
+
+func event(name string) dynamicinformer.Event {
+	obj := &unstructured.Unstructured{}
+	obj.SetAPIVersion("v1")
+	obj.SetKind("ConfigMap")
+	obj.SetNamespace("ns")
+	obj.SetName(name)
+	obj.SetUID(types.UID("uid-" + name))
+	obj.SetResourceVersion("1")
+	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: obj, Observed: time.Now()}
+}
+
+// arrivals records when each request arrived, and answers with answer(n) for the n-th.
+type arrivals struct {
+	mu    sync.Mutex
+	times []time.Time
+	ch    chan []byte
+}
+
+func (a *arrivals) handler(answer func(n int, w http.ResponseWriter)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		a.mu.Lock()
+		a.times = append(a.times, time.Now())
+		n := len(a.times)
+		a.mu.Unlock()
+		answer(n, w)
+		if a.ch != nil {
+			a.ch <- body
+		}
+	}
+}
+
+func TestRetryAfterIsHonoured(t *testing.T) {
+	a := &arrivals{ch: make(chan []byte, 4)}
+	srv := httptest.NewServer(a.handler(func(n int, w http.ResponseWriter) {
+		if n == 1 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	d := run(t, fmt.Sprintf("  - {name: limited, url: %s, retry: {initialBackoff: 10ms, maxBackoff: 20ms}}\n", srv.URL))
+	d.OnEvent(event("a"))
+	for range 2 {
+		select {
+		case <-a.ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the event was not delivered after a 429")
+		}
+	}
+	if gap := a.times[1].Sub(a.times[0]); gap < 900*time.Millisecond {
+		t.Fatalf("retried %s after a 429 with Retry-After: 1; the backoff alone would be 10-20ms", gap)
+	}
+}
+
+func TestRetryAfterParsesSecondsAndDates(t *testing.T) {
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"3", 3 * time.Second, true},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
+		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
+		{"", 0, false},
+		{"soon", 0, false},
+	} {
+		if got, ok := retryAfter(tt.in, now); got != tt.want || ok != tt.ok {
+			t.Errorf("retryAfter(%q) = %s, %v; want %s, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestDeadLettersArePostedToTheDeadLetterURL(t *testing.T) {
+	rejecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusForbidden) }))
+	defer rejecting.Close()
+	dl := &arrivals{ch: make(chan []byte, 1)}
+	deadSrv := httptest.NewServer(dl.handler(func(int, http.ResponseWriter) {}))
+	defer deadSrv.Close()
+	d := run(t, fmt.Sprintf("  - {name: strict, url: %s, deadLetter: {url: %s}}\n", rejecting.URL, deadSrv.URL))
+	d.OnEvent(event("b"))
+	select {
+	case body := <-dl.ch:
+		var rec DeadLetter
+		if err := json.Unmarshal(body, &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Sink != "strict" || rec.Reason != reasonRejected || rec.ID != "uid-b.1.added" || rec.Attempts != 1 {
+			t.Fatalf("dead letter = %+v", rec)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no dead letter posted")
+	}
+}
+
+func TestHTTPSSinksVerifyAgainstTheirCA(t *testing.T) {
+	got := make(chan []byte, 1)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- b
+	}))
+	defer srv.Close()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := run(t, fmt.Sprintf("  - {name: secure, url: %s, tls: {caFile: %s}}\n", srv.URL, caFile))
+	d.OnEvent(event("c"))
+	select {
+	case body := <-got:
+		var p struct{ Type string }
+		if err := json.Unmarshal(body, &p); err != nil || p.Type != "ADDED" {
+			t.Fatalf("body %s: %v", body, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing delivered over TLS with the receiver's CA")
+	}
+}
