@@ -16,11 +16,15 @@ import (
 // KubernetesVersion is the version of kube-apiserver and kubectl the test bed runs.
 const KubernetesVersion = "v1.36.3"
 
+// HelmVersion is the version of helm the chart's tests use.
+const HelmVersion = "v4.3.1"
+
 // Binaries are the paths of the test bed's executables.
 type Binaries struct {
 	APIServer string
 	Etcd      string
 	Kubectl   string
+	Helm      string
 }
 
 var ldflags = "-s -w" +
@@ -29,10 +33,13 @@ var ldflags = "-s -w" +
 	" -X k8s.io/client-go/pkg/version.gitVersion=" + KubernetesVersion +
 	" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
 
+// packages are built in the test/tools module, except helm, which go install builds from its
+// own module at HelmVersion.
 var packages = []struct{ name, pkg string }{
 	{"etcd", "go.etcd.io/etcd/server/v3"},
 	{"kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"},
 	{"kubectl", "k8s.io/kubernetes/cmd/kubectl"},
+	{"helm", "helm.sh/helm/v4/cmd/helm@" + HelmVersion},
 }
 
 // toolsDir is the test/tools module, found next to this source file.
@@ -74,7 +81,7 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 		}
 		h.Write(b)
 	}
-	h.Write([]byte(ldflags))
+	h.Write([]byte(ldflags + HelmVersion))
 	root, err := cacheRoot()
 	if err != nil {
 		return Binaries{}, err
@@ -84,6 +91,7 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 		APIServer: filepath.Join(dir, "kube-apiserver"),
 		Etcd:      filepath.Join(dir, "etcd"),
 		Kubectl:   filepath.Join(dir, "kubectl"),
+		Helm:      filepath.Join(dir, "helm"),
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Binaries{}, fmt.Errorf("create binary cache: %w", err)
@@ -106,6 +114,16 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 		tmp := target + ".tmp"
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", tmp, "-ldflags", ldflags, p.pkg)
 		cmd.Dir = tools
+		if p.name == "helm" {
+			gobin, err := os.MkdirTemp(dir, "gobin-")
+			if err != nil {
+				return Binaries{}, err
+			}
+			defer os.RemoveAll(gobin)
+			cmd = exec.CommandContext(ctx, "go", "install", p.pkg)
+			cmd.Env = append(os.Environ(), "GOBIN="+gobin, "GOFLAGS=-mod=mod")
+			tmp = filepath.Join(gobin, "helm")
+		}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Run(); err != nil {
 			return Binaries{}, fmt.Errorf("build %s: %w", p.pkg, err)

@@ -1,4 +1,4 @@
-// Command testbed builds the test bed's binaries (`testbed build`) or runs a local etcd and
+// Command testbed builds the test bed's binaries, helm included (`testbed build`) or runs a local etcd and
 // kube-apiserver until interrupted (`testbed up`), printing the kubeconfig to use with dynwatch
 // and kubectl.
 package main
@@ -32,7 +32,7 @@ func run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("kube-apiserver: %s\netcd: %s\nkubectl: %s\n", bins.APIServer, bins.Etcd, bins.Kubectl)
+		fmt.Printf("kube-apiserver: %s\netcd: %s\nkubectl: %s\nhelm: %s\n", bins.APIServer, bins.Etcd, bins.Kubectl, bins.Helm)
 		return nil
 	case "up":
 		c, err := testbed.Start(ctx, testbed.Options{})

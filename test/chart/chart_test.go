@@ -1,0 +1,320 @@
+// Package chart tests the Helm chart in charts/dynwatch: lint and schema, server-side dry-run
+// of every ci/ rendering against the real apiserver, the default config through dynwatch's own
+// loader, and least privilege: the rendered RBAC lets dynwatch run, and nothing more.
+package chart
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/test/runner"
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+const chartDir = "../../charts/dynwatch"
+
+var cluster *testbed.Cluster
+
+func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
+
+func ciValues(t *testing.T) []string {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*.yaml"))
+	if len(files) < 4 {
+		t.Fatalf("found %d ci values files, want at least 4", len(files))
+	}
+	return files
+}
+
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(t.Context(), cluster.Binaries.Helm, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
+	err := cmd.Run()
+	if err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %w\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+func render(t *testing.T, namespace string, args ...string) string {
+	t.Helper()
+	out, err := helm(t, append([]string{"template", "dw", chartDir, "--namespace", namespace}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// objects splits a rendering into its objects.
+func objects(t *testing.T, manifests string) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifests), 4096)
+	for {
+		var obj map[string]any
+		if err := dec.Decode(&obj); err != nil {
+			if err.Error() == "EOF" {
+				return out
+			}
+			t.Fatal(err)
+		}
+		if obj != nil {
+			out = append(out, &unstructured.Unstructured{Object: obj})
+		}
+	}
+}
+
+func namespace(t *testing.T, name string) {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	_, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+}
+
+func TestLintStrictPassesForEveryCIValuesFile(t *testing.T) {
+	for _, f := range ciValues(t) {
+		if out, err := helm(t, "lint", "--strict", chartDir, "-f", f); err != nil {
+			t.Errorf("%s: %v", filepath.Base(f), err)
+		} else if !strings.Contains(out, "0 chart(s) failed") {
+			t.Errorf("%s: %s", filepath.Base(f), out)
+		}
+	}
+}
+
+func TestBadValuesAreRefused(t *testing.T) {
+	tests := []struct {
+		name, values, want string
+	}{
+		{"an unknown top-level value", "replicas: 2\n", "replicas"},
+		{"a replica count that is no number", "replicaCount: two\n", "replicaCount"},
+		{"a resource without version", "config: {resources: [{resource: pods}]}\n", "version"},
+		{"no resources", "config: {resources: []}\n", "resources"},
+		{"a metrics address without port", "config: {resources: [{version: v1, resource: pods}], metrics: {address: localhost}}\n", "address"},
+		{"a secret mount without path", "secretMounts: [{secretName: x}]\n", "mountPath"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := filepath.Join(t.TempDir(), "values.yaml")
+			if err := os.WriteFile(f, []byte(tt.values), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := helm(t, "lint", "--strict", chartDir, "-f", f)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("helm lint = %v; want a failure naming %q", err, tt.want)
+			}
+		})
+	}
+	t.Run("a resource named by kind only", func(t *testing.T) {
+		_, err := helm(t, "template", "dw", chartDir, "--set", "config.resources[0].version=v1", "--set", "config.resources[0].kind=Pod", "--skip-schema-validation")
+		if err == nil || !strings.Contains(err.Error(), "config.resources[0]: the chart derives RBAC from `resource`") {
+			t.Errorf("helm template = %v; want the RBAC message", err)
+		}
+	})
+}
+
+// serviceMonitorCRD stands in for the Prometheus Operator's CRD, so its object can be checked.
+const serviceMonitorCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+ "metadata":{"name":"servicemonitors.monitoring.coreos.com"},
+ "spec":{"group":"monitoring.coreos.com","scope":"Namespaced",
+  "names":{"kind":"ServiceMonitor","plural":"servicemonitors","singular":"servicemonitor","listKind":"ServiceMonitorList"},
+  "versions":[{"name":"v1","served":true,"storage":true,
+   "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+
+func TestEveryCIRenderingIsAcceptedByTheAPIServer(t *testing.T) {
+	for _, ns := range []string{"dynwatch-dry-run", "team-a", "team-b", "monitoring"} {
+		namespace(t, ns)
+	}
+	crd := filepath.Join(t.TempDir(), "crd.json")
+	if err := os.WriteFile(crd, []byte(serviceMonitorCRD), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", crd); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 30*time.Second, func() error {
+		_, err := cluster.Kubectl(t.Context(), "get", "servicemonitors", "-A")
+		return err
+	})
+	for _, f := range ciValues(t) {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			manifests := filepath.Join(t.TempDir(), "manifests.yaml")
+			if err := os.WriteFile(manifests, []byte(render(t, "dynwatch-dry-run", "-f", f)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "--dry-run=server", "-f", manifests)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// renderedConfig returns the config.yaml of the rendering's ConfigMap.
+func renderedConfig(t *testing.T, objs []*unstructured.Unstructured) string {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == "ConfigMap" {
+			data, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml")
+			return data
+		}
+	}
+	t.Fatal("the rendering has no ConfigMap")
+	return ""
+}
+
+func TestRenderedConfigLoadsWithDynwatchsLoader(t *testing.T) {
+	for _, args := range [][]string{nil, {"-f", filepath.Join(chartDir, "ci", "namespaced-values.yaml")}, {"-f", filepath.Join(chartDir, "ci", "full-values.yaml")}} {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(path, []byte(renderedConfig(t, objects(t, render(t, "dw", args...)))), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := config.Load(path); err != nil {
+			t.Errorf("values %v: %v", args, err)
+		}
+	}
+}
+
+func TestRenderedRBACIsEnoughAndNoMore(t *testing.T) {
+	release, watched, other := "dynwatch-lp", "lp-watched", "lp-other"
+	for _, ns := range []string{release, watched, other} {
+		namespace(t, ns)
+	}
+	dyn := dynamic.NewForConfigOrDie(cluster.Config)
+	crd := &unstructured.Unstructured{}
+	if err := crd.UnmarshalJSON([]byte(`{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+ "metadata":{"name":"gadgets.lp.example.com"},
+ "spec":{"group":"lp.example.com","scope":"Namespaced","names":{"kind":"Gadget","plural":"gadgets","singular":"gadget","listKind":"GadgetList"},
+  "versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`)); err != nil {
+		t.Fatal(err)
+	}
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte(fmt.Sprintf(`
+config:
+  resources:
+    - {version: v1, resource: configmaps, namespaces: [%s]}
+    - {group: lp.example.com, version: v1, resource: gadgets}
+`, watched)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs := objects(t, render(t, release, "-f", values))
+	var rbac []*unstructured.Unstructured
+	for _, o := range objs {
+		if slices.Contains([]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, o.GetKind()) {
+			rbac = append(rbac, o)
+		}
+	}
+	kinds := map[string]int{}
+	for _, o := range rbac {
+		kinds[o.GetKind()]++
+	}
+	if kinds["Role"] != 1 || kinds["RoleBinding"] != 1 || kinds["ClusterRole"] != 1 || kinds["ClusterRoleBinding"] != 1 || kinds["ServiceAccount"] != 1 {
+		t.Fatalf("rendered RBAC objects %v; want a Role and binding for %s, a ClusterRole and binding for gadgets", kinds, watched)
+	}
+	var manifest bytes.Buffer
+	for _, o := range rbac {
+		b, _ := o.MarshalJSON()
+		manifest.Write(append(b, '\n'))
+	}
+	path := filepath.Join(t.TempDir(), "rbac.json")
+	if err := os.WriteFile(path, manifest.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", path); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+
+	// dynwatch, as the ServiceAccount, with the rendered config: it must become ready.
+	sa := "system:serviceaccount:" + release + ":dw-dynwatch"
+	kubeconfig, err := cluster.KubeconfigAs(sa, "system:serviceaccounts", "system:serviceaccounts:"+release, "system:authenticated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfgPath, []byte(renderedConfig(t, objs)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := runner.Build(t.Context(), t.TempDir(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := runner.Start(runner.Options{Binary: bin, Config: cfgPath, Kubeconfig: kubeconfig,
+		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("dynwatch log:\n%s", p.Log())
+		}
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatalf("dynwatch as %s did not become ready: %v", sa, err)
+	}
+
+	// And no more than it needs.
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	tests := []struct {
+		verb, group, resource, namespace string
+		allowed                          bool
+	}{
+		{"list", "", "configmaps", watched, true},
+		{"watch", "", "configmaps", watched, true},
+		{"list", "lp.example.com", "gadgets", "", true},
+		{"list", "", "configmaps", other, false},
+		{"list", "", "configmaps", "", false},
+		{"list", "", "secrets", "", false},
+		{"list", "", "secrets", watched, false},
+		{"get", "", "secrets", release, false},
+		{"create", "", "configmaps", watched, false},
+		{"delete", "lp.example.com", "gadgets", watched, false},
+		{"list", "apiextensions.k8s.io", "customresourcedefinitions", "", false},
+	}
+	for _, tt := range tests {
+		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + release, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Verb: tt.verb, Group: tt.group, Resource: tt.resource, Namespace: tt.namespace,
+			},
+		}}
+		got, err := cs.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), review, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Allowed != tt.allowed {
+			t.Errorf("%s %s.%s in %q: allowed=%v, want %v", tt.verb, tt.resource, tt.group, tt.namespace, got.Status.Allowed, tt.allowed)
+		}
+	}
+}
