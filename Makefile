@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test testbed testbed-up bench-api bench-webhook vet fmt-check clean
+.PHONY: all build demo test testbed testbed-up bench bench-api bench-webhook vet fmt-check clean
 
 all: build
 
@@ -27,6 +27,10 @@ demo: testbed
 ## test: vet, format check, and every test with the race detector against the real apiserver
 test: testbed vet fmt-check
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## bench: dynwatch side by side with a bare informer and the apiserver (about 5 minutes)
+bench: testbed
+	$(GO) run ./test/bench -json bench.json
 
 ## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
 bench-api: testbed

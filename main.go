@@ -99,7 +99,7 @@ func run(ctx context.Context, args []string) error {
 		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.Timeouts{Read: 30 * time.Second})
 	})
 	g.Go(func() error {
-		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers), httpapi.Timeouts{Read: 30 * time.Second, Write: 30 * time.Second})
+		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers, cfg.Metrics.PProf), httpapi.Timeouts{Read: 30 * time.Second, Write: 30 * time.Second})
 	})
 	err = g.Wait()
 	log.Info("stopped", "err", err)

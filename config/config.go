@@ -24,14 +24,16 @@ type Config struct {
 	Resources []Resource `mapstructure:"resources"`
 	Webhooks  []Webhook  `mapstructure:"webhooks"`
 	API       API        `mapstructure:"api"`
-	Metrics   Listener   `mapstructure:"metrics"`
+	Metrics   Metrics    `mapstructure:"metrics"`
 	Discovery Discovery  `mapstructure:"discovery"`
 	Log       Log        `mapstructure:"log"`
 }
 
-// Listener is the address an HTTP server listens on, host:port.
-type Listener struct {
+// Metrics configures the operations server: /metrics, /healthz, /readyz.
+type Metrics struct {
 	Address string `mapstructure:"address"`
+	// PProf serves Go's profiles under /debug/pprof/ on the same server.
+	PProf bool `mapstructure:"pprof"`
 }
 
 // API configures the query API server.
@@ -146,6 +148,7 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("api.requestTimeout", "60s")
 	v.SetDefault("api.maxWatchTimeout", "30m")
 	v.SetDefault("metrics.address", ":9090")
+	v.SetDefault("metrics.pprof", false)
 	v.SetDefault("discovery.interval", "5s")
 	v.SetDefault("log.level", "info")
 	v.SetDefault("log.format", "json")

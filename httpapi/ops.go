@@ -3,6 +3,7 @@ package httpapi
 import (
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,9 +16,17 @@ type Readiness interface {
 }
 
 // NewOps returns the operations handler: /metrics from gatherer, /healthz (liveness: the
-// process serves HTTP), and /readyz (200 when ready, else 503 naming what is not ready).
-func NewOps(gatherer prometheus.Gatherer, ready Readiness) http.Handler {
+// process serves HTTP), /readyz (200 when ready, else 503 naming what is not ready), and with
+// withPProf Go's profiles under /debug/pprof/.
+func NewOps(gatherer prometheus.Gatherer, ready Readiness, withPProf bool) http.Handler {
 	mux := http.NewServeMux()
+	if withPProf {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -209,6 +209,9 @@ func (p *Process) Status(ctx context.Context) (httpapi.StatusResponse, error) {
 	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
 
+// PID is the process's id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
 // Signal sends sig to the process.
 func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
