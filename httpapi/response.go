@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bufio"
 	"encoding/json"
 	"mime"
 	"net/http"
@@ -99,7 +100,11 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 		return
 	}
 	metaJSON, _ := json.Marshal(&meta)
-	buf := make([]byte, 0, 1024*(len(p.items)+1))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	// Stream: a large list is never held in memory whole.
+	bw := bufio.NewWriterSize(w, 64<<10)
+	buf := make([]byte, 0, 16<<10)
 	buf = append(buf, `{"apiVersion":`...)
 	buf = dynamicinformer.AppendString(buf, o.gvk.GroupVersion().String())
 	buf = append(buf, `,"kind":`...)
@@ -112,11 +117,16 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 			buf = append(buf, ',')
 		}
 		buf = dynamicinformer.AppendJSON(buf, o.withTypeMeta(obj))
+		if len(buf) >= 16<<10 {
+			if _, err := bw.Write(buf); err != nil {
+				return
+			}
+			buf = buf[:0]
+		}
 	}
 	buf = append(buf, "]}\n"...)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(buf)
+	_, _ = bw.Write(buf)
+	_ = bw.Flush()
 }
 
 // event returns one line of a watch stream, {"type":...,"object":...}; the object is a Table

@@ -66,6 +66,8 @@ func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration) *http.
 		ExpectContinueTimeout: time.Second,
 		ForceAttemptHTTP2:     true,
 		TLSClientConfig:       tlsConfig.Clone(), // nil stays nil
+		// Room for the headers and a typical body, so that a request is one write.
+		WriteBufferSize: 64 << 10,
 	}
 	return &http.Client{
 		Transport:     t,

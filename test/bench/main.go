@@ -41,9 +41,12 @@ import (
 
 const namespace = "bench"
 
+// queueMargin is the webhook queue's room beyond the initial list, for the storm.
+const queueMargin = 10000
+
 type options struct {
 	objects, updates, rate, queries int
-	jsonPath                        string
+	jsonPath, profile               string
 }
 
 func main() {
@@ -53,6 +56,7 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 1000, "updates per second in the storm")
 	flag.IntVar(&o.queries, "queries", 200, "requests per query measurement")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
+	flag.StringVar(&o.profile, "profile", "", "write dynwatch's CPU profile during the storm to this file")
 	flag.Parse()
 	ctx := context.Background()
 	if err := run(ctx, o); err != nil {
@@ -125,7 +129,7 @@ func run(ctx context.Context, o options) error {
 	// dynwatch, alone: time to synced, then the initial-list deliveries drain, then heap.
 	recv := newReceiver()
 	defer recv.close()
-	dw, err := startDynwatch(ctx, dwBin, cluster, recv.url)
+	dw, err := startDynwatch(ctx, dwBin, cluster, recv.url, o.objects)
 	if err != nil {
 		return err
 	}
@@ -141,6 +145,13 @@ func run(ctx context.Context, o options) error {
 
 	// The storm, both running: CPU per update and event latency.
 	b0CPU0, dwCPU0 := cpuSeconds(b0.pid), cpuSeconds(dw.pid)
+	profiled := make(chan error, 1)
+	if o.profile != "" {
+		seconds := max(1, o.updates/o.rate)
+		go func() { profiled <- saveProfile(ctx, dw.metrics, seconds, o.profile) }()
+	} else {
+		profiled <- nil
+	}
 	written, err := storm(ctx, cs, o)
 	if err != nil {
 		return err
@@ -154,6 +165,9 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("storm events not all seen (B0 %d, dynwatch %d of %d): %w", len(b0Arrivals), recv.count()-o.objects, len(written), err)
 	}
 	b0CPU, dwCPU := cpuSeconds(b0.pid)-b0CPU0, cpuSeconds(dw.pid)-dwCPU0
+	if err := <-profiled; err != nil {
+		return err
+	}
 	b0Lat, dwLat := latencies(written, b0Arrivals), latencies(written, recv.arrivals())
 	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs", len(written), b0CPU, dwCPU)
 
@@ -218,7 +232,7 @@ func load(ctx context.Context, cs kubernetes.Interface, n int) (int, error) {
 		wg.Go(func() {
 			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
 				name := fmt.Sprintf("cm-%05d", i)
-				data := map[string]string{"config.json": payload(700), "settings.ini": payload(300)}
+				data := map[string]string{"config.json": payload(1100), "settings.ini": payload(400)}
 				lastApplied, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": name, "namespace": namespace}, "data": data})
 				deployer := corev1apply.ConfigMap(name, namespace).
 					WithLabels(map[string]string{"app": fmt.Sprintf("app-%02d", i%20), "tier": []string{"web", "db", "cache", "batch"}[i%4]}).
@@ -284,7 +298,7 @@ type dwProc struct {
 	metrics string
 }
 
-func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, receiver string) (*dwProc, error) {
+func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, receiver string, objects int) (*dwProc, error) {
 	cfg := filepath.Join(cluster.Dir, "bench-dynwatch.yaml")
 	yaml := fmt.Sprintf(`
 resources:
@@ -296,10 +310,10 @@ resources:
       - {name: byTeam, type: annotation, key: example.com/team}
       - {name: byOwner, type: owner}
 webhooks:
-  - {name: bench, url: %s, workers: 4}
+  - {name: bench, url: %s, workers: 4, queueSize: %d}  # room for the initial list
 api: {address: "127.0.0.1:0"}
 metrics: {address: "127.0.0.1:0", pprof: true}
-`, namespace, receiver)
+`, namespace, receiver, objects+queueMargin)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}
@@ -467,6 +481,23 @@ func liveHeap(ctx context.Context, base string) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no HeapAlloc in %s/debug/pprof/heap", base)
+}
+
+// saveProfile writes a CPU profile of the process over the next seconds to path.
+func saveProfile(ctx context.Context, base string, seconds int, path string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
 }
 
 // cpuSeconds is the user+system CPU time the process has used.
