@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bufio"
 	"encoding/json"
 	"mime"
 	"net/http"
@@ -102,9 +101,9 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 	metaJSON, _ := json.Marshal(&meta)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	// Stream: a large list is never held in memory whole.
-	bw := bufio.NewWriterSize(w, 64<<10)
-	buf := make([]byte, 0, 16<<10)
+	// Written in chunks of about 64 KiB: a large list is never held in memory whole.
+	const chunk = 64 << 10
+	buf := make([]byte, 0, min(1024*(len(p.items)+1), chunk+8<<10))
 	buf = append(buf, `{"apiVersion":`...)
 	buf = dynamicinformer.AppendString(buf, o.gvk.GroupVersion().String())
 	buf = append(buf, `,"kind":`...)
@@ -117,16 +116,15 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 			buf = append(buf, ',')
 		}
 		buf = dynamicinformer.AppendJSON(buf, o.withTypeMeta(obj))
-		if len(buf) >= 16<<10 {
-			if _, err := bw.Write(buf); err != nil {
+		if len(buf) >= chunk {
+			if _, err := w.Write(buf); err != nil {
 				return
 			}
 			buf = buf[:0]
 		}
 	}
 	buf = append(buf, "]}\n"...)
-	_, _ = bw.Write(buf)
-	_ = bw.Flush()
+	_, _ = w.Write(buf)
 }
 
 // event returns one line of a watch stream, {"type":...,"object":...}; the object is a Table
