@@ -40,9 +40,3 @@ type Event struct {
 type Subscriber interface {
 	OnEvent(Event)
 }
-
-// SubscriberFunc adapts a function to a Subscriber.
-type SubscriberFunc func(Event)
-
-// OnEvent calls f(e).
-func (f SubscriberFunc) OnEvent(e Event) { f(e) }

@@ -1,7 +1,6 @@
 package dynamicinformer
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -31,24 +30,6 @@ import (
 var cluster *testbed.Cluster
 
 func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
-
-// syncBuffer is a log destination shared by the Manager's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // recorder is a Subscriber that keeps every event.
 type recorder struct {
@@ -92,7 +73,7 @@ func startManager(t *testing.T, restConfig *rest.Config, yaml string, subs ...Su
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testbed.LockedBuffer{}
 	reg := prometheus.NewRegistry()
 	m, err := New(Options{
 		Logger:      slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -68,14 +68,6 @@ func parsePath(path string) (target, bool) {
 	return t, true
 }
 
-// route names the shape of a target for metrics, with bounded values.
-func (t target) route(verb string) string {
-	if t.discovery != "" {
-		return "discovery"
-	}
-	return verb
-}
-
 func sprintf(format string, args ...any) string {
 	if len(args) == 0 {
 		return format

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -176,7 +175,7 @@ func TestKubectlGetsWhatTheAPIServerGets(t *testing.T) {
 		defer cancel()
 		cmd := exec.CommandContext(ctx, cluster.Binaries.Kubectl, "--kubeconfig", empty, "--server", f.url, "--cache-dir", t.TempDir(),
 			"get", "cm", "-n", f.ns, "-w")
-		var out lockedBuffer
+		var out testbed.LockedBuffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -198,23 +197,6 @@ func TestKubectlGetsWhatTheAPIServerGets(t *testing.T) {
 			return nil
 		})
 	})
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func TestClientGoReadsFromDynwatch(t *testing.T) {

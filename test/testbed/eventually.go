@@ -1,9 +1,30 @@
 package testbed
 
 import (
+	"bytes"
+	"sync"
 	"testing"
 	"time"
 )
+
+// LockedBuffer is a bytes.Buffer safe for concurrent use: a log or output destination that
+// several goroutines (or a child process's readers) write while a test reads it.
+type LockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *LockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *LockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 // Eventually polls cond every 50ms until it returns nil, and fails the test with cond's last
 // error if that has not happened within timeout.
