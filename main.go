@@ -93,8 +93,10 @@ func run(ctx context.Context, args []string) error {
 
 	log.Info("starting", "resources", len(cfg.Resources), "webhooks", len(cfg.Webhooks), "apiserver", restConfig.Host)
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return informers.Run(ctx) })
-	g.Go(func() error { return webhooks.Run(ctx) })
+	// Delivery stops only once the informers have: no event may reach a sink that is draining.
+	deliver, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
+	g.Go(func() error { defer stopDelivery(); return informers.Run(ctx) })
+	g.Go(func() error { return webhooks.Run(deliver) })
 	g.Go(func() error {
 		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.Timeouts{Read: 30 * time.Second})
 	})

@@ -60,7 +60,8 @@ func (d *Dispatcher) OnEvent(e dynamicinformer.Event) {
 }
 
 // Run delivers until ctx ends. Then each sink dead-letters what it could not deliver, with
-// reason shutdown, and Run returns nil.
+// reason shutdown, and Run returns nil. OnEvent must not be called once ctx has ended: end it
+// only after the informers that call OnEvent have stopped.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, s := range d.sinks {
