@@ -312,13 +312,14 @@ func (c *Cluster) logTail(name string) string {
 // URL is the apiserver's base URL.
 func (c *Cluster) URL() string { return c.apiURL }
 
-// RestartAPIServer stops the apiserver (SIGTERM) and starts it again on the same port and
+// RestartAPIServer stops the apiserver (SIGTERM, then SIGKILL after 5s: with watches open it
+// does not finish a graceful shutdown sooner) and starts it again on the same port and
 // storage, returning when it is ready. Watches against it break, as in a real restart.
 func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 	c.mu.Lock()
 	api := c.api
 	c.mu.Unlock()
-	api.stop(30 * time.Second)
+	api.stop(5 * time.Second)
 	return c.startAPIServer(ctx)
 }
 
