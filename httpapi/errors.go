@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,7 +25,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 // badParameter is a 400 whose message names the query parameter.
 func badParameter(param, format string, args ...any) *apierrors.StatusError {
-	return apierrors.NewBadRequest(param + ": " + sprintf(format, args...))
+	return apierrors.NewBadRequest(param + ": " + fmt.Sprintf(format, args...))
 }
 
 // notServed is the apiserver's 404 for a path that names no served resource.

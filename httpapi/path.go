@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"fmt"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -66,11 +65,4 @@ func parsePath(path string) (target, bool) {
 		return t, false
 	}
 	return t, true
-}
-
-func sprintf(format string, args ...any) string {
-	if len(args) == 0 {
-		return format
-	}
-	return fmt.Sprintf(format, args...)
 }
