@@ -254,3 +254,19 @@ func TestWebhookSecretsAreReadAndNeverPrinted(t *testing.T) {
 		t.Fatalf("the token is in JSON: %s", b)
 	}
 }
+
+// TestREADMEShowsTheFullExample keeps README.md's configuration example identical to
+// testdata/full.yaml, which TestLoadParsesTheFullExample loads.
+func TestREADMEShowsTheFullExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := os.ReadFile("testdata/full.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "```yaml\n"+string(full)+"```") {
+		t.Fatal("README.md's configuration example differs from config/testdata/full.yaml: copy the file into it")
+	}
+}
