@@ -6,6 +6,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -82,4 +83,23 @@ func (r *Resource) ByIndex(index, value string) ([]*unstructured.Unstructured, e
 		}
 	}
 	return out, nil
+}
+
+// ObjectLabels returns obj's labels as labels.Labels, read in place: GetLabels would copy them,
+// which matters on the paths that match selectors against every event or cached object.
+func ObjectLabels(obj *unstructured.Unstructured) labels.Labels {
+	m, _, _ := unstructured.NestedFieldNoCopy(obj.Object, "metadata", "labels")
+	l, _ := m.(map[string]any)
+	return objectLabels(l)
+}
+
+type objectLabels map[string]any
+
+func (l objectLabels) Has(k string) bool { _, ok := l[k]; return ok }
+
+func (l objectLabels) Get(k string) string { v, _ := l.Lookup(k); return v }
+
+func (l objectLabels) Lookup(k string) (string, bool) {
+	v, ok := l[k].(string)
+	return v, ok
 }

@@ -118,11 +118,8 @@ func (q *query) matches(obj *unstructured.Unstructured, namespace string) bool {
 	if (namespace != "" && obj.GetNamespace() != namespace) || (q.name != "" && obj.GetName() != q.name) {
 		return false
 	}
-	if !q.labels.Empty() {
-		m, _, _ := unstructured.NestedFieldNoCopy(obj.Object, "metadata", "labels")
-		if l, _ := m.(map[string]any); !q.labels.Matches(objectLabels(l)) {
-			return false
-		}
+	if !q.labels.Empty() && !q.labels.Matches(dynamicinformer.ObjectLabels(obj)) {
+		return false
 	}
 	if q.fields.Empty() {
 		return true
@@ -132,18 +129,6 @@ func (q *query) matches(obj *unstructured.Unstructured, namespace string) bool {
 		set[field] = fieldValue(obj.Object, path)
 	}
 	return q.fields.Matches(set)
-}
-
-// objectLabels reads a cached object's labels in place; GetLabels would copy them.
-type objectLabels map[string]any
-
-func (l objectLabels) Has(k string) bool { _, ok := l[k]; return ok }
-
-func (l objectLabels) Get(k string) string { v, _ := l.Lookup(k); return v }
-
-func (l objectLabels) Lookup(k string) (string, bool) {
-	v, ok := l[k].(string)
-	return v, ok
 }
 
 // fieldValue is the string form of the scalar at path, or "" when there is none.

@@ -107,11 +107,15 @@ func (w *watcher) wants(e dynamicinformer.Event, rv uint64) bool {
 	if rv <= w.minRV {
 		return false
 	}
-	if seen, ok := w.fresh[key(e.Object)]; ok {
+	if len(w.fresh) == 0 {
+		return true
+	}
+	k := key(e.Object)
+	if seen, ok := w.fresh[k]; ok {
 		if rv <= seen {
 			return false
 		}
-		delete(w.fresh, key(e.Object))
+		delete(w.fresh, k)
 	}
 	return true
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -88,8 +87,8 @@ func (s *Sink) selects(e dynamicinformer.Event) bool {
 	if len(c.Namespaces) > 0 && !slices.Contains(c.Namespaces, e.Object.GetNamespace()) {
 		return false
 	}
-	if !c.Labels.Empty() && !c.Labels.Matches(labels.Set(e.Object.GetLabels())) &&
-		(e.OldObject == nil || !c.Labels.Matches(labels.Set(e.OldObject.GetLabels()))) {
+	if !c.Labels.Empty() && !c.Labels.Matches(dynamicinformer.ObjectLabels(e.Object)) &&
+		(e.OldObject == nil || !c.Labels.Matches(dynamicinformer.ObjectLabels(e.OldObject))) {
 		return false
 	}
 	if c.Program == nil {
