@@ -32,13 +32,15 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	if err := run(ctx, os.Args[1:], hup); err != nil {
 		fmt.Fprintf(os.Stderr, "dynwatch: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string) error {
+func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	flags := flag.NewFlagSet("dynwatch", flag.ContinueOnError)
 	configPath := flags.String("config", "", "path of the YAML configuration file (required)")
 	kubeconfig := flags.String("kubeconfig", "", "path of a kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
@@ -71,7 +73,11 @@ func run(ctx context.Context, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	watches := httpapi.NewHub(cfg.API.WatchHistory)
-	webhooks, err := webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks})
+	store, err := openStore(log, cfg.State)
+	if err != nil {
+		return err
+	}
+	webhooks, err := webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, Store: store})
 	if err != nil {
 		return err
 	}
@@ -83,8 +89,21 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	reloader, err := config.NewReloader(config.ReloaderOptions{
+		Logger: log, Registerer: reg, Path: *configPath, Current: cfg, Signals: hup,
+		Apply: func(next *config.Config) error {
+			if err := webhooks.Update(next.Webhooks); err != nil {
+				return err
+			}
+			informers.Update(next.Resources)
+			return nil
+		},
+	})
+	if err != nil {
+		return err
+	}
 	api, err := httpapi.NewAPI(httpapi.APIOptions{
-		Logger: log, Informers: informers, Watches: watches, Registerer: reg,
+		Logger: log, Informers: informers, Watches: watches, Registerer: reg, Reloads: reloader,
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 	})
 	if err != nil {
@@ -97,6 +116,7 @@ func run(ctx context.Context, args []string) error {
 	deliver, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	g.Go(func() error { defer stopDelivery(); return informers.Run(ctx) })
 	g.Go(func() error { return webhooks.Run(deliver) })
+	g.Go(func() error { return reloader.Run(ctx) })
 	g.Go(func() error {
 		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.Timeouts{Read: 30 * time.Second})
 	})
@@ -106,6 +126,22 @@ func run(ctx context.Context, args []string) error {
 	err = g.Wait()
 	log.Info("stopped", "err", err)
 	return err
+}
+
+// openStore opens the state store, or returns nil when state.path is not set.
+func openStore(log *slog.Logger, c config.State) (*webhook.Store, error) {
+	if c.Path == "" {
+		log.Warn("state.path is not set: events queued at shutdown are dead-lettered, and a restart delivers every object as ADDED again")
+		return nil, nil
+	}
+	store, err := webhook.OpenStore(c.Path)
+	if err != nil {
+		return nil, err
+	}
+	if store.Fresh {
+		log.Warn("state store created: with no earlier state, every object is delivered as ADDED (expected on a first start; otherwise the state was lost)", "path", c.Path)
+	}
+	return store, nil
 }
 
 func newLogger(c config.Log) *slog.Logger {

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +29,16 @@ type Config struct {
 	Metrics   Metrics    `mapstructure:"metrics"`
 	Discovery Discovery  `mapstructure:"discovery"`
 	Log       Log        `mapstructure:"log"`
+	State     State      `mapstructure:"state"`
+}
+
+// State configures the on-disk state store: the last state of every object handed to the
+// webhooks and each webhook's outbox of undelivered events. With it, a restart neither loses
+// queued events nor replays unchanged objects.
+type State struct {
+	// Path is the store's file. Empty keeps state in memory only: events still queued at
+	// shutdown are dead-lettered and a restart delivers every object as ADDED again.
+	Path string `mapstructure:"path"`
 }
 
 // Metrics configures the operations server: /metrics, /healthz, /readyz.
@@ -79,6 +91,9 @@ type Resource struct {
 	Transform     Transform     `mapstructure:"transform"`
 	Indexers      []Indexer     `mapstructure:"indexers"`
 
+	// Source is the entry as written in the file, canonically encoded: two entries with the
+	// same Source configure the same thing.
+	Source string `mapstructure:"-"`
 	// Labels and Fields are LabelSelector and FieldSelector, parsed; never nil after Load.
 	Labels labels.Selector `mapstructure:"-"`
 	Fields fields.Selector `mapstructure:"-"`
@@ -195,10 +210,54 @@ func Load(path string) (*Config, error) {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	c.setListDefaults()
+	if err := c.setSources(v); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("config %s is invalid:\n%w", path, err)
 	}
 	return &c, nil
+}
+
+// setSources records each list entry as written, so a reload can tell which entries changed.
+func (c *Config) setSources(v *viper.Viper) error {
+	for key, n := range map[string]int{"resources": len(c.Resources), "webhooks": len(c.Webhooks)} {
+		raw, _ := v.Get(key).([]any)
+		if len(raw) != n {
+			return fmt.Errorf("%s: decoded %d entries from %d", key, n, len(raw))
+		}
+		for i, entry := range raw {
+			b, err := json.Marshal(entry)
+			if err != nil {
+				return fmt.Errorf("%s[%d]: %w", key, i, err)
+			}
+			if key == "resources" {
+				c.Resources[i].Source = string(b)
+			} else {
+				c.Webhooks[i].Source = string(b)
+			}
+		}
+	}
+	return nil
+}
+
+// Unreloadable names the settings that differ between c and next and that only a restart
+// applies: everything but resources and webhooks.
+func (c *Config) Unreloadable(next *Config) []string {
+	var changed []string
+	for name, same := range map[string]bool{
+		"api":       c.API == next.API,
+		"metrics":   c.Metrics == next.Metrics,
+		"discovery": c.Discovery == next.Discovery,
+		"log":       c.Log == next.Log,
+		"state":     c.State == next.State,
+	} {
+		if !same {
+			changed = append(changed, name)
+		}
+	}
+	slices.Sort(changed)
+	return changed
 }
 
 // durationHook decodes durations such as "500ms" or "5m", naming the bad value on error.

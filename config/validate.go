@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -83,6 +84,13 @@ func (c *Config) validate() error {
 	}
 	if c.Log.Format != "json" && c.Log.Format != "text" {
 		p.add("log.format", "must be json or text, got %q", c.Log.Format)
+	}
+	if c.State.Path != "" {
+		if isDir(c.State.Path) {
+			p.add("state.path", "must name a file, %q is a directory", c.State.Path)
+		} else if dir := filepath.Dir(c.State.Path); !isDir(dir) {
+			p.add("state.path", "directory %q does not exist", dir)
+		}
 	}
 	return errors.Join(p...)
 }

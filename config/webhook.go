@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -42,6 +43,8 @@ type Webhook struct {
 	Retry             Retry         `mapstructure:"retry"`
 	DeadLetter        DeadLetter    `mapstructure:"deadLetter"`
 
+	// Source is the entry as written in the file, canonically encoded.
+	Source string `mapstructure:"-"`
 	// Parsed by Load.
 	Endpoint       *url.URL               `mapstructure:"-"`
 	GroupResources []schema.GroupResource `mapstructure:"-"`
@@ -103,6 +106,12 @@ const (
 	DefaultMaxBackoff     = 30 * time.Second
 	DefaultMaxElapsed     = 10 * time.Minute
 )
+
+// Same reports whether w and o configure the same sink: the same entry in the file and the
+// same secrets read from their files.
+func (w *Webhook) Same(o *Webhook) bool {
+	return w.Source == o.Source && bytes.Equal(w.BearerToken, o.BearerToken) && bytes.Equal(w.SigningSecret, o.SigningSecret)
+}
 
 func (w *Webhook) setDefaults() {
 	def := func(d *time.Duration, v time.Duration) {

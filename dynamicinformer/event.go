@@ -35,6 +35,17 @@ type Event struct {
 	Observed time.Time
 }
 
+// ListObserver is implemented by subscribers that compare an informer run's initial list with
+// state of their own: what was stored and is not in the list was deleted meanwhile.
+type ListObserver interface {
+	// ListStarted is called before a resource's informers start; their initial lists follow
+	// as Added events with InitialList set. run numbers the start.
+	ListStarted(gvr schema.GroupVersionResource, run uint64)
+	// ListSynced is called once every object of run's initial lists has been passed to
+	// OnEvent. It is not called for a run stopped before that.
+	ListSynced(gvr schema.GroupVersionResource, run uint64)
+}
+
 // Subscriber receives every Event. OnEvent is called from informer handler goroutines and must
 // return quickly without doing I/O: it should enqueue the event and return.
 type Subscriber interface {

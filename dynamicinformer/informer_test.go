@@ -389,7 +389,7 @@ func TestHandlerUnwrapsTombstonesAndSkipsResyncs(t *testing.T) {
 	m := startManager(t, cluster.Config, "resources: [{version: v1, resource: configmaps, namespaces: [none]}]\n", rec)
 	r := resource(t, m, "configmaps.v1")
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	h := r.handler(gvr)
+	h := r.handler(gvr, &relisted{})
 	obj := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
 	}}}

@@ -41,15 +41,17 @@ type Manager struct {
 	interval    time.Duration
 	subscribers []Subscriber
 	now         func() time.Time
-	resources   []*Resource // in configuration order
+	met         *metrics
 
 	discovered atomic.Bool // discovery has succeeded at least once
 	version    atomic.Pointer[version.Info]
 	nudge      chan struct{}
-	discoFails prometheus.Counter
+	runs       atomic.Uint64 // informer starts, numbering ListObserver calls
 
-	mu    sync.RWMutex
-	byGVR map[schema.GroupVersionResource]*Resource
+	reconciling sync.Mutex // held by reconcile and Update: one changes informers at a time
+	mu          sync.RWMutex
+	resources   []*Resource // in configuration order
+	byGVR       map[schema.GroupVersionResource]*Resource
 }
 
 // New builds a Manager and registers its metrics. Nothing runs until Run.
@@ -67,25 +69,76 @@ func New(o Options) (*Manager, error) {
 	if m.now == nil {
 		m.now = time.Now
 	}
-	met := newMetrics(m)
-	if err := o.Registerer.Register(met); err != nil {
+	m.met = newMetrics(m)
+	if err := o.Registerer.Register(m.met); err != nil {
 		return nil, fmt.Errorf("register informer metrics: %w", err)
 	}
-	m.discoFails = met.discoveryFailures
 	for i := range o.Resources {
-		cfg := &o.Resources[i]
-		r := &Resource{cfg: cfg, name: cfg.String(), m: m, state: StatePending, events: map[EventType]counter{}}
-		for _, t := range EventTypes {
-			r.events[t] = met.events.WithLabelValues(r.name, string(t))
-		}
-		r.watchErrs = met.watchErrors.WithLabelValues(r.name)
-		m.resources = append(m.resources, r)
+		m.resources = append(m.resources, m.newResource(&o.Resources[i]))
 	}
 	return m, nil
 }
 
+func (m *Manager) newResource(cfg *config.Resource) *Resource {
+	r := &Resource{cfg: cfg, name: cfg.String(), m: m, state: StatePending, events: map[EventType]counter{}, relistEvents: map[EventType]counter{}}
+	for _, t := range EventTypes {
+		r.events[t] = m.met.events.WithLabelValues(r.name, string(t))
+		r.relistEvents[t] = m.met.relistEvents.WithLabelValues(r.name, string(t))
+	}
+	r.watchErrs = m.met.watchErrors.WithLabelValues(r.name)
+	return r
+}
+
 // Resources returns every configured resource, in configuration order.
-func (m *Manager) Resources() []*Resource { return m.resources }
+func (m *Manager) Resources() []*Resource {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.resources
+}
+
+// Update applies a new resource configuration while running. A resource configured as before
+// keeps its informers and cache and emits nothing. A changed one is stopped and started again
+// with its new configuration; a removed one is stopped; a new one starts. Resources are
+// matched by name (resource.version.group).
+func (m *Manager) Update(resources []config.Resource) {
+	m.reconciling.Lock()
+	defer m.reconciling.Unlock()
+	m.mu.Lock()
+	old := map[string]*Resource{}
+	for _, r := range m.resources {
+		old[r.name] = r
+	}
+	next := make([]*Resource, 0, len(resources))
+	var stopped []*Resource
+	for i := range resources {
+		cfg := &resources[i]
+		r, ok := old[cfg.String()]
+		delete(old, cfg.String())
+		if ok && r.cfg.Source == cfg.Source {
+			next = append(next, r)
+			continue
+		}
+		if ok {
+			stopped = append(stopped, r)
+		}
+		next = append(next, m.newResource(cfg))
+	}
+	for _, r := range old {
+		stopped = append(stopped, r)
+		m.met.forget(r.name)
+	}
+	m.resources = next
+	for gvr, r := range m.byGVR {
+		if !slices.Contains(next, r) {
+			delete(m.byGVR, gvr)
+		}
+	}
+	m.mu.Unlock()
+	for _, r := range stopped {
+		r.stopInformers()
+	}
+	m.Nudge()
+}
 
 // Lookup returns the running resource that serves gvr.
 func (m *Manager) Lookup(gvr schema.GroupVersionResource) (*Resource, bool) {
@@ -112,7 +165,7 @@ func (m *Manager) Nudge() {
 // a watch reports its resource gone.
 func (m *Manager) Run(ctx context.Context) error {
 	defer func() {
-		for _, r := range m.resources {
+		for _, r := range m.Resources() {
 			r.stopInformers()
 		}
 	}()
@@ -134,7 +187,7 @@ func (m *Manager) Run(ctx context.Context) error {
 }
 
 func (m *Manager) allRunning() bool {
-	for _, r := range m.resources {
+	for _, r := range m.Resources() {
 		if !r.running() {
 			return false
 		}
@@ -149,7 +202,7 @@ func (m *Manager) Ready() (bool, []string) {
 		return false, []string{"discovery has not succeeded yet"}
 	}
 	var laggards []string
-	for _, r := range m.resources {
+	for _, r := range m.Resources() {
 		if st := r.State(); st == StatePending || st == StateSyncing {
 			laggards = append(laggards, fmt.Sprintf("%s: %s", r.name, st))
 		}
@@ -159,8 +212,9 @@ func (m *Manager) Ready() (bool, []string) {
 
 // Status reports every configured resource, in configuration order.
 func (m *Manager) Status() []Status {
-	out := make([]Status, 0, len(m.resources))
-	for _, r := range m.resources {
+	resources := m.Resources()
+	out := make([]Status, 0, len(resources))
+	for _, r := range resources {
 		out = append(out, r.Status())
 	}
 	return out
@@ -168,11 +222,14 @@ func (m *Manager) Status() []Status {
 
 // reconcile runs discovery once and starts or stops informers to match what is served.
 func (m *Manager) reconcile(ctx context.Context) {
+	m.reconciling.Lock()
+	defer m.reconciling.Unlock()
+	resources := m.Resources()
 	served, err := m.serve()
 	if err != nil {
-		m.discoFails.Inc()
+		m.met.discoveryFailures.Inc()
 		m.log.Warn("discovery failed", "err", err)
-		for _, r := range m.resources {
+		for _, r := range resources {
 			if !r.running() {
 				r.mu.Lock()
 				r.lastError = err.Error()
@@ -188,7 +245,7 @@ func (m *Manager) reconcile(ctx context.Context) {
 		}
 	}
 	byGVR := map[schema.GroupVersionResource]*Resource{}
-	for _, r := range m.resources {
+	for _, r := range resources {
 		api, gvr, reason := resolve(served, r.cfg)
 		if reason != "" {
 			r.stopInformers()

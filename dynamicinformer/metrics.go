@@ -8,6 +8,7 @@ import (
 type metrics struct {
 	m                 *Manager
 	events            *prometheus.CounterVec
+	relistEvents      *prometheus.CounterVec
 	watchErrors       *prometheus.CounterVec
 	discoveryFailures prometheus.Counter
 	objects           *prometheus.Desc
@@ -21,6 +22,10 @@ func newMetrics(m *Manager) *metrics {
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_informer_events_total",
 			Help: "Events emitted by the informers of a watched resource, by event type.",
+		}, []string{"resource", "type"}),
+		relistEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_informer_relist_events_total",
+			Help: "Events a relist produced, by event type: changes made while the watch was broken (expired, or the apiserver restarted) that the watch never reported.",
 		}, []string{"resource", "type"}),
 		watchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_informer_watch_errors_total",
@@ -42,6 +47,7 @@ func newMetrics(m *Manager) *metrics {
 // Describe implements prometheus.Collector.
 func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	x.events.Describe(ch)
+	x.relistEvents.Describe(ch)
 	x.watchErrors.Describe(ch)
 	x.discoveryFailures.Describe(ch)
 	ch <- x.objects
@@ -52,13 +58,21 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	x.events.Collect(ch)
+	x.relistEvents.Collect(ch)
 	x.watchErrors.Collect(ch)
 	x.discoveryFailures.Collect(ch)
-	for _, r := range x.m.resources {
+	for _, r := range x.m.Resources() {
 		st := r.State()
 		ch <- prometheus.MustNewConstMetric(x.objects, prometheus.GaugeValue, float64(r.objects.Load()), r.name)
 		ch <- prometheus.MustNewConstMetric(x.synced, prometheus.GaugeValue, bool01(st == StateSynced), r.name)
 		ch <- prometheus.MustNewConstMetric(x.served, prometheus.GaugeValue, bool01(st == StateSyncing || st == StateSynced), r.name)
+	}
+}
+
+// forget drops a removed resource's series.
+func (x *metrics) forget(resource string) {
+	for _, v := range []*prometheus.CounterVec{x.events, x.relistEvents, x.watchErrors} {
+		v.DeletePartialMatch(prometheus.Labels{"resource": resource})
 	}
 }
 

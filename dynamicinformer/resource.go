@@ -2,6 +2,7 @@ package dynamicinformer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,9 +11,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	kdynamicinformer "k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -43,10 +45,11 @@ type Resource struct {
 	name string
 	m    *Manager
 
-	objects   atomic.Int64 // objects in the cache, counted by the handlers
-	lastEvent atomic.Int64 // unix nanoseconds of the last event, 0 if none
-	events    map[EventType]counter
-	watchErrs counter
+	objects      atomic.Int64 // objects in the cache, counted by the handlers
+	lastEvent    atomic.Int64 // unix nanoseconds of the last event, 0 if none
+	events       map[EventType]counter
+	relistEvents map[EventType]counter
+	watchErrs    counter
 
 	mu        sync.RWMutex
 	state     State
@@ -118,33 +121,135 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		o.LabelSelector = labelSelector
 		o.FieldSelector = fieldSelector
 	}
-	handler := r.handler(gvr)
 	informers := make([]namespaceInformer, 0, len(namespaces))
 	for _, ns := range namespaces {
-		inf := kdynamicinformer.NewFilteredDynamicInformer(client, gvr, ns, r.cfg.Resync, NewIndexers(r.cfg), tweak).Informer()
+		inf, relist := r.newInformer(client.Resource(gvr).Namespace(ns), tweak)
 		if err := inf.SetTransform(NewTransform(r.cfg)); err != nil {
 			return fmt.Errorf("set transform: %w", err)
 		}
 		if err := inf.SetWatchErrorHandlerWithContext(r.onWatchError); err != nil {
 			return fmt.Errorf("set watch error handler: %w", err)
 		}
-		reg, err := inf.AddEventHandler(handler)
+		reg, err := inf.AddEventHandler(r.handler(gvr, relist))
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
 		informers = append(informers, namespaceInformer{namespace: ns, informer: inf, registration: reg})
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	run := r.m.runs.Add(1)
+	for _, s := range r.m.subscribers {
+		if o, ok := s.(ListObserver); ok {
+			o.ListStarted(gvr, run)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gvr, r.api = gvr, api
 	r.informers, r.stop, r.lastError = informers, cancel, ""
 	r.state, r.reason = StateSyncing, ""
+	synced := make([]cache.InformerSynced, 0, len(informers))
 	for _, ni := range informers {
 		r.done.Go(func() { ni.informer.RunWithContext(ctx) })
+		synced = append(synced, ni.registration.HasSynced)
 	}
+	r.done.Go(func() {
+		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+			return
+		}
+		for _, s := range r.m.subscribers {
+			if o, ok := s.(ListObserver); ok {
+				o.ListSynced(gvr, run)
+			}
+		}
+	})
 	r.m.log.Info("resource informers started", "resource", r.name, "gvr", gvr.String(), "namespaces", r.cfg.Namespaces)
 	return nil
+}
+
+// errRelistByList makes a reflector that relists fall back from a watch-list stream to a
+// LIST, whose items newInformer compares with the cache.
+var errRelistByList = errors.New("dynwatch relists with LIST")
+
+// newInformer builds an informer as client-go's dynamic informer does, except that a relist
+// (a list after the informer has synced: after a watch expired or the apiserver restarted)
+// is a LIST whose changed objects it notes, so that the events it produces can be counted.
+func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*metav1.ListOptions)) (cache.SharedIndexInformer, *relisted) {
+	var inf cache.SharedIndexInformer
+	relist := &relisted{}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			tweak(&o)
+			list, err := client.List(ctx, o)
+			if err == nil && inf.HasSynced() {
+				relist.note(o.Continue == "", list, inf.GetIndexer())
+			}
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			tweak(&o)
+			if o.SendInitialEvents != nil && *o.SendInitialEvents && inf.HasSynced() {
+				return nil, errRelistByList
+			}
+			return client.Watch(ctx, o)
+		},
+	}
+	inf = cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{
+		ResyncPeriod: r.cfg.Resync,
+		Indexers:     NewIndexers(r.cfg),
+	})
+	return inf, relist
+}
+
+// relisted holds the objects a relist found changed, by cache key, until their events pass.
+type relisted struct {
+	mu      sync.Mutex
+	changed map[string]string // key → resourceVersion
+}
+
+// note records the objects of one page of a relist that differ from the cache.
+func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
+	items, ok := list.(*unstructured.UnstructuredList)
+	if !ok {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if first || x.changed == nil {
+		x.changed = map[string]string{}
+	}
+	for i := range items.Items {
+		u := &items.Items[i]
+		key := cacheKey(u)
+		if old, ok, _ := cached.GetByKey(key); ok {
+			if o, ok := old.(*unstructured.Unstructured); ok && o.GetResourceVersion() == u.GetResourceVersion() {
+				continue
+			}
+		}
+		x.changed[key] = u.GetResourceVersion()
+	}
+}
+
+// take reports whether u, as it is, was found changed by a relist, and forgets it.
+func (x *relisted) take(u *unstructured.Unstructured) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if len(x.changed) == 0 {
+		return false
+	}
+	key := cacheKey(u)
+	if rv, ok := x.changed[key]; ok && rv == u.GetResourceVersion() {
+		delete(x.changed, key)
+		return true
+	}
+	return false
+}
+
+func cacheKey(u *unstructured.Unstructured) string {
+	if ns := u.GetNamespace(); ns != "" {
+		return ns + "/" + u.GetName()
+	}
+	return u.GetName()
 }
 
 // stopInformers stops the informers, waits for them, and drops their caches.
@@ -177,12 +282,16 @@ func (r *Resource) onWatchError(ctx context.Context, reflector *cache.Reflector,
 	}
 }
 
-// handler turns informer notifications into Events. It never blocks on I/O.
-func (r *Resource) handler(gvr schema.GroupVersionResource) cache.ResourceEventHandler {
+// handler turns informer notifications into Events. It never blocks on I/O. Events a relist
+// produced (the object noted by relist, or a delete known only from a tombstone) are counted.
+func (r *Resource) handler(gvr schema.GroupVersionResource, relist *relisted) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, isInInitialList bool) {
 			if u, ok := obj.(*unstructured.Unstructured); ok {
 				r.objects.Add(1)
+				if !isInInitialList && relist.take(u) {
+					r.relistEvents[Added].Inc()
+				}
 				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList})
 			}
 		},
@@ -192,14 +301,21 @@ func (r *Resource) handler(gvr schema.GroupVersionResource) cache.ResourceEventH
 			if !ok1 || !ok2 || o.GetResourceVersion() == n.GetResourceVersion() {
 				return // a resync or relist of an unchanged object
 			}
+			if relist.take(n) {
+				r.relistEvents[Modified].Inc()
+			}
 			r.emit(Event{Type: Modified, Resource: gvr, Object: n, OldObject: o})
 		},
 		DeleteFunc: func(obj any) {
-			if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			tombstone, fromRelist := obj.(cache.DeletedFinalStateUnknown)
+			if fromRelist {
 				obj = tombstone.Obj
 			}
 			if u, ok := obj.(*unstructured.Unstructured); ok {
 				r.objects.Add(-1)
+				if fromRelist {
+					r.relistEvents[Deleted].Inc()
+				}
 				r.emit(Event{Type: Deleted, Resource: gvr, Object: u})
 			}
 		},

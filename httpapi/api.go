@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
@@ -20,6 +21,8 @@ type StatusResponse struct {
 	Ready     bool                     `json:"ready"`
 	NotReady  []string                 `json:"notReady,omitempty"`
 	Resources []dynamicinformer.Status `json:"resources"`
+	// Reload is the outcome of the last configuration reload.
+	Reload config.ReloadStatus `json:"reload"`
 }
 
 // APIOptions are the API handler's dependencies and limits.
@@ -28,6 +31,8 @@ type APIOptions struct {
 	Informers  *dynamicinformer.Manager
 	Watches    *Hub
 	Registerer prometheus.Registerer
+	// Reloads reports the last configuration reload.
+	Reloads interface{ Status() config.ReloadStatus }
 	// MaxPageSize caps the items of one list response; more come through continue tokens.
 	MaxPageSize int
 	// RequestTimeout bounds writing the answer to a request other than a watch.
@@ -112,7 +117,7 @@ func (a *api) status(c *gin.Context) {
 	c.Set(routeKey, "status")
 	a.deadline(c, a.RequestTimeout)
 	ok, reasons := a.Informers.Ready()
-	c.JSON(http.StatusOK, StatusResponse{Ready: ok, NotReady: reasons, Resources: a.Informers.Status()})
+	c.JSON(http.StatusOK, StatusResponse{Ready: ok, NotReady: reasons, Resources: a.Informers.Status(), Reload: a.Reloads.Status()})
 }
 
 func (a *api) version(c *gin.Context) {

@@ -20,9 +20,10 @@ const (
 	reasonRejected         = "rejected"
 	reasonQueueFull        = "queue_full"
 	reasonShutdown         = "shutdown"
+	reasonRemoved          = "sink_removed"
 )
 
-var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, reasonShutdown}
+var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, reasonShutdown, reasonRemoved}
 
 // deadLetterBuffer bounds dead letters waiting to be written.
 const deadLetterBuffer = 4096
@@ -37,6 +38,8 @@ type DeadLetter struct {
 	Error    string          `json:"error,omitempty"`
 	ID       string          `json:"id"`
 	Event    json.RawMessage `json:"event"`
+
+	seq uint64 // the delivery's outbox entry, removed once the dead letter is written
 }
 
 // deadLetters writes a sink's dead letters from its own goroutine, so that submitting one
@@ -46,17 +49,23 @@ type deadLetters struct {
 	log    *slog.Logger
 	m      sinkMetrics
 	client *http.Client
+	j      *journal
 	ch     chan DeadLetter
+	done   chan struct{}
 }
 
-func newDeadLetters(cfg *config.Webhook, log *slog.Logger, m sinkMetrics, client *http.Client) *deadLetters {
-	return &deadLetters{cfg: cfg, log: log, m: m, client: client, ch: make(chan DeadLetter, deadLetterBuffer)}
+func newDeadLetters(cfg *config.Webhook, log *slog.Logger, m sinkMetrics, client *http.Client, j *journal) *deadLetters {
+	return &deadLetters{cfg: cfg, log: log, m: m, client: client, j: j, ch: make(chan DeadLetter, deadLetterBuffer), done: make(chan struct{})}
 }
 
 func (dl *deadLetters) submit(d Delivery, reason string, attempts int, err error) {
 	dl.m.deadLetters[reason].Inc()
 	dl.m.deadLettered.Inc()
-	rec := DeadLetter{Time: time.Now().UTC(), Sink: dl.cfg.Name, Reason: reason, Attempts: attempts, ID: d.ID, Event: Payload(d.Event)}
+	body := d.Body
+	if body == nil {
+		body = Payload(d.Event)
+	}
+	rec := DeadLetter{Time: time.Now().UTC(), Sink: dl.cfg.Name, Reason: reason, Attempts: attempts, ID: d.ID, Event: body, seq: d.Seq}
 	if err != nil {
 		rec.Error = err.Error()
 	}
@@ -64,14 +73,21 @@ func (dl *deadLetters) submit(d Delivery, reason string, attempts int, err error
 	case dl.ch <- rec:
 	default:
 		dl.m.deadLetterFailures.Inc()
-		dl.log.Error("dead-letter backlog full: event lost", "id", rec.ID, "reason", reason)
+		dl.log.Error("dead-letter backlog full: dead letter not written (with a state store it stays in the outbox)", "id", rec.ID, "reason", reason)
 	}
 }
 
-func (dl *deadLetters) close() { close(dl.ch) }
+func (dl *deadLetters) start() { go dl.run() }
 
-// run writes dead letters until close.
+// close waits for the dead letters submitted so far to be written.
+func (dl *deadLetters) close() {
+	close(dl.ch)
+	<-dl.done
+}
+
+// run writes dead letters until close. A written dead letter leaves the outbox.
 func (dl *deadLetters) run() {
+	defer close(dl.done)
 	var file *os.File
 	if dl.cfg.DeadLetter.File != "" {
 		f, err := os.OpenFile(dl.cfg.DeadLetter.File, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -105,6 +121,7 @@ func (dl *deadLetters) run() {
 			}
 			dl.log.Error("dead letter", "id", rec.ID, "reason", rec.Reason, "attempts", rec.Attempts, "error", rec.Error, "event", rec.Event)
 		}
+		dl.j.ack(dl.cfg.Name, rec.seq)
 	}
 }
 

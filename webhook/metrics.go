@@ -1,6 +1,9 @@
 package webhook
 
 import (
+	"sync"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -10,8 +13,16 @@ type metrics struct {
 	attempts, retries, filterErrors   *prometheus.CounterVec
 	deadLetters, deadLetterFailures   *prometheus.CounterVec
 	requestDuration, age              *prometheus.HistogramVec
-	queueLength                       *prometheus.Desc
-	queues                            map[string]Queue
+	queueLength, outboxLength         *prometheus.Desc
+
+	// The state store's metrics.
+	store                                          *Store // nil: no store
+	storeSize                                      *prometheus.Desc
+	commits, commitErrors, suppressed, fullReplays prometheus.Counter
+
+	mu       sync.Mutex
+	queues   map[string]Queue
+	outboxes map[string]*atomic.Int64
 }
 
 // sinkMetrics are one sink's children of the metrics.
@@ -23,7 +34,7 @@ type sinkMetrics struct {
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
 
-func newMetrics() *metrics {
+func newMetrics(store *Store) *metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dynwatch_webhook_" + name, Help: help}, append([]string{"sink"}, labels...))
 	}
@@ -41,13 +52,24 @@ func newMetrics() *metrics {
 		age: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynwatch_webhook_event_age_seconds", Help: "Time from an event's observation to its delivery.", Buckets: latencyBuckets,
 		}, []string{"sink"}),
-		queueLength: prometheus.NewDesc("dynwatch_webhook_queue_length", "Events queued or being delivered, per sink.", []string{"sink"}, nil),
-		queues:      map[string]Queue{},
+		queueLength:  prometheus.NewDesc("dynwatch_webhook_queue_length", "Events queued or being delivered, per sink.", []string{"sink"}, nil),
+		outboxLength: prometheus.NewDesc("dynwatch_webhook_outbox_length", "Events in a sink's durable outbox: neither delivered nor dead-lettered. 0 without a state store.", []string{"sink"}, nil),
+		store:        store,
+		storeSize:    prometheus.NewDesc("dynwatch_state_size_bytes", "Size of the state store's data.", nil, nil),
+		commits:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commits_total", Help: "Transactions committed to the state store; each carries every event and acknowledgement pending at its start."}),
+		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commit_errors_total", Help: "State store transactions that failed; their events were delivered without an outbox entry."}),
+		suppressed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_suppressed_events_total", Help: "Events not delivered because the sinks already had that state of the object (an unchanged object in the initial list after a restart)."}),
+		fullReplays:  prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_full_replays_total", Help: "Initial lists delivered in full as ADDED because nothing was stored for the resource (a new resource, a first start, or a lost state volume)."}),
+		queues:       map[string]Queue{},
+		outboxes:     map[string]*atomic.Int64{},
 	}
 }
 
-func (m *metrics) forSink(sink string, q Queue) sinkMetrics {
+func (m *metrics) forSink(sink string, q Queue, outbox *atomic.Int64) sinkMetrics {
+	m.mu.Lock()
 	m.queues[sink] = q
+	m.outboxes[sink] = outbox
+	m.mu.Unlock()
 	sm := sinkMetrics{
 		enqueued:           m.enqueued.WithLabelValues(sink),
 		delivered:          m.delivered.WithLabelValues(sink, "delivered"),
@@ -66,8 +88,22 @@ func (m *metrics) forSink(sink string, q Queue) sinkMetrics {
 	return sm
 }
 
+// removeSink drops a removed sink's series.
+func (m *metrics) removeSink(sink string) {
+	m.mu.Lock()
+	delete(m.queues, sink)
+	delete(m.outboxes, sink)
+	m.mu.Unlock()
+	for _, c := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
+	} {
+		c.DeletePartialMatch(prometheus.Labels{"sink": sink})
+	}
+}
+
 func (m *metrics) vectors() []prometheus.Collector {
-	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age}
+	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
+		m.commits, m.commitErrors, m.suppressed, m.fullReplays}
 }
 
 // Describe implements prometheus.Collector.
@@ -76,6 +112,8 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 		c.Describe(ch)
 	}
 	ch <- m.queueLength
+	ch <- m.outboxLength
+	ch <- m.storeSize
 }
 
 // Collect implements prometheus.Collector.
@@ -83,7 +121,15 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range m.vectors() {
 		c.Collect(ch)
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for sink, q := range m.queues {
 		ch <- prometheus.MustNewConstMetric(m.queueLength, prometheus.GaugeValue, float64(q.Len()), sink)
+		ch <- prometheus.MustNewConstMetric(m.outboxLength, prometheus.GaugeValue, float64(m.outboxes[sink].Load()), sink)
 	}
+	var size int64
+	if m.store != nil {
+		size = m.store.Size()
+	}
+	ch <- prometheus.MustNewConstMetric(m.storeSize, prometheus.GaugeValue, float64(size))
 }

@@ -18,14 +18,20 @@ type Delivery struct {
 	// in the order they were pushed.
 	Key      string
 	Enqueued time.Time
+	// Body is the request body, or nil to build it from Event.
+	Body []byte
+	// Seq numbers the delivery's outbox entry; 0 when it has none (no state store).
+	Seq uint64
+	// Deadline ends retrying; zero until the first attempt fails, then kept across restarts.
+	Deadline time.Time
 }
 
 // ErrFull is returned by Push when the queue holds its capacity.
 var ErrFull = errors.New("queue full")
 
 // Queue holds a sink's deliveries until a worker has made them. Implementations are safe for
-// concurrent use. The in-memory queue loses its content when the process stops; a durable
-// one can take its place behind this interface.
+// concurrent use. The queue itself is in memory; with a state store, every delivery in it
+// also has an outbox entry, from which the queue is filled again at the next start.
 type Queue interface {
 	// Push adds d after every earlier delivery with the same key. It never blocks: it fails
 	// with ErrFull when the queue is at capacity.
@@ -35,6 +41,8 @@ type Queue interface {
 	Pop(ctx context.Context) (Delivery, error)
 	// Done ends the delivery of d, which Pop returned.
 	Done(d Delivery)
+	// Return puts d, which Pop returned, back at the head of its key, to be delivered again.
+	Return(d Delivery)
 	// Len is the number of deliveries queued or in progress.
 	Len() int
 	// Drain removes and returns every delivery not in progress.
@@ -123,6 +131,15 @@ func (q *memoryQueue) Done(d Delivery) {
 		q.ready = append(q.ready, d.Key)
 		q.signal()
 	}
+}
+
+func (q *memoryQueue) Return(d Delivery) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.inFlight, d.Key)
+	q.pending[d.Key] = append([]Delivery{d}, q.pending[d.Key]...)
+	q.ready = append([]string{d.Key}, q.ready...)
+	q.signal()
 }
 
 func (q *memoryQueue) Len() int {

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -25,18 +27,28 @@ import (
 
 // Sink delivers the events one webhook selects.
 type Sink struct {
-	cfg    *config.Webhook
-	log    *slog.Logger
-	queue  Queue
+	cfg *config.Webhook
+	log *slog.Logger
+	j   *journal
+	now func() time.Time
+	sinkState
 	client *http.Client
 	signer *standardwebhooks.Webhook // nil without a signing secret
 	dead   *deadLetters
-	m      sinkMetrics
-	now    func() time.Time
+
+	cancel  context.CancelFunc
+	workers sync.WaitGroup
 }
 
-func newSink(cfg *config.Webhook, log *slog.Logger, queue Queue, m sinkMetrics, now func() time.Time) (*Sink, error) {
-	s := &Sink{cfg: cfg, log: log.With("sink", cfg.Name), queue: queue, m: m, now: now}
+// sinkState is what a sink hands on to the sink that replaces it when its configuration changes.
+type sinkState struct {
+	queue  Queue
+	m      sinkMetrics
+	outbox *atomic.Int64 // outbox entries, kept by the journal
+}
+
+func newSink(cfg *config.Webhook, log *slog.Logger, j *journal, now func() time.Time, st sinkState) (*Sink, error) {
+	s := &Sink{cfg: cfg, log: log.With("sink", cfg.Name), j: j, now: now, sinkState: st}
 	if len(cfg.SigningSecret) > 0 {
 		signer, err := standardwebhooks.NewWebhookRaw(cfg.SigningSecret)
 		if err != nil {
@@ -45,7 +57,7 @@ func newSink(cfg *config.Webhook, log *slog.Logger, queue Queue, m sinkMetrics, 
 		s.signer = signer
 	}
 	s.client = newClient(cfg.TLSConfig, cfg.Workers, cfg.Timeout)
-	s.dead = newDeadLetters(cfg, s.log, m, newClient(cfg.TLSConfig, 1, cfg.Timeout))
+	s.dead = newDeadLetters(cfg, s.log, st.m, newClient(cfg.TLSConfig, 1, cfg.Timeout), j)
 	if cfg.TLS.InsecureSkipVerify {
 		s.log.Warn("TLS certificate verification is off for this sink")
 	}
@@ -112,9 +124,8 @@ func (s *Sink) selects(e dynamicinformer.Event) bool {
 	return ok
 }
 
-// enqueue queues e, or dead-letters it when the queue is full. It never blocks.
-func (s *Sink) enqueue(e dynamicinformer.Event) {
-	d := Delivery{Event: e, ID: EventID(e), Key: objectKey(e), Enqueued: s.now()}
+// enqueue queues d, or dead-letters it when the queue is full. It never blocks.
+func (s *Sink) enqueue(d Delivery) {
 	if err := s.queue.Push(d); err != nil {
 		s.dead.submit(d, reasonQueueFull, 0, err)
 		return
@@ -135,41 +146,58 @@ func objectKey(e dynamicinformer.Event) string {
 	return e.Resource.String() + "/" + e.Object.GetNamespace() + "/" + e.Object.GetName()
 }
 
-// run runs the workers until ctx ends, then dead-letters what is left.
-func (s *Sink) run(ctx context.Context) {
-	writerDone := make(chan struct{})
-	go func() { s.dead.run(); close(writerDone) }()
-	done := make(chan struct{})
+// start runs the sink's workers and its dead-letter writer until stop.
+func (s *Sink) start(ctx context.Context) {
+	ctx, s.cancel = context.WithCancel(ctx)
+	s.dead.start()
 	for range s.cfg.Workers {
-		go func() {
-			defer func() { done <- struct{}{} }()
+		s.workers.Go(func() {
 			for {
 				d, err := s.queue.Pop(ctx)
 				if err != nil {
 					return
 				}
-				s.deliver(ctx, d)
+				if !s.deliver(ctx, d) {
+					s.queue.Return(d) // stopping
+					return
+				}
 				s.queue.Done(d)
 			}
-		}()
+		})
 	}
-	for range s.cfg.Workers {
-		<-done
-	}
-	left := s.queue.Drain()
-	for _, d := range left {
-		s.dead.submit(d, reasonShutdown, 0, errors.New("dynwatch stopped before delivering"))
-	}
-	if len(left) > 0 {
-		s.log.Warn("undelivered events dead-lettered at shutdown", "events", len(left))
-	}
-	s.dead.close()
-	<-writerDone
 }
 
-// deliver makes one delivery, retrying as configured; what fails goes to the dead letters.
-func (s *Sink) deliver(ctx context.Context, d Delivery) {
-	body := Payload(d.Event)
+// stop stops the workers; a delivery they were making goes back to the queue. With a reason,
+// what is left in the queue is then dead-lettered with it; without, it stays for whoever
+// takes the queue over, or in the outbox for the next start.
+func (s *Sink) stop(reason string) {
+	s.cancel()
+	s.workers.Wait()
+	if reason != "" {
+		left := s.queue.Drain()
+		for _, d := range left {
+			s.dead.submit(d, reason, 0, errors.New("dynwatch stopped delivering to this sink"))
+		}
+		if len(left) > 0 {
+			s.log.Warn("undelivered events dead-lettered", "events", len(left), "reason", reason)
+		}
+	}
+	s.dead.close()
+}
+
+// deliver makes one delivery, retrying as configured until the delivery's deadline; what fails
+// goes to the dead letters. It returns false when ctx ended first: the delivery is not finished.
+func (s *Sink) deliver(ctx context.Context, d Delivery) bool {
+	if d.Body == nil {
+		d.Body = Payload(d.Event)
+	}
+	budget := s.cfg.Retry.MaxElapsed
+	if !d.Deadline.IsZero() {
+		if budget = d.Deadline.Sub(s.now()); budget <= 0 {
+			s.dead.submit(d, reasonRetriesExhausted, 0, errors.New("the retry deadline passed while dynwatch was stopped"))
+			return true
+		}
+	}
 	attempts := 0
 	policy := &backoff.ExponentialBackOff{
 		InitialInterval:     s.cfg.Retry.InitialBackoff,
@@ -177,15 +205,21 @@ func (s *Sink) deliver(ctx context.Context, d Delivery) {
 		Multiplier:          2,
 		MaxInterval:         s.cfg.Retry.MaxBackoff,
 	}
+	start := s.now()
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		attempts++
 		s.m.attempts.Inc()
 		if attempts > 1 {
 			s.m.retries.Inc()
 		}
-		return struct{}{}, s.send(ctx, d, body)
-	}, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(s.cfg.Retry.MaxElapsed),
+		return struct{}{}, s.send(ctx, d, d.Body)
+	}, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(budget),
 		backoff.WithNotify(func(err error, wait time.Duration) {
+			if d.Deadline.IsZero() && d.Seq != 0 {
+				// Retrying has begun: a restart must not give the delivery a new budget.
+				d.Deadline = start.Add(budget)
+				s.j.submit(op{kind: opDeadline, sink: s.cfg.Name, seq: d.Seq, deadline: d.Deadline})
+			}
 			s.log.Debug("delivery failed, retrying", "id", d.ID, "err", err, "wait", wait)
 		}))
 	var rejected *rejectedError
@@ -193,13 +227,15 @@ func (s *Sink) deliver(ctx context.Context, d Delivery) {
 	case err == nil:
 		s.m.delivered.Inc()
 		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
+		s.j.ack(s.cfg.Name, d.Seq)
 	case ctx.Err() != nil:
-		s.dead.submit(d, reasonShutdown, attempts, err)
+		return false
 	case errors.As(err, &rejected):
 		s.dead.submit(d, reasonRejected, attempts, err)
 	default:
 		s.dead.submit(d, reasonRetriesExhausted, attempts, err)
 	}
+	return true
 }
 
 // rejectedError is an answer that retrying cannot change.
@@ -295,7 +331,11 @@ func resourcePath(gvr schema.GroupVersionResource) string {
 // Payload is the request body for an event:
 // {"type","resource":{"group","version","resource"},"object","oldObject"}.
 func Payload(e dynamicinformer.Event) []byte {
-	buf := make([]byte, 0, 2048)
+	return appendPayload(make([]byte, 0, 2048), e, nil)
+}
+
+// appendPayload appends e's request body to buf. objJSON is e.Object already encoded, or nil.
+func appendPayload(buf []byte, e dynamicinformer.Event, objJSON []byte) []byte {
 	buf = append(buf, `{"type":`...)
 	buf = dynamicinformer.AppendString(buf, string(e.Type))
 	buf = append(buf, `,"resource":{"group":`...)
@@ -305,7 +345,11 @@ func Payload(e dynamicinformer.Event) []byte {
 	buf = append(buf, `,"resource":`...)
 	buf = dynamicinformer.AppendString(buf, e.Resource.Resource)
 	buf = append(buf, `},"object":`...)
-	buf = dynamicinformer.AppendJSON(buf, e.Object.Object)
+	if objJSON != nil {
+		buf = append(buf, objJSON...)
+	} else {
+		buf = dynamicinformer.AppendJSON(buf, e.Object.Object)
+	}
 	if e.OldObject != nil {
 		buf = append(buf, `,"oldObject":`...)
 		buf = dynamicinformer.AppendJSON(buf, e.OldObject.Object)

@@ -1,0 +1,144 @@
+package config
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// settleTime gathers the bursts of file events one save makes into one reload.
+const settleTime = 250 * time.Millisecond
+
+// ReloaderOptions are a Reloader's dependencies.
+type ReloaderOptions struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Path is the configuration file; Current is what was loaded from it at start.
+	Path    string
+	Current *Config
+	// Signals asks for a reload (SIGHUP): main turns the signal into this channel.
+	Signals <-chan os.Signal
+	// Apply puts a valid new configuration into effect. An error rejects it.
+	Apply func(*Config) error
+}
+
+// ReloadStatus is the outcome of the last reload, as /status reports it.
+type ReloadStatus struct {
+	Time    *time.Time `json:"time,omitempty"` // nil: no reload yet
+	Success bool       `json:"success"`
+	Error   string     `json:"error,omitempty"`
+	// RestartRequired names changed settings that only a restart applies.
+	RestartRequired []string `json:"restartRequired,omitempty"`
+}
+
+// Reloader loads the configuration again when its file changes or a signal arrives, and
+// applies it if it is valid. It watches the file's directory, so that it also sees a
+// Kubernetes ConfigMap volume update, which swaps a symlink rather than writing the file.
+type Reloader struct {
+	ReloaderOptions
+	reloads *prometheus.CounterVec
+	last    prometheus.Gauge
+
+	mu     sync.Mutex
+	status ReloadStatus
+}
+
+// NewReloader builds a Reloader and registers its metrics. Nothing is watched until Run.
+func NewReloader(o ReloaderOptions) (*Reloader, error) {
+	r := &Reloader{
+		ReloaderOptions: o,
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_config_reloads_total",
+			Help: "Configuration reloads, by result: success, or failure (the running configuration stays).",
+		}, []string{"result"}),
+		last: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dynwatch_config_last_reload_successful",
+			Help: "1 when the last configuration reload succeeded or none was tried, 0 when it failed.",
+		}),
+		status: ReloadStatus{Success: true},
+	}
+	r.reloads.WithLabelValues("success")
+	r.reloads.WithLabelValues("failure")
+	r.last.Set(1)
+	for _, c := range []prometheus.Collector{r.reloads, r.last} {
+		if err := o.Registerer.Register(c); err != nil {
+			return nil, fmt.Errorf("register reload metrics: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// Status returns the outcome of the last reload.
+func (r *Reloader) Status() ReloadStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// Run watches until ctx ends.
+func (r *Reloader) Run(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch config: %w", err)
+	}
+	defer w.Close()
+	dir, name := filepath.Split(filepath.Clean(r.Path))
+	if dir == "" {
+		dir = "."
+	}
+	if err := w.Add(dir); err != nil {
+		return fmt.Errorf("watch config directory %s: %w", dir, err)
+	}
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.Signals:
+			r.reload("signal")
+		case ev := <-w.Events:
+			// The file itself, or ..data: the symlink a ConfigMap volume swaps on update.
+			if base := filepath.Base(ev.Name); base == name || base == "..data" {
+				settle.Reset(settleTime)
+			}
+		case err := <-w.Errors:
+			r.Logger.Warn("config file watch error", "err", err)
+		case <-settle.C:
+			r.reload("file changed")
+		}
+	}
+}
+
+func (r *Reloader) reload(cause string) {
+	next, err := Load(r.Path)
+	if err == nil {
+		err = r.Apply(next)
+	}
+	now := time.Now().UTC()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status = ReloadStatus{Time: &now, Success: err == nil}
+	if err != nil {
+		r.status.Error = err.Error()
+		r.reloads.WithLabelValues("failure").Inc()
+		r.last.Set(0)
+		r.Logger.Error("configuration reload rejected: the running configuration stays", "cause", cause, "err", err)
+		return
+	}
+	r.status.RestartRequired = r.Current.Unreloadable(next)
+	r.reloads.WithLabelValues("success").Inc()
+	r.last.Set(1)
+	if len(r.status.RestartRequired) > 0 {
+		r.Logger.Warn("configuration reloaded; some changed settings apply only after a restart", "cause", cause, "restartRequired", r.status.RestartRequired)
+		return
+	}
+	r.Logger.Info("configuration reloaded", "cause", cause, "resources", len(next.Resources), "webhooks", len(next.Webhooks))
+}

@@ -1,0 +1,259 @@
+package webhook
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+)
+
+// The store's layout: objects/<group/version/resource>/<namespace/name> → stored object, and
+// outbox/<sink>/<sequence> → outbox entry. Sequences are big-endian, so a cursor walks an
+// outbox oldest first.
+var (
+	objectsBucket = []byte("objects")
+	outboxBucket  = []byte("outbox")
+)
+
+// Store is the on-disk state of delivery, a bbolt file: per resource the last state of every
+// object handed to the sinks, and per sink the outbox of events neither delivered nor
+// dead-lettered. Only the journal writes it, one transaction per batch.
+type Store struct {
+	db *bolt.DB
+	// Fresh is true when the file did not exist: there is no earlier state to compare with.
+	Fresh bool
+}
+
+// OpenStore opens or creates the store at path. It fails at once if another process holds it.
+func OpenStore(path string) (*Store, error) {
+	_, err := os.Stat(path)
+	fresh := errors.Is(err, os.ErrNotExist)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("state.path %s: another process has the store open", path)
+		}
+		return nil, fmt.Errorf("state.path %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{objectsBucket, outboxBucket} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state.path %s: %w", path, err)
+	}
+	return &Store{db: db, Fresh: fresh}, nil
+}
+
+// Close closes the file.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Size is the size of the store's data in bytes.
+func (s *Store) Size() int64 {
+	var n int64
+	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
+	return n
+}
+
+// Outbox returns a sink's outbox, oldest first.
+func (s *Store) Outbox(sink string) ([]Delivery, error) {
+	var out []Delivery
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(outboxBucket).Bucket([]byte(sink))
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			d, err := decodeEntry(v)
+			if err != nil {
+				return fmt.Errorf("outbox %s entry %d: %w", sink, binary.BigEndian.Uint64(k), err)
+			}
+			d.Seq = binary.BigEndian.Uint64(k)
+			out = append(out, d)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Sinks lists the sinks that have an outbox.
+func (s *Store) Sinks() ([]string, error) {
+	var names []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(outboxBucket).ForEach(func(k, _ []byte) error {
+			names = append(names, string(k))
+			return nil
+		})
+	})
+	return names, err
+}
+
+// lastSequence is the highest outbox sequence in use.
+func (s *Store) lastSequence() uint64 {
+	var last uint64
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
+			if k, _ := tx.Bucket(outboxBucket).Bucket(name).Cursor().Last(); k != nil {
+				last = max(last, binary.BigEndian.Uint64(k))
+			}
+			return nil
+		})
+	})
+	return last
+}
+
+// stored is an object as the store holds it: its uid and resourceVersion, and its JSON.
+type stored struct {
+	uid, rv string
+	json    []byte
+}
+
+// storedObject encodes an object: uid and resourceVersion first, so that comparing them does not
+// need the JSON decoded.
+func storedObject(u *unstructured.Unstructured, objJSON []byte) []byte {
+	uid, rv := string(u.GetUID()), u.GetResourceVersion()
+	buf := make([]byte, 0, 2*binary.MaxVarintLen64+len(uid)+len(rv)+len(objJSON))
+	buf = appendString(buf, uid)
+	buf = appendString(buf, rv)
+	return append(buf, objJSON...)
+}
+
+func decodeStored(v []byte) (stored, error) {
+	var s stored
+	var err error
+	if s.uid, v, err = readString(v); err != nil {
+		return s, err
+	}
+	if s.rv, v, err = readString(v); err != nil {
+		return s, err
+	}
+	s.json = v
+	return s, nil
+}
+
+func (s stored) object() (*unstructured.Unstructured, error) {
+	u := &unstructured.Unstructured{}
+	if err := utiljson.Unmarshal(s.json, &u.Object); err != nil {
+		return nil, fmt.Errorf("stored object: %w", err)
+	}
+	return u, nil
+}
+
+// An outbox entry: deadline, enqueued and observed times (unix nanoseconds), the id and the
+// ordering key, then the request body, from which the event is restored.
+const entryTimes = 3 * 8
+
+func encodeEntry(d Delivery) []byte {
+	buf := make([]byte, entryTimes, entryTimes+2*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.Body))
+	binary.BigEndian.PutUint64(buf[0:], uint64(unixNano(d.Deadline)))
+	binary.BigEndian.PutUint64(buf[8:], uint64(unixNano(d.Enqueued)))
+	binary.BigEndian.PutUint64(buf[16:], uint64(unixNano(d.Event.Observed)))
+	buf = appendString(buf, d.ID)
+	buf = appendString(buf, d.Key)
+	return append(buf, d.Body...)
+}
+
+// setEntryDeadline rewrites the deadline of an encoded entry.
+func setEntryDeadline(v []byte, deadline time.Time) []byte {
+	out := append([]byte(nil), v...)
+	binary.BigEndian.PutUint64(out, uint64(unixNano(deadline)))
+	return out
+}
+
+func decodeEntry(v []byte) (Delivery, error) {
+	if len(v) < entryTimes {
+		return Delivery{}, errors.New("truncated")
+	}
+	d := Delivery{
+		Deadline: fromUnixNano(int64(binary.BigEndian.Uint64(v[0:]))),
+		Enqueued: fromUnixNano(int64(binary.BigEndian.Uint64(v[8:]))),
+	}
+	observed := fromUnixNano(int64(binary.BigEndian.Uint64(v[16:])))
+	rest := v[entryTimes:]
+	var err error
+	if d.ID, rest, err = readString(rest); err != nil {
+		return d, err
+	}
+	if d.Key, rest, err = readString(rest); err != nil {
+		return d, err
+	}
+	d.Body = append([]byte(nil), rest...)
+	var p struct {
+		Type     dynamicinformer.EventType `json:"type"`
+		Resource struct {
+			Group    string `json:"group"`
+			Version  string `json:"version"`
+			Resource string `json:"resource"`
+		} `json:"resource"`
+		Object    map[string]any `json:"object"`
+		OldObject map[string]any `json:"oldObject"`
+	}
+	if err := utiljson.Unmarshal(d.Body, &p); err != nil {
+		return d, fmt.Errorf("body: %w", err)
+	}
+	d.Event = dynamicinformer.Event{
+		Type:     p.Type,
+		Resource: schema.GroupVersionResource{Group: p.Resource.Group, Version: p.Resource.Version, Resource: p.Resource.Resource},
+		Object:   &unstructured.Unstructured{Object: p.Object},
+		Observed: observed,
+	}
+	if p.OldObject != nil {
+		d.Event.OldObject = &unstructured.Unstructured{Object: p.OldObject}
+	}
+	return d, nil
+}
+
+func sequenceKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
+
+func appendString(buf []byte, s string) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
+}
+
+func readString(v []byte) (string, []byte, error) {
+	n, size := binary.Uvarint(v)
+	if size <= 0 || uint64(len(v)-size) < n {
+		return "", nil, errors.New("truncated")
+	}
+	return string(v[size : size+int(n)]), v[size+int(n):], nil
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// objectStoreKey is an object's key within its resource's bucket: namespace/name, as in the cache.
+func objectStoreKey(u *unstructured.Unstructured) []byte {
+	if ns := u.GetNamespace(); ns != "" {
+		return []byte(ns + "/" + u.GetName())
+	}
+	return []byte(u.GetName())
+}
+
+func sameObject(s stored, u *unstructured.Unstructured) bool {
+	return types.UID(s.uid) == u.GetUID() && s.rv == u.GetResourceVersion()
+}
