@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -339,10 +340,15 @@ func (j *journal) listSynced(tx *bolt.Tx, sinks []*Sink, gvr schema.GroupVersion
 	}
 	if l.fresh && len(l.seen) > 0 {
 		j.m.fullReplays.Inc()
-		j.log.Warn("no stored state for this resource: every object was delivered as ADDED", "resource", gvr.String(), "objects", len(l.seen))
+		j.log.Warn("no stored state for this resource: every object was delivered as ADDED", "resource", resourceName(gvr), "objects", len(l.seen))
 		return out, nil
 	}
-	j.log.Info("initial list compared with the stored state", "resource", gvr.String(),
+	j.log.Info("initial list compared with the stored state", "resource", resourceName(gvr),
 		"unchanged", l.count.unchanged, "modified", l.count.modified, "added", l.count.added, "deleted", l.count.deleted+len(gone))
 	return out, nil
+}
+
+// resourceName names gvr as logs and metrics do: resource.version.group.
+func resourceName(gvr schema.GroupVersionResource) string {
+	return strings.TrimSuffix(gvr.Resource+"."+gvr.Version+"."+gvr.Group, ".")
 }

@@ -1,0 +1,363 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/dynwatch/dynwatch/test/runner"
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+// summary is what a receiver got, one "TYPE name v=... [old=...]" per request, in order.
+func summary(rc *receiver) []string {
+	var out []string
+	for _, r := range rc.got() {
+		s := fmt.Sprintf("%s %s v=%s", r.payload.Type, r.name(), r.data("v", false))
+		if r.payload.Type == "MODIFIED" {
+			s += " old=" + r.data("v", true)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func waitSummary(t *testing.T, rc *receiver, want ...string) {
+	t.Helper()
+	testbed.Eventually(t, 90*time.Second, func() error {
+		got := summary(rc)
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				return fmt.Errorf("%d events so far, missing %q (last: %v)", len(got), w, got[max(0, len(got)-5):])
+			}
+		}
+		return nil
+	})
+}
+
+// configMaps talks to the test bed with room for thousands of requests.
+func configMaps(ns string) (*kubernetes.Clientset, func(ctx context.Context, name, v string) error) {
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.QPS, cfg.Burst = 2000, 2000
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	create := func(ctx context.Context, name, v string) error {
+		_, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": v}}, metav1.CreateOptions{})
+		return err
+	}
+	return cs, create
+}
+
+// startProcess runs dynwatch on a configuration file the test owns (and may rewrite).
+func startProcess(t *testing.T, configPath string) *runner.Process {
+	t.Helper()
+	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: configPath, Kubeconfig: cluster.Kubeconfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.Stop(10 * time.Second)
+		if t.Failed() {
+			t.Logf("dynwatch log:\n%s", p.Log())
+		}
+	})
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestARestartDeliversExactlyWhatChangedWhileDown stops dynwatch, changes a few of thousands of
+// objects, and starts it again on the same state: the receiver gets exactly those changes, with
+// the old objects the sinks last saw, and nothing for the unchanged ones.
+func TestARestartDeliversExactlyWhatChangedWhileDown(t *testing.T) {
+	const objects = 2000
+	ns := namespace(t)
+	cs, create := configMaps(ns)
+	g, ctx := errgroup.WithContext(t.Context())
+	g.SetLimit(8)
+	for i := range objects {
+		g.Go(func() error { return create(ctx, fmt.Sprintf("cm-%04d", i), "1") })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	rc := newReceiver(t, nil, false)
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	writeFile(t, configPath, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+webhooks: [{name: r, url: %s, workers: 1}]
+state: {path: %s}
+api: {address: "127.0.0.1:0"}
+metrics: {address: "127.0.0.1:0"}
+`, ns, rc.URL, filepath.Join(dir, "state.db")))
+
+	p := startProcess(t, configPath)
+	rc.waitFor(t, objects, 90*time.Second)
+	_, metrics, _ := p.WaitListening(t.Context())
+	if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 1 {
+		t.Errorf("full replays = %v after a first start, want 1", v)
+	}
+	if err := p.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	first := len(rc.got())
+
+	cms := cs.CoreV1().ConfigMaps(ns)
+	if _, err := cms.Patch(t.Context(), "cm-0001", "application/merge-patch+json", []byte(`{"data":{"v":"2"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cm-0002", "cm-0003"} {
+		if err := cms.Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := create(t.Context(), "cm-0003", "recreated"); err != nil { // same name, new uid
+		t.Fatal(err)
+	}
+	if err := create(t.Context(), "new", "1"); err != nil {
+		t.Fatal(err)
+	}
+
+	p = startProcess(t, configPath)
+	want := []string{"MODIFIED cm-0001 v=2 old=1", "DELETED cm-0002 v=1", "DELETED cm-0003 v=1", "ADDED cm-0003 v=recreated", "ADDED new v=1"}
+	waitSummary(t, rc, want...)
+	// One worker delivers in queue order, and the DELETED of cm-0002 is queued last, once the
+	// whole initial list was compared: whatever else the restart produced has arrived.
+	if got := summary(rc)[first:]; len(got) != len(want) {
+		t.Errorf("after the restart the receiver got %d events, want exactly %v:\n%s", len(got), want, strings.Join(got, "\n"))
+	}
+	_, metrics, _ = p.WaitListening(t.Context())
+	if v := metricValue(t, metrics, "dynwatch_state_suppressed_events_total"); v != objects-3 {
+		t.Errorf("suppressed = %v, want the %d unchanged objects", v, objects-3)
+	}
+	if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 0 {
+		t.Errorf("full replays = %v after a restart on the same state, want 0", v)
+	}
+}
+
+// TestSIGKILLWithQueuedEventsLosesNothing kills dynwatch while its receiver fails every request,
+// then starts it again with the receiver healthy: every queued event arrives, under the ce-id it
+// was first tried with, and nothing else is delivered.
+func TestSIGKILLWithQueuedEventsLosesNothing(t *testing.T) {
+	const objects = 20
+	ns := namespace(t)
+	cs, create := configMaps(ns)
+	var failing atomic.Bool
+	failing.Store(true)
+	rc := newReceiver(t, func(int) int {
+		if failing.Load() {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	}, false)
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	writeFile(t, configPath, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+webhooks: [{name: r, url: %s, workers: 4, retry: {initialBackoff: 50ms, maxBackoff: 200ms, maxElapsed: 10m}}]
+state: {path: %s}
+api: {address: "127.0.0.1:0"}
+metrics: {address: "127.0.0.1:0"}
+`, ns, rc.URL, filepath.Join(dir, "state.db")))
+	p := startProcess(t, configPath)
+	for i := range objects {
+		if err := create(t.Context(), fmt.Sprintf("cm-%02d", i), "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, metrics, _ := p.WaitListening(t.Context())
+	testbed.Eventually(t, 60*time.Second, func() error {
+		if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="r"}`); v != objects {
+			return fmt.Errorf("outbox holds %v events, want %d", v, objects)
+		}
+		return nil
+	})
+	ids := func(from int) map[string]int {
+		out := map[string]int{}
+		for _, r := range rc.got()[from:] {
+			out[r.ceID]++
+		}
+		return out
+	}
+	// The four workers each retry one object; the others wait in the queue.
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if n := len(ids(0)); n < 4 {
+			return fmt.Errorf("%d events tried, want 4", n)
+		}
+		return nil
+	})
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.Done()
+	tried := ids(0)
+	healthyFrom := len(rc.got()) // every request from here on is answered 200
+	failing.Store(false)
+
+	p = startProcess(t, configPath)
+	testbed.Eventually(t, 60*time.Second, func() error {
+		if n := len(ids(healthyFrom)); n < objects {
+			return fmt.Errorf("%d events delivered after the restart, want %d", n, objects)
+		}
+		return nil
+	})
+	_, metrics, _ = p.WaitListening(t.Context())
+	testbed.Eventually(t, 10*time.Second, func() error {
+		if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="r"}`); v != 0 {
+			return fmt.Errorf("outbox holds %v events after delivery", v)
+		}
+		return nil
+	})
+	delivered := ids(healthyFrom)
+	list, err := cs.CoreV1().ConfigMaps(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range list.Items {
+		if id := fmt.Sprintf("%s.%s.added", cm.UID, cm.ResourceVersion); delivered[id] != 1 {
+			t.Errorf("%s: delivered %d times after the restart, want once", id, delivered[id])
+		}
+	}
+	if len(delivered) != objects {
+		t.Errorf("delivered %d distinct events after the restart, want %d: %v", len(delivered), objects, delivered)
+	}
+	for id := range tried {
+		if delivered[id] != 1 {
+			t.Errorf("%s was tried before the kill and not delivered under the same id after it", id)
+		}
+	}
+}
+
+// TestConfigEditsApplyLive rewrites the configuration the way a ConfigMap volume does (a new
+// directory behind the ..data symlink) under a running dynwatch: a new resource is watched and
+// delivered, a removed sink stops receiving, the unchanged resource emits nothing again, and a
+// broken edit is refused while the old configuration keeps running.
+func TestConfigEditsApplyLive(t *testing.T) {
+	ns := namespace(t)
+	cs, create := configMaps(ns)
+	kept, removed := newReceiver(t, nil, false), newReceiver(t, nil, false)
+	dir := t.TempDir()
+	stateDB := filepath.Join(t.TempDir(), "state.db")
+	generation := 0
+	// publish makes the ConfigMap volume layout: config.yaml → ..data/config.yaml, and ..data →
+	// a fresh timestamped directory, swapped atomically by rename.
+	publish := func(resources, webhooks string) {
+		generation++
+		gen := fmt.Sprintf("..gen_%d", generation)
+		if err := os.Mkdir(filepath.Join(dir, gen), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(dir, gen, "config.yaml"), fmt.Sprintf(`
+resources: %s
+webhooks: %s
+state: {path: %s}
+api: {address: "127.0.0.1:0"}
+metrics: {address: "127.0.0.1:0"}
+`, resources, webhooks, stateDB))
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(gen, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if generation == 1 {
+			if err := os.Symlink("..data/config.yaml", filepath.Join(dir, "config.yaml")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	configMapsOnly := fmt.Sprintf("[{version: v1, resource: configmaps, namespaces: [%s]}]", ns)
+	publish(configMapsOnly, fmt.Sprintf("[{name: kept, url: %s}, {name: removed, url: %s}]", kept.URL, removed.URL))
+	p := startProcess(t, filepath.Join(dir, "config.yaml"))
+	_, metrics, _ := p.WaitListening(t.Context())
+	if err := create(t.Context(), "one", "1"); err != nil {
+		t.Fatal(err)
+	}
+	waitSummary(t, kept, "ADDED one v=1")
+	waitSummary(t, removed, "ADDED one v=1")
+
+	reloaded := func(n int) {
+		t.Helper()
+		testbed.Eventually(t, 30*time.Second, func() error {
+			if v := metricValue(t, metrics, `dynwatch_config_reloads_total{result="success"}`) + metricValue(t, metrics, `dynwatch_config_reloads_total{result="failure"}`); v < float64(n) {
+				return fmt.Errorf("%v reloads, want %d", v, n)
+			}
+			return nil
+		})
+	}
+	publish(fmt.Sprintf("[{version: v1, resource: configmaps, namespaces: [%[1]s]}, {version: v1, resource: secrets, namespaces: [%[1]s]}]", ns),
+		fmt.Sprintf("[{name: kept, url: %s}]", kept.URL))
+	reloaded(1)
+	st, err := p.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Reload.Success || len(st.Resources) != 2 {
+		t.Fatalf("after the edit /status says reload %+v with %d resources", st.Reload, len(st.Resources))
+	}
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Secrets(ns).Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := create(t.Context(), "two", "1"); err != nil {
+		t.Fatal(err)
+	}
+	waitSummary(t, kept, "ADDED s1 v=", "ADDED two v=1")
+	if got := summary(removed); len(got) != 1 {
+		t.Errorf("the removed sink got %v after its removal, want only the event before it", got)
+	}
+	if got := summary(kept); len(slices.DeleteFunc(slices.Clone(got), func(e string) bool { return e != "ADDED one v=1" })) != 1 {
+		t.Errorf("the unchanged resource emitted its objects again: %v", got)
+	}
+
+	publish(fmt.Sprintf("[{version: v1, resource: configmaps, namespaces: [%s], labelSelector: 'a in ('}]", ns), "[]")
+	reloaded(2)
+	if err := p.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if v := metricValue(t, metrics, `dynwatch_config_reloads_total{result="failure"}`); v != 2 {
+			return fmt.Errorf("%v failed reloads, want 2 (the edit, then SIGHUP)", v)
+		}
+		return nil
+	})
+	st, err = p.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Reload.Success || !strings.Contains(st.Reload.Error, "resources[0].labelSelector") {
+		t.Errorf("after a broken edit /status says %+v; want a failure naming resources[0].labelSelector", st.Reload)
+	}
+	if v := metricValue(t, metrics, "dynwatch_config_last_reload_successful"); v != 0 {
+		t.Errorf("dynwatch_config_last_reload_successful = %v, want 0", v)
+	}
+	if err := create(t.Context(), "three", "1"); err != nil {
+		t.Fatal(err)
+	}
+	waitSummary(t, kept, "ADDED three v=1")
+}
