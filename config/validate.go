@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -85,12 +84,8 @@ func (c *Config) validate() error {
 	if c.Log.Format != "json" && c.Log.Format != "text" {
 		p.add("log.format", "must be json or text, got %q", c.Log.Format)
 	}
-	if c.State.Path != "" {
-		if isDir(c.State.Path) {
-			p.add("state.path", "must name a file, %q is a directory", c.State.Path)
-		} else if dir := filepath.Dir(c.State.Path); !isDir(dir) {
-			p.add("state.path", "directory %q does not exist", dir)
-		}
+	if c.State.Path != "" && isDir(c.State.Path) {
+		p.add("state.path", "must name a file, %q is a directory", c.State.Path)
 	}
 	return errors.Join(p...)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -33,8 +34,12 @@ type Store struct {
 	Fresh bool
 }
 
-// OpenStore opens or creates the store at path. It fails at once if another process holds it.
+// OpenStore opens or creates the store at path, and its directory. It fails at once if another
+// process holds it.
 func OpenStore(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("state.path %s: %w", path, err)
+	}
 	_, err := os.Stat(path)
 	fresh := errors.Is(err, os.ErrNotExist)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})

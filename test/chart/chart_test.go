@@ -114,6 +114,8 @@ func TestBadValuesAreRefused(t *testing.T) {
 		{"no resources", "config: {resources: []}\n", "resources"},
 		{"a metrics address without port", "config: {resources: [{version: v1, resource: pods}], metrics: {address: localhost}}\n", "address"},
 		{"a secret mount without path", "secretMounts: [{secretName: x}]\n", "mountPath"},
+		{"a state path off the state volume", "config: {resources: [{version: v1, resource: pods}], state: {path: /tmp/state.db}}\n", "path"},
+		{"persistence with two replicas", "replicaCount: 2\npersistence: {enabled: true}\n", "replicaCount: 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,7 +190,11 @@ func renderedConfig(t *testing.T, objs []*unstructured.Unstructured) string {
 func TestRenderedConfigLoadsWithDynwatchsLoader(t *testing.T) {
 	for _, args := range [][]string{nil, {"-f", filepath.Join(chartDir, "ci", "namespaced-values.yaml")}, {"-f", filepath.Join(chartDir, "ci", "full-values.yaml")}} {
 		path := filepath.Join(t.TempDir(), "config.yaml")
-		if err := os.WriteFile(path, []byte(renderedConfig(t, objects(t, render(t, "dw", args...)))), 0o600); err != nil {
+		rendered := renderedConfig(t, objects(t, render(t, "dw", args...)))
+		if !strings.Contains(rendered, "path: /var/lib/dynwatch/state.db") {
+			t.Errorf("values %v: the state store is not on the state volume:\n%s", args, rendered)
+		}
+		if err := os.WriteFile(path, []byte(rendered), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := config.Load(path); err != nil {
@@ -265,7 +271,7 @@ config:
 		t.Fatal(err)
 	}
 	p, err := runner.Start(runner.Options{Binary: bin, Config: cfgPath, Kubeconfig: kubeconfig,
-		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0"}})
+		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0", "DYNWATCH_STATE_PATH=" + filepath.Join(t.TempDir(), "state.db")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,5 +322,37 @@ config:
 		if got.Status.Allowed != tt.allowed {
 			t.Errorf("%s %s.%s in %q: allowed=%v, want %v", tt.verb, tt.resource, tt.group, tt.namespace, got.Status.Allowed, tt.allowed)
 		}
+	}
+}
+
+func TestTheStateVolumeIsAnEmptyDirOrAClaim(t *testing.T) {
+	volume := func(objs []*unstructured.Unstructured) (map[string]any, string) {
+		for _, o := range objs {
+			if o.GetKind() != "Deployment" {
+				continue
+			}
+			strategy, _, _ := unstructured.NestedString(o.Object, "spec", "strategy", "type")
+			volumes, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "volumes")
+			for _, v := range volumes {
+				if v := v.(map[string]any); v["name"] == "state" {
+					return v, strategy
+				}
+			}
+		}
+		t.Fatal("no Deployment with a state volume")
+		return nil, ""
+	}
+	v, strategy := volume(objects(t, render(t, "dw")))
+	if _, ok := v["emptyDir"]; !ok || strategy != "" {
+		t.Errorf("by default the state volume is %v with strategy %q; want an emptyDir and the default strategy", v, strategy)
+	}
+	objs := objects(t, render(t, "dw", "-f", filepath.Join(chartDir, "ci", "persistence-values.yaml")))
+	v, strategy = volume(objs)
+	claim, _, _ := unstructured.NestedString(v, "persistentVolumeClaim", "claimName")
+	if claim != "dw-dynwatch-state" || strategy != "Recreate" {
+		t.Errorf("with persistence the state volume is %v with strategy %q; want claim dw-dynwatch-state and Recreate", v, strategy)
+	}
+	if !slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "PersistentVolumeClaim" && o.GetName() == claim }) {
+		t.Error("with persistence the chart renders no PersistentVolumeClaim")
 	}
 }
