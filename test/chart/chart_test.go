@@ -352,7 +352,9 @@ func TestTheStateVolumeIsAnEmptyDirOrAClaim(t *testing.T) {
 	if claim != "dw-dynwatch-state" || strategy != "Recreate" {
 		t.Errorf("with persistence the state volume is %v with strategy %q; want claim dw-dynwatch-state and Recreate", v, strategy)
 	}
-	if !slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "PersistentVolumeClaim" && o.GetName() == claim }) {
+	if !slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool {
+		return o.GetKind() == "PersistentVolumeClaim" && o.GetName() == claim
+	}) {
 		t.Error("with persistence the chart renders no PersistentVolumeClaim")
 	}
 }
