@@ -44,7 +44,7 @@ func newMetrics(store *Store) *metrics {
 		attempts:           counter("attempts_total", "HTTP requests made to a sink."),
 		retries:            counter("retries_total", "HTTP requests that repeated an earlier failed one."),
 		filterErrors:       counter("filter_errors_total", "Events whose CEL filter failed to evaluate; they are not delivered."),
-		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown.", "reason"),
+		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown, sink_removed.", "reason"),
 		deadLetterFailures: counter("dead_letter_failures_total", "Dead letters that could not be written to their file or URL (they are logged instead) or were lost to a full backlog."),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynwatch_webhook_request_duration_seconds", Help: "Duration of HTTP requests to a sink.", Buckets: latencyBuckets,

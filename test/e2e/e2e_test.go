@@ -209,7 +209,8 @@ webhooks:
   - {name: audit, url: %s}
 api: {address: "127.0.0.1:0"}
 metrics: {address: "127.0.0.1:0"}
-`, ns, rc.URL))
+state: {path: %s}
+`, ns, rc.URL, filepath.Join(t.TempDir(), "state.db")))
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,8 @@ webhooks:
   - {name: gaps, url: %s, workers: 1}
 api: {address: "127.0.0.1:0"}
 metrics: {address: "127.0.0.1:0"}
-`, f.ns, f.rc.URL)
+state: {path: %s}
+`, f.ns, f.rc.URL, filepath.Join(t.TempDir(), "state.db"))
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +159,12 @@ func TestAWatchGapLosesNoChange(t *testing.T) {
 	}
 	if added, deleted := strings.TrimSuffix(ids["ADDED"], ".added"), strings.TrimSuffix(ids["DELETED"], ".deleted"); added != deleted {
 		t.Errorf("the deletion came as %s after %s: from a watch event, so the gap was not a gap", ids["DELETED"], ids["ADDED"])
+	}
+	_, metrics, _ := f.p.WaitListening(t.Context())
+	for _, typ := range []string{"ADDED", "MODIFIED", "DELETED"} {
+		if v := metricValue(t, metrics, fmt.Sprintf(`dynwatch_informer_relist_events_total{resource="configmaps.v1",type=%q}`, typ)); v != 1 {
+			t.Errorf("relist events of type %s = %v, want 1", typ, v)
+		}
 	}
 }
 

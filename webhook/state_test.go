@@ -1,0 +1,91 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dynwatch/dynwatch/config"
+)
+
+// TestARestartKeepsTheRetryDeadline: an event retried against a failing receiver is still in
+// the outbox after a stop, and the next run honours the deadline its first attempt set rather
+// than starting a new retry budget: past it, the event is dead-lettered without a request.
+func TestARestartKeepsTheRetryDeadline(t *testing.T) {
+	var requests atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		requests.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	deadFile := filepath.Join(dir, "dead.jsonl")
+	cfgPath := filepath.Join(dir, "config.yaml")
+	yaml := fmt.Sprintf("resources: [{version: v1, resource: configmaps}]\nwebhooks: [{name: s, url: %s, retry: {initialBackoff: 10ms, maxBackoff: 20ms, maxElapsed: 1m}, deadLetter: {file: %s}}]\n", srv.URL, deadFile)
+	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(now func() time.Time) (*Dispatcher, func()) {
+		store, err := OpenStore(filepath.Join(dir, "state.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks, Store: store, Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = d.Run(ctx); close(done) }()
+		return d, func() { cancel(); <-done }
+	}
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+
+	d, stop := start(nil)
+	d.OnEvent(event("a"))
+	waitUntil("retries", func() bool { return requests.Load() >= 3 })
+	stop()
+	if dead, _ := os.ReadFile(deadFile); len(dead) != 0 {
+		t.Fatalf("stopping with a state store dead-lettered %s", dead)
+	}
+
+	tried := requests.Load()
+	d, stop = start(func() time.Time { return time.Now().Add(time.Hour) }) // past the 1m deadline
+	defer stop()
+	waitUntil("a dead letter", func() bool { b, _ := os.ReadFile(deadFile); return len(b) > 0 })
+	b, _ := os.ReadFile(deadFile)
+	var rec DeadLetter
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.ID != "uid-a.1.added" || rec.Reason != reasonRetriesExhausted || rec.Attempts != 0 || !strings.Contains(rec.Error, "deadline") {
+		t.Errorf("dead letter = %+v; want the same id, retries_exhausted, no attempt, the deadline named", rec)
+	}
+	if n := requests.Load(); n != tried {
+		t.Errorf("the receiver got %d more requests after the deadline had passed", n-tried)
+	}
+	waitUntil("an empty outbox", func() bool { return d.current()[0].outbox.Load() == 0 })
+}
