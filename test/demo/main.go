@@ -67,7 +67,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	configPath := filepath.Join(cluster.Dir, "dynwatch.yaml")
-	vars := map[string]string{"RECEIVER_URL": receiverURL, "SECRET_FILE": secretFile}
+	vars := map[string]string{"RECEIVER_URL": receiverURL, "SECRET_FILE": secretFile, "STATE_FILE": filepath.Join(cluster.Dir, "state.db")}
 	if err := os.WriteFile(configPath, []byte(os.Expand(demoConfig, func(k string) string { return vars[k] })), 0o600); err != nil {
 		return err
 	}
@@ -171,6 +171,32 @@ func run(ctx context.Context) error {
 
 	step("Event counters from " + metrics + "/metrics")
 	if err := printMetrics(ctx, metrics, "dynwatch_informer_events_total"); err != nil {
+		return err
+	}
+
+	step("Stop dynwatch; while it is down, change a configmap and delete the widget")
+	if err := dw.Stop(10 * time.Second); err != nil {
+		return err
+	}
+	for _, c := range [][]string{
+		{"-n", "demo", "patch", "configmap", "db", "-p", `{"data":{"size":"20Gi"}}`},
+		{"-n", "demo", "delete", "widget", "gear"},
+	} {
+		if err := kubectl(c...); err != nil {
+			return err
+		}
+	}
+	step("Start dynwatch again on its state: the receiver gets those two changes and nothing else")
+	if dw, err = runner.Start(runner.Options{Binary: bin, Config: configPath, Kubeconfig: cluster.Kubeconfig, Log: logFile}); err != nil {
+		return err
+	}
+	defer dw.Stop(10 * time.Second) //nolint:errcheck // reported below when it matters
+	if err := dw.WaitReady(ctx); err != nil {
+		return fmt.Errorf("%w\n%s", err, dw.Log())
+	}
+	api, metrics, _ = dw.WaitListening(ctx)
+	time.Sleep(3 * time.Second) // let the widgets' CRD be discovered and its list compared
+	if err := printMetrics(ctx, metrics, "dynwatch_state_suppressed_events_total"); err != nil {
 		return err
 	}
 	if *keep {
