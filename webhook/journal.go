@@ -172,7 +172,7 @@ func (j *journal) flush() {
 // new state, and fans out what changed.
 func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event, out []queued) ([]queued, error) {
 	if tx == nil {
-		return j.fanOut(nil, sinks, e, nil, out)
+		return j.fanOut(nil, sinks, e, nil, nil, out)
 	}
 	b, err := tx.Bucket(objectsBucket).CreateBucketIfNotExists([]byte(e.Resource.String()))
 	if err != nil {
@@ -193,7 +193,7 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 		if err := b.Delete(key); err != nil {
 			return out, err
 		}
-		return j.fanOut(tx, sinks, e, nil, out)
+		return j.fanOut(tx, sinks, e, nil, nil, out)
 	}
 	if l != nil {
 		l.seen[string(key)] = struct{}{}
@@ -204,6 +204,10 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 			l.count.unchanged++
 		}
 		return out, nil
+	}
+	var oldJSON []byte // the old object as stored: the same encoding a payload would make
+	if prev != nil && prev.uid == string(e.Object.GetUID()) {
+		oldJSON = append([]byte(nil), prev.json...)
 	}
 	objJSON := dynamicinformer.AppendJSON(make([]byte, 0, 2048), e.Object.Object)
 	if err := b.Put(key, storedObject(e.Object, objJSON)); err != nil {
@@ -218,7 +222,7 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 		// Deleted and created again under the same name while nobody was looking.
 		old, err := prev.object()
 		if err == nil {
-			if out, err = j.fanOut(tx, sinks, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed}, nil, out); err != nil {
+			if out, err = j.fanOut(tx, sinks, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed}, nil, nil, out); err != nil {
 				return out, err
 			}
 		}
@@ -236,12 +240,12 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 			l.count.modified++
 		}
 	}
-	return j.fanOut(tx, sinks, e, objJSON, out)
+	return j.fanOut(tx, sinks, e, objJSON, oldJSON, out)
 }
 
 // fanOut makes a delivery of e for every sink whose filters select it, and with a store writes
-// its outbox entry. objJSON is e.Object encoded, or nil.
-func (j *journal) fanOut(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event, objJSON []byte, out []queued) ([]queued, error) {
+// its outbox entry. objJSON and oldJSON are e.Object and e.OldObject encoded, or nil.
+func (j *journal) fanOut(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event, objJSON, oldJSON []byte, out []queued) ([]queued, error) {
 	var body []byte
 	now := j.now()
 	for _, s := range sinks {
@@ -249,7 +253,7 @@ func (j *journal) fanOut(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event, ob
 			continue
 		}
 		if body == nil {
-			body = appendPayload(make([]byte, 0, 2*len(objJSON)+256), e, objJSON)
+			body = appendPayload(make([]byte, 0, len(objJSON)+len(oldJSON)+256), e, objJSON, oldJSON)
 		}
 		d := Delivery{Event: e, ID: EventID(e), Key: objectKey(e), Enqueued: now, Body: body}
 		if tx != nil {
@@ -334,7 +338,7 @@ func (j *journal) listSynced(tx *bolt.Tx, sinks []*Sink, gvr schema.GroupVersion
 			return out, err
 		}
 		var err error
-		if out, err = j.fanOut(tx, sinks, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now}, nil, out); err != nil {
+		if out, err = j.fanOut(tx, sinks, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now}, nil, nil, out); err != nil {
 			return out, err
 		}
 	}

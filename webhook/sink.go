@@ -331,11 +331,12 @@ func resourcePath(gvr schema.GroupVersionResource) string {
 // Payload is the request body for an event:
 // {"type","resource":{"group","version","resource"},"object","oldObject"}.
 func Payload(e dynamicinformer.Event) []byte {
-	return appendPayload(make([]byte, 0, 2048), e, nil)
+	return appendPayload(make([]byte, 0, 2048), e, nil, nil)
 }
 
-// appendPayload appends e's request body to buf. objJSON is e.Object already encoded, or nil.
-func appendPayload(buf []byte, e dynamicinformer.Event, objJSON []byte) []byte {
+// appendPayload appends e's request body to buf. objJSON and oldJSON are e.Object and
+// e.OldObject already encoded, or nil.
+func appendPayload(buf []byte, e dynamicinformer.Event, objJSON, oldJSON []byte) []byte {
 	buf = append(buf, `{"type":`...)
 	buf = dynamicinformer.AppendString(buf, string(e.Type))
 	buf = append(buf, `,"resource":{"group":`...)
@@ -352,7 +353,11 @@ func appendPayload(buf []byte, e dynamicinformer.Event, objJSON []byte) []byte {
 	}
 	if e.OldObject != nil {
 		buf = append(buf, `,"oldObject":`...)
-		buf = dynamicinformer.AppendJSON(buf, e.OldObject.Object)
+		if oldJSON != nil {
+			buf = append(buf, oldJSON...)
+		} else {
+			buf = dynamicinformer.AppendJSON(buf, e.OldObject.Object)
+		}
 	}
 	return append(buf, '}')
 }

@@ -313,7 +313,8 @@ webhooks:
   - {name: bench, url: %s, workers: 4, queueSize: %d}  # room for the initial list
 api: {address: "127.0.0.1:0"}
 metrics: {address: "127.0.0.1:0", pprof: true}
-`, namespace, receiver, objects+queueMargin)
+state: {path: %s}  # as the chart runs it: every event through the state store
+`, namespace, receiver, objects+queueMargin, filepath.Join(cluster.Dir, "bench-state.db"))
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}

@@ -66,6 +66,12 @@ func start(t *testing.T, kubeconfig, yaml string) *runner.Process {
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return startFile(t, kubeconfig, path)
+}
+
+// startFile runs the binary with the configuration file at path until the test ends.
+func startFile(t *testing.T, kubeconfig, path string) *runner.Process {
+	t.Helper()
 	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: path, Kubeconfig: kubeconfig})
 	if err != nil {
 		t.Fatal(err)

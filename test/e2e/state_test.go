@@ -61,19 +61,11 @@ func configMaps(ns string) (*kubernetes.Clientset, func(ctx context.Context, nam
 	return cs, create
 }
 
-// startProcess runs dynwatch on a configuration file the test owns (and may rewrite).
+// startProcess runs dynwatch on a configuration file the test owns (and may rewrite), and
+// waits until it is ready.
 func startProcess(t *testing.T, configPath string) *runner.Process {
 	t.Helper()
-	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: configPath, Kubeconfig: cluster.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = p.Stop(10 * time.Second)
-		if t.Failed() {
-			t.Logf("dynwatch log:\n%s", p.Log())
-		}
-	})
+	p := startFile(t, cluster.Kubeconfig, configPath)
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +325,11 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	if got := summary(kept); len(slices.DeleteFunc(slices.Clone(got), func(e string) bool { return e != "ADDED one v=1" })) != 1 {
 		t.Errorf("the unchanged resource emitted its objects again: %v", got)
+	}
+	// Had its informer been restarted, its initial list would have been compared with the
+	// stored state and "one" suppressed: the caches were kept, nothing was relisted.
+	if v := metricValue(t, metrics, "dynwatch_state_suppressed_events_total"); v != 0 {
+		t.Errorf("the unchanged resource was listed again: %v events suppressed", v)
 	}
 
 	publish(fmt.Sprintf("[{version: v1, resource: configmaps, namespaces: [%s], labelSelector: 'a in ('}]", ns), "[]")
