@@ -220,7 +220,7 @@ func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
 	}
 	for i := range items.Items {
 		u := &items.Items[i]
-		key := cacheKey(u)
+		key := CacheKey(u)
 		if old, ok, _ := cached.GetByKey(key); ok {
 			if o, ok := old.(*unstructured.Unstructured); ok && o.GetResourceVersion() == u.GetResourceVersion() {
 				continue
@@ -237,7 +237,7 @@ func (x *relisted) take(u *unstructured.Unstructured) bool {
 	if len(x.changed) == 0 {
 		return false
 	}
-	key := cacheKey(u)
+	key := CacheKey(u)
 	if rv, ok := x.changed[key]; ok && rv == u.GetResourceVersion() {
 		delete(x.changed, key)
 		return true
@@ -245,7 +245,8 @@ func (x *relisted) take(u *unstructured.Unstructured) bool {
 	return false
 }
 
-func cacheKey(u *unstructured.Unstructured) string {
+// CacheKey is an object's key in the cache: namespace/name, or name for a cluster-scoped one.
+func CacheKey(u *unstructured.Unstructured) string {
 	if ns := u.GetNamespace(); ns != "" {
 		return ns + "/" + u.GetName()
 	}

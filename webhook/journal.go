@@ -178,7 +178,7 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 	if err != nil {
 		return out, err
 	}
-	key := objectStoreKey(e.Object)
+	key := []byte(dynamicinformer.CacheKey(e.Object)) // as in the cache
 	var prev *stored
 	if v := b.Get(key); v != nil {
 		if s, err := decodeStored(v); err == nil {

@@ -251,14 +251,6 @@ func fromUnixNano(n int64) time.Time {
 	return time.Unix(0, n)
 }
 
-// objectStoreKey is an object's key within its resource's bucket: namespace/name, as in the cache.
-func objectStoreKey(u *unstructured.Unstructured) []byte {
-	if ns := u.GetNamespace(); ns != "" {
-		return []byte(ns + "/" + u.GetName())
-	}
-	return []byte(u.GetName())
-}
-
 func sameObject(s stored, u *unstructured.Unstructured) bool {
 	return types.UID(s.uid) == u.GetUID() && s.rv == u.GetResourceVersion()
 }
