@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -102,9 +103,18 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
+	clientset, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	security, err := httpapi.NewSecurity(log, cfg.API, clientset)
+	if err != nil {
+		return err
+	}
 	api, err := httpapi.NewAPI(httpapi.APIOptions{
 		Logger: log, Informers: informers, Watches: watches, Registerer: reg, Reloads: reloader,
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
+		Authenticator: security.Authenticator, Authorizer: security.Authorizer, Limits: cfg.API.Limits,
 	})
 	if err != nil {
 		return err
@@ -117,11 +127,12 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	g.Go(func() error { defer stopDelivery(); return informers.Run(ctx) })
 	g.Go(func() error { return webhooks.Run(deliver) })
 	g.Go(func() error { return reloader.Run(ctx) })
+	g.Go(func() error { return security.Run(ctx) })
 	g.Go(func() error {
-		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.Timeouts{Read: 30 * time.Second})
+		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.ServerOptions{Read: 30 * time.Second, TLS: security.ServerTLS()})
 	})
 	g.Go(func() error {
-		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers, cfg.Metrics.PProf), httpapi.Timeouts{Read: 30 * time.Second, Write: 30 * time.Second})
+		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers, cfg.Metrics.PProf), httpapi.ServerOptions{Read: 30 * time.Second, Write: 30 * time.Second})
 	})
 	err = g.Wait()
 	log.Info("stopped", "err", err)

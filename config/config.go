@@ -48,19 +48,6 @@ type Metrics struct {
 	PProf bool `mapstructure:"pprof"`
 }
 
-// API configures the query API server.
-type API struct {
-	Address string `mapstructure:"address"`
-	// MaxPageSize caps the items of one list response; the rest come through continue tokens.
-	MaxPageSize int `mapstructure:"maxPageSize"`
-	// WatchHistory is how many recent events per resource a watch can resume from.
-	WatchHistory int `mapstructure:"watchHistory"`
-	// RequestTimeout bounds answering one request other than a watch.
-	RequestTimeout time.Duration `mapstructure:"requestTimeout"`
-	// MaxWatchTimeout bounds one watch; clients ask for less with timeoutSeconds.
-	MaxWatchTimeout time.Duration `mapstructure:"maxWatchTimeout"`
-}
-
 // Discovery controls how configured resources are matched to what the apiserver serves.
 type Discovery struct {
 	// Interval is how often discovery runs again, so a resource whose CRD appears or goes away
@@ -157,11 +144,7 @@ func (r *Resource) String() string {
 // setDefaults is the one place defaults are set. It runs on the viper instance before the
 // file is decoded, and on the decoded tree for values inside lists, which viper cannot default.
 func setDefaults(v *viper.Viper) {
-	v.SetDefault("api.address", ":8080")
-	v.SetDefault("api.maxPageSize", 500)
-	v.SetDefault("api.watchHistory", 1000)
-	v.SetDefault("api.requestTimeout", "60s")
-	v.SetDefault("api.maxWatchTimeout", "30m")
+	setAPIDefaults(v.SetDefault)
 	v.SetDefault("metrics.address", ":9090")
 	v.SetDefault("metrics.pprof", false)
 	v.SetDefault("discovery.interval", "5s")
@@ -246,7 +229,7 @@ func (c *Config) setSources(v *viper.Viper) error {
 func (c *Config) Unreloadable(next *Config) []string {
 	var changed []string
 	for name, same := range map[string]bool{
-		"api":       c.API == next.API,
+		"api":       reflect.DeepEqual(c.API, next.API),
 		"metrics":   c.Metrics == next.Metrics,
 		"discovery": c.Discovery == next.Discovery,
 		"log":       c.Log == next.Log,

@@ -52,8 +52,9 @@ func TestLoadAppliesDefaults(t *testing.T) {
 	}
 	tr := c.Resources[0].Transform
 	got := []any{c.API.Address, c.Metrics.Address, c.Discovery.Interval, c.Log.Level, c.Log.Format,
-		*tr.StripManagedFields, *tr.StripLastAppliedConfiguration, c.Resources[0].Labels.Empty()}
-	want := []any{":8080", ":9090", 5 * time.Second, "info", "json", true, true, true}
+		*tr.StripManagedFields, *tr.StripLastAppliedConfiguration, c.Resources[0].Labels.Empty(),
+		c.API.Auth.Mode, c.API.TLS.Enabled, c.API.Limits.MaxURLLength}
+	want := []any{":8443", ":9090", 5 * time.Second, "info", "json", true, true, true, AuthKubernetes, true, 8192}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("default %d = %v, want %v", i, got[i], want[i])
@@ -121,6 +122,16 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"resources[0].namespaces[0]:"}},
 		{"bad listeners and log settings", "resources: [{version: v1, resource: pods}]\napi: {address: nowhere}\nlog: {level: loud, format: xml}\n",
 			[]string{"api.address: must be host:port", "log.level:", "log.format:"}},
+		{"auth none on a network address", "resources: [{version: v1, resource: pods}]\napi: {address: ':8443', auth: {mode: none}}\n",
+			[]string{"api.auth.mode: none serves every watched object to anyone"}},
+		{"an unknown auth mode", "resources: [{version: v1, resource: pods}]\napi: {auth: {mode: oidc}}\n",
+			[]string{`api.auth.mode: must be kubernetes or none, got "oidc"`}},
+		{"a certificate without key", "resources: [{version: v1, resource: pods}]\napi: {tls: {certFile: /nonexistent/tls.crt}}\n",
+			[]string{"api.tls: certFile and keyFile must be set together", "api.tls.certFile:"}},
+		{"client certificates without TLS", "resources: [{version: v1, resource: pods}]\napi: {auth: {clientCAFile: /nonexistent/ca.crt}, tls: {enabled: false}}\n",
+			[]string{"api.auth.clientCAFile: client certificates need api.tls.enabled", "api.auth.clientCAFile: stat /nonexistent/ca.crt"}},
+		{"limits below their minimum", "resources: [{version: v1, resource: pods}]\napi: {limits: {maxURLLength: 100, maxWatchesPerUser: 0}}\n",
+			[]string{"api.limits.maxURLLength: must be at least 1024", "api.limits.maxWatchesPerUser: must be at least 1"}},
 		{"a webhook without url", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a}]\n",
 			[]string{"webhooks[0].url: is required"}},
 		{"a webhook with a bad url", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'ftp://x'}]\n",

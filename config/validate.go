@@ -61,20 +61,8 @@ func (c *Config) validate() error {
 			names[w.Name] = i
 		}
 	}
-	checkAddress("api.address", c.API.Address, &p)
+	c.API.validate(&p)
 	checkAddress("metrics.address", c.Metrics.Address, &p)
-	if c.API.MaxPageSize < 1 {
-		p.add("api.maxPageSize", "must be at least 1, got %d", c.API.MaxPageSize)
-	}
-	if c.API.WatchHistory < 0 {
-		p.add("api.watchHistory", "must not be negative, got %d", c.API.WatchHistory)
-	}
-	if c.API.RequestTimeout < time.Second {
-		p.add("api.requestTimeout", "must be at least 1s, got %s", c.API.RequestTimeout)
-	}
-	if c.API.MaxWatchTimeout < time.Second {
-		p.add("api.maxWatchTimeout", "must be at least 1s, got %s", c.API.MaxWatchTimeout)
-	}
 	if c.Discovery.Interval < time.Second {
 		p.add("discovery.interval", "must be at least 1s, got %s", c.Discovery.Interval)
 	}

@@ -12,12 +12,14 @@ const LastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
 
 // NewTransform returns the cache transform for a configured resource: it strips managedFields
 // and the last-applied annotation (unless turned off), the data of core v1 secrets (unless
-// keepSecretData), and every removeFields path. It modifies objects in place, is idempotent,
+// keepSecretData), and every removeFields path. A secret's last-applied annotation repeats its
+// data, so it goes with the data whatever stripLastAppliedConfiguration says: no secret value
+// reaches the cache, and so none reaches the API, the state store or a webhook. It modifies objects in place, is idempotent,
 // and passes anything that is not an *unstructured.Unstructured through unchanged.
 func NewTransform(r *config.Resource) cache.TransformFunc {
 	stripManaged := *r.Transform.StripManagedFields
-	stripLastApplied := *r.Transform.StripLastAppliedConfiguration
 	stripSecretData := r.IsSecrets() && !r.Transform.KeepSecretData
+	stripLastApplied := *r.Transform.StripLastAppliedConfiguration || stripSecretData
 	paths := r.Transform.Paths
 	return func(obj any) (any, error) {
 		u, ok := obj.(*unstructured.Unstructured)

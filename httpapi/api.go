@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -11,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -39,12 +43,20 @@ type APIOptions struct {
 	RequestTimeout time.Duration
 	// MaxWatchTimeout bounds a watch; clients ask for less with timeoutSeconds.
 	MaxWatchTimeout time.Duration
+	// Authenticator and Authorizer check every request but /version through the cluster;
+	// both nil serve everyone (api.auth.mode none).
+	Authenticator authenticator.Request
+	Authorizer    authorizer.Authorizer
+	// Limits bound what one request and one user can cost.
+	Limits config.Limits
 }
 
 type api struct {
 	APIOptions
+	gate     *gate
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	rejected *prometheus.CounterVec
 }
 
 // routes are the values of the route label.
@@ -56,8 +68,16 @@ const routeKey = "dynwatch.route"
 // NewAPI returns the API handler: GET /status, /version, discovery, and read-only list, get
 // and watch of every watched resource at the Kubernetes API's paths.
 func NewAPI(o APIOptions) (http.Handler, error) {
+	if (o.Authenticator == nil) != (o.Authorizer == nil) {
+		return nil, errors.New("an authenticator needs an authorizer, and the other way round")
+	}
 	a := &api{
 		APIOptions: o,
+		gate:       newGate(o.Authenticator, o.Authorizer, o.Limits),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_api_rejected_requests_total",
+			Help: "API requests refused before they were answered, by reason: url_too_long, unauthenticated, forbidden, server_busy, user_busy (429), auth_error, timeout.",
+		}, []string{"reason"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_requests_total",
 			Help: "API requests, by route (discovery, list, get, watch, status, version, other) and HTTP status code.",
@@ -68,15 +88,18 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300},
 		}, []string{"route"}),
 	}
-	if err := registerAll(o.Registerer, a.requests, a.latency); err != nil {
+	if err := registerAll(o.Registerer, a.requests, a.latency, a.rejected); err != nil {
 		return nil, err
 	}
 	for _, route := range routes {
 		a.latency.WithLabelValues(route)
 	}
+	for _, reason := range rejectReasons {
+		a.rejected.WithLabelValues(reason)
+	}
 	r := gin.New()
 	r.RedirectTrailingSlash = false
-	r.Use(a.instrument, recovery(o.Logger))
+	r.Use(a.instrument, recovery(o.Logger), a.guard)
 	r.GET("/status", a.status)
 	r.GET("/version", a.version)
 	r.NoRoute(a.serve) // every Kubernetes path: gin's router cannot express their overlaps
@@ -195,6 +218,8 @@ func (a *api) serve(c *gin.Context) {
 }
 
 func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), a.RequestTimeout)
+	defer cancel()
 	l, serr := q.candidates(res, t.namespace)
 	if serr != nil {
 		writeStatus(c.Writer, serr)
@@ -204,8 +229,23 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	if rv == "" {
 		rv = strconv.FormatUint(res.ResourceVersion(), 10)
 	}
+	p, err := q.paginate(ctx, l.objs, t.namespace, rv)
+	if err != nil {
+		a.interrupted(c, err)
+		return
+	}
 	c.Header("X-Dynwatch-Lookup", l.strategy)
-	out.list(c.Writer, q.paginate(l.objs, t.namespace, rv), rv)
+	out.list(c.Writer, p, rv)
+}
+
+// interrupted ends a request whose work was cut short: by its client going away (nobody to
+// answer) or by api.requestTimeout (504, as the apiserver answers).
+func (a *api) interrupted(c *gin.Context, err error) {
+	if c.Request.Context().Err() != nil {
+		c.Abort()
+		return
+	}
+	a.reject(c, rejectRequestTimeout, apierrors.NewTimeoutError(fmt.Sprintf("request did not complete within %s (%v)", a.RequestTimeout, err), 0))
 }
 
 // withTypeMeta returns obj's content with apiVersion and kind set, copying the top level of

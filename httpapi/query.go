@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/url"
@@ -237,12 +238,19 @@ type keyed struct {
 	obj *unstructured.Unstructured
 }
 
+// checkEvery is how many objects a scan matches between looks at its context: a cancelled
+// or timed-out request stops within a fraction of a millisecond of matching.
+const checkEvery = 256
+
 // paginate filters candidates, orders them by namespace/name and cuts the page after the
 // cursor. Ordering by key makes paging stable while objects change: an object that exists
-// throughout a paged list is returned exactly once.
-func (q *query) paginate(candidates []*unstructured.Unstructured, namespace, rv string) page {
+// throughout a paged list is returned exactly once. It stops with ctx's error when ctx ends.
+func (q *query) paginate(ctx context.Context, candidates []*unstructured.Unstructured, namespace, rv string) (page, error) {
 	selected := make([]keyed, 0, len(candidates))
-	for _, o := range candidates {
+	for i, o := range candidates {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			return page{}, ctx.Err()
+		}
 		if !q.matches(o, namespace) {
 			continue
 		}
@@ -251,6 +259,9 @@ func (q *query) paginate(candidates []*unstructured.Unstructured, namespace, rv 
 		}
 	}
 	slices.SortFunc(selected, func(a, b keyed) int { return compareKey(a.key, b.key) })
+	if err := ctx.Err(); err != nil {
+		return page{}, err
+	}
 	n := min(len(selected), q.limit)
 	p := page{items: make([]*unstructured.Unstructured, n)}
 	for i := range n {
@@ -260,7 +271,7 @@ func (q *query) paginate(candidates []*unstructured.Unstructured, namespace, rv 
 		p.remaining = int64(len(selected) - n)
 		p.next = encodeContinue(rv, selected[n-1].key)
 	}
-	return p
+	return p, nil
 }
 
 // compareKey orders namespace/name keys by namespace, then name; a cluster-scoped key (no

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -60,7 +62,10 @@ func TestPagingIsStableWhileObjectsChange(t *testing.T) {
 		t.Fatal(serr)
 	}
 	for page := 0; ; page++ {
-		p := q.paginate(objs, "", "42")
+		p, err := q.paginate(t.Context(), objs, "", "42")
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, o := range p.items {
 			seen[o.GetName()]++
 		}
@@ -109,8 +114,24 @@ func TestPageSizeIsCapped(t *testing.T) {
 		if serr != nil {
 			t.Fatal(serr)
 		}
-		if p := q.paginate(objs, "", "1"); len(p.items) != 7 || p.next == "" || p.remaining != 13 {
+		if p, _ := q.paginate(t.Context(), objs, "", "1"); len(p.items) != 7 || p.next == "" || p.remaining != 13 {
 			t.Errorf("limit=%q with a cap of 7: %d items, remaining %d, continue %q", limit, len(p.items), p.remaining, p.next)
 		}
+	}
+}
+
+func TestAScanStopsWhenItsRequestEnds(t *testing.T) {
+	objs := make([]*unstructured.Unstructured, 10*checkEvery)
+	for i := range objs {
+		objs[i] = obj("ns", fmt.Sprintf("obj-%05d", i))
+	}
+	q, serr := parseQuery(url.Values{}, 500)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := q.paginate(ctx, objs, "", "1"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("paginate with an ended context = %v, want context.Canceled", err)
 	}
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,15 +14,18 @@ import (
 // ShutdownTimeout bounds how long Serve waits for requests in flight when its context ends.
 const ShutdownTimeout = 5 * time.Second
 
-// Timeouts bound reading a request and writing its response; 0 means none. Handlers that
-// stream (watches) lift both for their own requests.
-type Timeouts struct {
+// ServerOptions say how Serve serves.
+type ServerOptions struct {
+	// Read and Write bound reading a request and writing its response; 0 means none.
+	// Handlers that stream (watches) lift both for their own requests.
 	Read, Write time.Duration
+	// TLS, when set, serves HTTPS (HTTP/2 included) with this configuration.
+	TLS *tls.Config
 }
 
 // Serve listens on addr and serves h until ctx ends, then shuts down gracefully. It logs the
-// address it listens on (useful with port 0) under the message "listening".
-func Serve(ctx context.Context, log *slog.Logger, addr string, h http.Handler, t Timeouts) error {
+// address it listens on (useful with port 0) and its scheme under the message "listening".
+func Serve(ctx context.Context, log *slog.Logger, addr string, h http.Handler, t ServerOptions) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
@@ -33,10 +37,21 @@ func Serve(ctx context.Context, log *slog.Logger, addr string, h http.Handler, t
 		WriteTimeout:      t.Write,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		TLSConfig:         t.TLS,
 	}
-	log.Info("listening", "address", ln.Addr().String())
+	scheme := "http"
+	if t.TLS != nil {
+		scheme = "https"
+	}
+	log.Info("listening", "address", ln.Addr().String(), "scheme", scheme)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if t.TLS != nil {
+			errc <- srv.ServeTLS(ln, "", "")
+		} else {
+			errc <- srv.Serve(ln)
+		}
+	}()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve %s: %w", addr, err)

@@ -31,7 +31,7 @@ func TestStreamsOutliveTheServerTimeouts(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ctx, logAddr, "127.0.0.1:0", r, Timeouts{Read: 400 * time.Millisecond, Write: 400 * time.Millisecond})
+		done <- Serve(ctx, logAddr, "127.0.0.1:0", r, ServerOptions{Read: 400 * time.Millisecond, Write: 400 * time.Millisecond})
 	}()
 	defer func() {
 		cancel()

@@ -58,10 +58,16 @@ type stream struct {
 	watchers map[*watcher]struct{}
 }
 
+// watcher is one watch's queue. An idle watcher holds no buffer: pending grows only while
+// events wait to be written, up to watcherBuffer.
 type watcher struct {
-	ch    chan dynamicinformer.Event
-	minRV uint64            // events at or below this are already known to the client
-	fresh map[string]uint64 // snapshot objects newer than minRV: key → their resourceVersion
+	// pending and done are guarded by the stream's mu. done is set when the watcher fell
+	// behind or was unsubscribed: what is pending is still written, then the watch ends.
+	pending []dynamicinformer.Event
+	done    bool
+	wake    chan struct{}     // capacity 1: a value means pending or done changed
+	minRV   uint64            // events at or below this are already known to the client
+	fresh   map[string]uint64 // snapshot objects newer than minRV: key → their resourceVersion
 }
 
 func rvOf(o *unstructured.Unstructured) uint64 {
@@ -89,13 +95,30 @@ func (s *stream) publish(e dynamicinformer.Event) {
 		if !w.wants(e, rv) {
 			continue
 		}
-		select {
-		case w.ch <- e:
-		default: // too slow: disconnect it
-			close(w.ch)
+		if len(w.pending) >= watcherBuffer { // too slow: disconnect it
+			w.done = true
 			delete(s.watchers, w)
+		} else {
+			w.pending = append(w.pending, e)
 		}
+		w.signal()
 	}
+}
+
+func (w *watcher) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the pending events, and whether the watch must end once they are written.
+func (s *stream) take(w *watcher) ([]dynamicinformer.Event, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	batch := w.pending
+	w.pending = nil
+	return batch, w.done
 }
 
 // wants reports whether the watcher has not seen e yet. Deletions always pass: one found
@@ -128,7 +151,7 @@ func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial boo
 	defer s.mu.Unlock()
 	if initial {
 		// The resourceVersion first: every change up to it is in the snapshot that follows.
-		w := &watcher{ch: make(chan dynamicinformer.Event, watcherBuffer), minRV: res.ResourceVersion(), fresh: map[string]uint64{}}
+		w := &watcher{wake: make(chan struct{}, 1), minRV: res.ResourceVersion(), fresh: map[string]uint64{}}
 		snapshot := res.List()
 		for _, o := range snapshot {
 			if orv := rvOf(o); orv > w.minRV {
@@ -148,10 +171,8 @@ func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial boo
 			replay = append(replay, e)
 		}
 	}
-	w := &watcher{ch: make(chan dynamicinformer.Event, watcherBuffer+len(replay)), minRV: rv}
-	for _, e := range replay {
-		w.ch <- e
-	}
+	w := &watcher{wake: make(chan struct{}, 1), minRV: rv, pending: replay}
+	w.signal()
 	s.watchers[w] = struct{}{}
 	return w, nil, rv, nil
 }
@@ -159,10 +180,8 @@ func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial boo
 func (s *stream) unsubscribe(w *watcher) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.watchers[w]; ok {
-		delete(s.watchers, w)
-		close(w.ch)
-	}
+	delete(s.watchers, w)
+	w.done = true
 }
 
 // transition is the watch event type a change is for this query, "" if none: an object that
@@ -218,7 +237,10 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		return err == nil
 	}
 	slices.SortFunc(snapshot, compareKeys)
-	for _, o := range snapshot {
+	for i, o := range snapshot {
+		if i%checkEvery == 0 && c.Request.Context().Err() != nil {
+			return
+		}
 		if q.matches(o, t.namespace) && !send(string(dynamicinformer.Added), o) {
 			return
 		}
@@ -236,11 +258,14 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	defer timer.Stop()
 	for {
 		select {
-		case e, ok := <-w.ch:
-			if !ok {
-				return
+		case <-w.wake:
+			batch, done := s.take(w)
+			for _, e := range batch {
+				if typ := q.transition(e, t.namespace); typ != "" && !send(typ, e.Object) {
+					return
+				}
 			}
-			if typ := q.transition(e, t.namespace); typ != "" && !send(typ, e.Object) {
+			if done {
 				return
 			}
 		case <-timer.C:

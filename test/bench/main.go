@@ -311,7 +311,7 @@ resources:
       - {name: byOwner, type: owner}
 webhooks:
   - {name: bench, url: %s, workers: 4, queueSize: %d}  # room for the initial list
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0", pprof: true}
 state: {path: %s}  # as the chart runs it: every event through the state store
 `, namespace, receiver, objects+queueMargin, filepath.Join(cluster.Dir, "bench-state.db"))

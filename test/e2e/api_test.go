@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -22,7 +21,6 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/yaml"
 
@@ -31,17 +29,23 @@ import (
 
 var cmGVR = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 
-// apiFixture is one dynwatch serving the query API over configmaps and pods of the test bed.
+// apiFixture is one dynwatch serving the query API over configmaps and pods of the test bed,
+// with the secure defaults: TLS with a generated CA, callers authenticated and authorized
+// by the cluster. Its clients use the test bed's admin token.
 type apiFixture struct {
-	url string
-	ns  string
-	cs  *kubernetes.Clientset
+	dynwatchAPI
+	ns         string
+	cs         *kubernetes.Clientset
+	kubeconfig string       // kubectl against dynwatch, as admin
+	client     *http.Client // trusts dynwatch's CA, sends the admin token
 }
 
 func startAPI(t *testing.T) apiFixture {
 	t.Helper()
 	ns := namespace(t)
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	p := start(t, cluster.Kubeconfig, `
+api: {address: "127.0.0.1:0", maxPageSize: 50, tls: {selfSignedCAFile: `+caFile+`}}`+`
 resources:
   - version: v1
     resource: configmaps
@@ -51,14 +55,15 @@ resources:
     resource: pods
     indexers:
       - {name: byNode, type: jsonPath, path: "{.spec.nodeName}"}
-api: {address: "127.0.0.1:0", maxPageSize: 50}
 metrics: {address: "127.0.0.1:0"}
 `)
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	api, _, _ := p.WaitListening(t.Context())
-	f := apiFixture{url: api, ns: ns, cs: kubernetes.NewForConfigOrDie(cluster.Config)}
+	url, _, _ := p.WaitListening(t.Context())
+	d := dynwatchAPI{url: url, caFile: caFile}
+	f := apiFixture{dynwatchAPI: d, ns: ns, cs: kubernetes.NewForConfigOrDie(cluster.Config),
+		kubeconfig: d.kubeconfig(t, cluster.Config.BearerToken), client: d.client(t, cluster.Config.BearerToken)}
 	for i, app := range []string{"web", "web", "db", "cache"} {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", app, i), Labels: map[string]string{"app": app}}, Data: map[string]string{"i": fmt.Sprint(i)}}
 		if _, err := f.cs.CoreV1().ConfigMaps(ns).Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
@@ -76,19 +81,14 @@ metrics: {address: "127.0.0.1:0"}
 	return f
 }
 
-// kubectl runs the test bed's kubectl against dynwatch (server given) or the real apiserver.
-func kubectl(t *testing.T, server string, args ...string) string {
+// kubectl runs the test bed's kubectl with a kubeconfig for dynwatch, or ("") as admin
+// against the real apiserver.
+func kubectl(t *testing.T, kubeconfig string, args ...string) string {
 	t.Helper()
-	var base []string
-	if server == "" {
-		base = []string{"--kubeconfig", cluster.Kubeconfig}
-	} else {
-		empty := filepath.Join(t.TempDir(), "empty-kubeconfig")
-		if err := os.WriteFile(empty, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		base = []string{"--kubeconfig", empty, "--server", server, "--cache-dir", t.TempDir()}
+	if kubeconfig == "" {
+		kubeconfig = cluster.Kubeconfig
 	}
+	base := []string{"--kubeconfig", kubeconfig, "--cache-dir", t.TempDir()}
 	out, err := testbed.Kubectl(t.Context(), cluster.Binaries.Kubectl, append(base, args...)...)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -135,7 +135,7 @@ func TestKubectlGetsWhatTheAPIServerGets(t *testing.T) {
 				t.Fatal("the apiserver returned nothing: the fixture is wrong")
 			}
 			testbed.Eventually(t, 10*time.Second, func() error {
-				out := kubectl(t, f.url, tt.args...)
+				out := kubectl(t, f.kubeconfig, tt.args...)
 				got := namesOf(out, tt.columns)
 				if tt.args[len(tt.args)-1] == "name" {
 					got = strings.Fields(out)
@@ -152,7 +152,7 @@ func TestKubectlGetsWhatTheAPIServerGets(t *testing.T) {
 		if err := yaml.Unmarshal([]byte(kubectl(t, "", "get", "cm", "web-0", "-n", f.ns, "-o", "yaml")), &fromAPI); err != nil {
 			t.Fatal(err)
 		}
-		if err := yaml.Unmarshal([]byte(kubectl(t, f.url, "get", "cm", "web-0", "-n", f.ns, "-o", "yaml")), &fromDynwatch); err != nil {
+		if err := yaml.Unmarshal([]byte(kubectl(t, f.kubeconfig, "get", "cm", "web-0", "-n", f.ns, "-o", "yaml")), &fromDynwatch); err != nil {
 			t.Fatal(err)
 		}
 		for _, path := range [][]string{{"apiVersion"}, {"kind"}, {"data"}, {"metadata", "name"}, {"metadata", "namespace"}, {"metadata", "uid"}, {"metadata", "resourceVersion"}, {"metadata", "labels"}} {
@@ -167,13 +167,9 @@ func TestKubectlGetsWhatTheAPIServerGets(t *testing.T) {
 		}
 	})
 	t.Run("watch sees a later change", func(t *testing.T) {
-		empty := filepath.Join(t.TempDir(), "empty-kubeconfig")
-		if err := os.WriteFile(empty, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		cmd := exec.CommandContext(ctx, cluster.Binaries.Kubectl, "--kubeconfig", empty, "--server", f.url, "--cache-dir", t.TempDir(),
+		cmd := exec.CommandContext(ctx, cluster.Binaries.Kubectl, "--kubeconfig", f.kubeconfig, "--cache-dir", t.TempDir(),
 			"get", "cm", "-n", f.ns, "-w")
 		var out testbed.LockedBuffer
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -201,7 +197,7 @@ func TestKubectlGetsWhatTheAPIServerGets(t *testing.T) {
 
 func TestClientGoReadsFromDynwatch(t *testing.T) {
 	f := startAPI(t)
-	dyn := dynamic.NewForConfigOrDie(&rest.Config{Host: f.url})
+	dyn := dynamic.NewForConfigOrDie(f.restConfig(cluster.Config.BearerToken))
 	configMaps := dyn.Resource(cmGVR).Namespace(f.ns)
 
 	t.Run("list in pages", func(t *testing.T) {
@@ -324,7 +320,7 @@ func TestBadRequestsGetKubernetesStatuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			req, _ := http.NewRequestWithContext(t.Context(), tt.method, f.url+tt.path, strings.NewReader("{}"))
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := f.client.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -358,24 +354,24 @@ func TestIndexesServeSelectorsAndExplicitQueries(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			testbed.Eventually(t, 10*time.Second, func() error {
-				return checkList(t, f.url+"/api/v1/namespaces/"+f.ns+"/configmaps?"+tt.query, tt.lookup, tt.want)
+				return checkList(t, f.client, f.url+"/api/v1/namespaces/"+f.ns+"/configmaps?"+tt.query, tt.lookup, tt.want)
 			})
 		})
 	}
 	t.Run("a field equality uses the jsonPath indexer", func(t *testing.T) {
 		testbed.Eventually(t, 10*time.Second, func() error {
-			return checkList(t, f.url+"/api/v1/pods?fieldSelector=spec.nodeName%3Dn1,metadata.namespace%3D"+f.ns, "index/byNode", []string{"pod-0", "pod-2"})
+			return checkList(t, f.client, f.url+"/api/v1/pods?fieldSelector=spec.nodeName%3Dn1,metadata.namespace%3D"+f.ns, "index/byNode", []string{"pod-0", "pod-2"})
 		})
 	})
 	t.Run("no namespace and no usable index scans", func(t *testing.T) {
 		testbed.Eventually(t, 10*time.Second, func() error {
-			return checkList(t, f.url+"/api/v1/pods?fieldSelector=spec.nodeName!%3Dn1,metadata.namespace%3D"+f.ns, "scan", []string{"pod-1"})
+			return checkList(t, f.client, f.url+"/api/v1/pods?fieldSelector=spec.nodeName!%3Dn1,metadata.namespace%3D"+f.ns, "scan", []string{"pod-1"})
 		})
 	})
 }
 
-func checkList(t *testing.T, url, lookup string, want []string) error {
-	resp, err := http.Get(url)
+func checkList(t *testing.T, client *http.Client, url, lookup string, want []string) error {
+	resp, err := client.Get(url)
 	if err != nil {
 		return err
 	}

@@ -155,7 +155,7 @@ func TestReadyzFollowsTheInformersAccess(t *testing.T) {
 resources:
   - {version: v1, resource: configmaps, namespaces: [%s]}
   - {group: nowhere.example.com, version: v1, kind: Ghost}
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, ns))
 	_, metrics, err := p.WaitListening(t.Context())
@@ -213,7 +213,7 @@ resources:
   - {group: nowhere.example.com, version: v1, resource: ghosts}
 webhooks:
   - {name: audit, url: %s}
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 state: {path: %s}
 `, ns, rc.URL, filepath.Join(t.TempDir(), "state.db")))
@@ -266,7 +266,7 @@ func TestSIGTERMStopsPromptlyWithExitZero(t *testing.T) {
 resources:
   - {version: v1, resource: configmaps}
   - {version: v1, resource: pods}
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `)
 	if err := p.WaitReady(t.Context()); err != nil {

@@ -46,7 +46,7 @@ resources:
   - {version: v1, resource: configmaps, namespaces: [%s]}
 webhooks:
   - {name: gaps, url: %s, workers: 1}
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 state: {path: %s}
 `, f.ns, f.rc.URL, filepath.Join(t.TempDir(), "state.db"))

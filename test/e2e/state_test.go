@@ -101,7 +101,7 @@ func TestARestartDeliversExactlyWhatChangedWhileDown(t *testing.T) {
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
 webhooks: [{name: r, url: %s, workers: 1}]
 state: {path: %s}
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, ns, rc.URL, filepath.Join(dir, "state.db")))
 
@@ -170,7 +170,7 @@ func TestSIGKILLWithQueuedEventsLosesNothing(t *testing.T) {
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
 webhooks: [{name: r, url: %s, workers: 4, retry: {initialBackoff: 50ms, maxBackoff: 200ms, maxElapsed: 10m}}]
 state: {path: %s}
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, ns, rc.URL, filepath.Join(dir, "state.db")))
 	p := startProcess(t, configPath)
@@ -265,7 +265,7 @@ func TestConfigEditsApplyLive(t *testing.T) {
 resources: %s
 webhooks: %s
 state: {path: %s}
-api: {address: "127.0.0.1:0"}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, resources, webhooks, stateDB))
 		tmp := filepath.Join(dir, "..data_tmp")

@@ -146,7 +146,7 @@ func signingSecret(t *testing.T) (secret, path string) {
 
 func startWithWebhooks(t *testing.T, yaml string) (*runner.Process, string) {
 	t.Helper()
-	p := start(t, cluster.Kubeconfig, yaml+"\napi: {address: \"127.0.0.1:0\"}\nmetrics: {address: \"127.0.0.1:0\"}\n")
+	p := start(t, cluster.Kubeconfig, yaml+"\napi: {address: \"127.0.0.1:0\", auth: {mode: none}, tls: {enabled: false}}\nmetrics: {address: \"127.0.0.1:0\"}\n")
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ type Process struct {
 
 	mu      sync.Mutex
 	log     strings.Builder
-	addrs   map[string]string // server name → bound address
+	addrs   map[string]string // server name → its base URL
 	waitErr error
 	changed chan struct{} // closed and replaced whenever the log grows
 }
@@ -94,10 +94,10 @@ func (p *Process) read(r io.Reader) {
 	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
 	for sc.Scan() {
 		line := sc.Text()
-		var entry struct{ Msg, Server, Address string }
+		var entry struct{ Msg, Server, Address, Scheme string }
 		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "listening" {
 			p.mu.Lock()
-			p.addrs[entry.Server] = entry.Address
+			p.addrs[entry.Server] = entry.Scheme + "://" + entry.Address
 			p.mu.Unlock()
 		}
 		if p.out != nil {
@@ -164,7 +164,7 @@ func (p *Process) WaitListening(ctx context.Context) (api, metrics string, err e
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return "http://" + p.addrs["api"], "http://" + p.addrs["metrics"], nil
+	return p.addrs["api"], p.addrs["metrics"], nil
 }
 
 // WaitReady waits until /readyz on the metrics server answers 200.

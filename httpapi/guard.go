@@ -1,0 +1,177 @@
+package httpapi
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/gin-gonic/gin"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
+	"k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/dynwatch/dynwatch/config"
+)
+
+// Rejection reasons, the values of dynwatch_api_rejected_requests_total's reason label.
+const (
+	rejectURLTooLong     = "url_too_long"
+	rejectUnauthorized   = "unauthenticated"
+	rejectForbidden      = "forbidden"
+	rejectServerBusy     = "server_busy"
+	rejectUserBusy       = "user_busy"
+	rejectAuthError      = "auth_error"
+	rejectRequestTimeout = "timeout"
+)
+
+var rejectReasons = []string{rejectURLTooLong, rejectUnauthorized, rejectForbidden, rejectServerBusy, rejectUserBusy, rejectAuthError, rejectRequestTimeout}
+
+// retryAfterSeconds is the Retry-After of a 429, as the apiserver's max-in-flight filter sends.
+const retryAfterSeconds = 1
+
+// gate is what stands in front of every query: the URL limit, the server's and each user's
+// share of in-flight requests and watches, and, unless auth is none, authentication and
+// authorization through the cluster with the attributes the apiserver would check.
+type gate struct {
+	authn       authenticator.Request // nil with api.auth.mode none
+	authz       authorizer.Authorizer
+	limits      config.Limits
+	infoFactory request.RequestInfoFactory
+	mu          sync.Mutex
+	held        map[slot]int
+}
+
+// slot is what a limit counts: watches or other requests, of one user or ("") of everyone.
+type slot struct {
+	user  string
+	watch bool
+}
+
+func newGate(authn authenticator.Request, authz authorizer.Authorizer, limits config.Limits) *gate {
+	return &gate{
+		authn: authn, authz: authz, limits: limits, held: map[slot]int{},
+		infoFactory: request.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")},
+	}
+}
+
+// userKey is the gin context key of the authenticated user's name.
+const userKey = "dynwatch.user"
+
+// unauthenticatedPaths are served to anyone: the apiserver serves them to
+// system:unauthenticated through system:public-info-viewer.
+var unauthenticatedPaths = map[string]bool{"/version": true, "/version/": true}
+
+func (a *api) guard(c *gin.Context) {
+	g := a.gate
+	if n := len(c.Request.RequestURI); n > g.limits.MaxURLLength {
+		a.reject(c, rejectURLTooLong, &apierrors.StatusError{ErrStatus: metav1.Status{
+			Status: metav1.StatusFailure, Code: http.StatusRequestURITooLong, Reason: metav1.StatusReasonBadRequest,
+			Message: fmt.Sprintf("the request URL is %d bytes long; at most %d are accepted", n, g.limits.MaxURLLength),
+		}})
+		return
+	}
+	if unauthenticatedPaths[c.Request.URL.Path] {
+		return
+	}
+	info, err := g.infoFactory.NewRequestInfo(c.Request)
+	if err != nil {
+		a.reject(c, rejectAuthError, apierrors.NewBadRequest(err.Error()))
+		return
+	}
+	watch := info.Verb == "watch"
+	if !g.acquire(slot{watch: watch}) {
+		a.busy(c, rejectServerBusy, "the server has too many requests in flight")
+		return
+	}
+	defer g.release(slot{watch: watch})
+	user := ""
+	if g.authn != nil {
+		resp, ok, err := g.authn.AuthenticateRequest(c.Request)
+		if err != nil || !ok {
+			if err != nil {
+				a.Logger.Debug("authentication failed", "err", err)
+			}
+			a.reject(c, rejectUnauthorized, apierrors.NewUnauthorized("Unauthorized"))
+			return
+		}
+		// The credential has done its work; nothing after this needs it.
+		c.Request.Header.Del("Authorization")
+		attrs := attributes(resp, info)
+		decision, reason, err := g.authz.Authorize(c.Request.Context(), attrs)
+		switch {
+		case decision == authorizer.DecisionAllow:
+		case err != nil:
+			a.Logger.Warn("authorization failed", "user", attrs.User.GetName(), "err", err)
+			a.reject(c, rejectAuthError, apierrors.NewInternalError(fmt.Errorf("authorization: %w", err)))
+			return
+		default:
+			a.reject(c, rejectForbidden, responsewriters.ForbiddenStatusError(attrs, reason))
+			return
+		}
+		user = attrs.User.GetName()
+		c.Set(userKey, user)
+		if !g.acquire(slot{user: user, watch: watch}) {
+			a.busy(c, rejectUserBusy, fmt.Sprintf("user %q has too many requests in flight", user))
+			return
+		}
+		defer g.release(slot{user: user, watch: watch})
+	}
+	c.Next()
+}
+
+// attributes are the authorizer attributes the apiserver builds for the same request
+// (filters.GetAuthorizerAttributes).
+func attributes(resp *authenticator.Response, info *request.RequestInfo) *authorizer.AttributesRecord {
+	return &authorizer.AttributesRecord{
+		User: resp.User, Verb: info.Verb, Path: info.Path, ResourceRequest: info.IsResourceRequest,
+		APIGroup: info.APIGroup, APIVersion: info.APIVersion, Resource: info.Resource,
+		Subresource: info.Subresource, Namespace: info.Namespace, Name: info.Name,
+	}
+}
+
+// limit is how many requests s may hold at once.
+func (g *gate) limit(s slot) int {
+	switch {
+	case s.user == "" && s.watch:
+		return g.limits.MaxWatches
+	case s.user == "":
+		return g.limits.MaxInFlight
+	case s.watch:
+		return g.limits.MaxWatchesPerUser
+	}
+	return g.limits.MaxInFlightPerUser
+}
+
+func (g *gate) acquire(s slot) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held[s] >= g.limit(s) {
+		return false
+	}
+	g.held[s]++
+	return true
+}
+
+func (g *gate) release(s slot) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held[s]--; g.held[s] == 0 {
+		delete(g.held, s)
+	}
+}
+
+func (a *api) reject(c *gin.Context, reason string, err *apierrors.StatusError) {
+	a.rejected.WithLabelValues(reason).Inc()
+	writeStatus(c.Writer, err)
+	c.Abort()
+}
+
+func (a *api) busy(c *gin.Context, reason, message string) {
+	c.Header("Retry-After", strconv.Itoa(retryAfterSeconds))
+	a.reject(c, reason, apierrors.NewTooManyRequests(message, retryAfterSeconds))
+}
