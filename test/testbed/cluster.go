@@ -52,6 +52,8 @@ type Cluster struct {
 	Binaries Binaries
 
 	ownDir   bool
+	tokens   map[string]string // user → bearer token
+	clientCA clientCA
 	etcdURL  string
 	apiArgs  []string
 	apiURL   string
@@ -200,13 +202,26 @@ func (c *Cluster) prepareAPIServer(o Options) error {
 	if err := os.WriteFile(saKey, keyPEM, 0o600); err != nil {
 		return err
 	}
-	token := make([]byte, 16)
-	if _, err := rand.Read(token); err != nil {
+	c.tokens = map[string]string{}
+	var csv strings.Builder
+	for _, user := range append([]string{"admin"}, Users...) {
+		token := make([]byte, 16)
+		if _, err := rand.Read(token); err != nil {
+			return err
+		}
+		c.tokens[user] = hex.EncodeToString(token)
+		groups := ""
+		if user == "admin" {
+			groups = "system:masters"
+		}
+		fmt.Fprintf(&csv, "%s,%s,%s,%q\n", c.tokens[user], user, user, groups)
+	}
+	adminToken := c.tokens["admin"]
+	tokens := filepath.Join(pki, "tokens.csv")
+	if err := os.WriteFile(tokens, []byte(csv.String()), 0o600); err != nil {
 		return err
 	}
-	adminToken := hex.EncodeToString(token)
-	tokens := filepath.Join(pki, "tokens.csv")
-	if err := os.WriteFile(tokens, []byte(adminToken+`,admin,admin,"system:masters"`+"\n"), 0o600); err != nil {
+	if err := c.clientCA.create(pki); err != nil {
 		return err
 	}
 	port, err := FreePort()
@@ -221,7 +236,10 @@ func (c *Cluster) prepareAPIServer(o Options) error {
 		"--advertise-address=127.0.0.1",
 		"--cert-dir=" + pki,
 		"--token-auth-file=" + tokens,
+		"--client-ca-file=" + c.clientCA.certFile,
 		"--authorization-mode=RBAC",
+		// A request without credentials is refused (401), as in a hardened cluster.
+		"--anonymous-auth=false",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + saKey,
 		"--service-account-signing-key-file=" + saKey,
@@ -397,6 +415,22 @@ func (c *Cluster) Stop() {
 			_ = os.RemoveAll(c.Dir)
 		}
 	})
+}
+
+// Users have bearer tokens the apiserver accepts, and no permissions until a test grants them
+// some with RBAC. Their groups are only system:authenticated.
+var Users = []string{"alice", "bob", "carol", "dave"}
+
+// Token returns the bearer token of "admin" (system:masters) or one of Users.
+func (c *Cluster) Token(user string) string { return c.tokens[user] }
+
+// ClientCAFile is the CA the apiserver trusts for client certificates.
+func (c *Cluster) ClientCAFile() string { return c.clientCA.certFile }
+
+// ClientCert issues a client certificate for user (CN) in groups (O), signed by the CA the
+// apiserver trusts, and returns the paths of the certificate and its key.
+func (c *Cluster) ClientCert(user string, groups ...string) (certFile, keyFile string, err error) {
+	return c.clientCA.issue(c.Dir, user, groups)
 }
 
 // KubeconfigAs writes a kubeconfig that uses the admin token to impersonate user (and groups),
