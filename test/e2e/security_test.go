@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -281,4 +282,87 @@ func writeKubeconfigAs(t *testing.T, token string) string {
 		t.Fatal(err)
 	}
 	return d.kubeconfig(t, token)
+}
+
+func TestARotatedServingCertificateIsServedWithoutRestart(t *testing.T) {
+	dir := t.TempDir()
+	issue := func(version string) (caPEM []byte) {
+		t.Helper()
+		ca, caKey, caPEM, _, err := testbed.NewCert(pkix.Name{CommonName: "ca-" + version}, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, certPEM, keyPEM, err := testbed.NewCert(pkix.Name{CommonName: "dynwatch-" + version}, []string{"127.0.0.1"}, ca, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kubeletSwap(dir, version, map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM}); err != nil {
+			t.Fatal(err)
+		}
+		return caPEM
+	}
+	first := issue("v1")
+	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps}]
+api: {address: "127.0.0.1:0", tls: {certFile: %[1]s/tls.crt, keyFile: %[1]s/tls.key}}
+metrics: {address: "127.0.0.1:0"}
+`, dir))
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	url, _, _ := p.WaitListening(t.Context())
+	admin := caller{token: cluster.Config.BearerToken}
+	if got := ask(t, httpClient(t, admin.config(url, "", first)), url+"/api/v1/configmaps"); got.code != http.StatusOK {
+		t.Fatalf("with the first certificate: %v", got)
+	}
+	second := issue("v2")
+	start := time.Now()
+	testbed.Eventually(t, 30*time.Second, func() error {
+		client := httpClient(t, admin.config(url, "", second))
+		resp, err := client.Get(url + "/api/v1/configmaps")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	})
+	t.Logf("the rotated certificate was served %s after the swap", time.Since(start).Round(time.Millisecond))
+	kubeconfig := dynwatchAPI{url: url, caFile: filepath.Join(dir, "ca-v2.crt")}
+	if err := os.WriteFile(kubeconfig.caFile, second, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, kubeconfig.kubeconfig(t, cluster.Token("bob")), "version")
+}
+
+// kubeletSwap writes files into dir the way the kubelet updates a mounted Secret: into a new
+// timestamped directory, then an atomic rename of the ..data symlink (each name is a symlink
+// into ..data), then removal of the previous directory.
+func kubeletSwap(dir, version string, files map[string][]byte) error {
+	ts := "..v-" + version
+	if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+		return err
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, ts, name), b, 0o600); err != nil {
+			return err
+		}
+		link := filepath.Join(dir, name)
+		if _, err := os.Lstat(link); err != nil {
+			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+				return err
+			}
+		}
+	}
+	previous, _ := os.Readlink(filepath.Join(dir, "..data"))
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		return err
+	}
+	if previous == "" {
+		return nil
+	}
+	return os.RemoveAll(filepath.Join(dir, previous))
 }
