@@ -153,9 +153,13 @@ func (a *api) version(c *gin.Context) {
 	c.JSON(http.StatusOK, v)
 }
 
-// deadline bounds writing the response.
+// timeoutGrace is how long after api.requestTimeout a response may still be written: the
+// work is cut at the timeout, and its 504 must still reach the client.
+const timeoutGrace = 5 * time.Second
+
+// deadline bounds writing the response to d and the grace after it.
 func (a *api) deadline(c *gin.Context, d time.Duration) {
-	_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(d))
+	_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(d + timeoutGrace))
 }
 
 // serve answers every Kubernetes API path.

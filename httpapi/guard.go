@@ -59,9 +59,6 @@ func newGate(authn authenticator.Request, authz authorizer.Authorizer, limits co
 	}
 }
 
-// userKey is the gin context key of the authenticated user's name.
-const userKey = "dynwatch.user"
-
 // unauthenticatedPaths are served to anyone: the apiserver serves them to
 // system:unauthenticated through system:public-info-viewer.
 var unauthenticatedPaths = map[string]bool{"/version": true, "/version/": true}
@@ -114,7 +111,6 @@ func (a *api) guard(c *gin.Context) {
 			return
 		}
 		user = attrs.User.GetName()
-		c.Set(userKey, user)
 		if !g.acquire(slot{user: user, watch: watch}) {
 			a.busy(c, rejectUserBusy, fmt.Sprintf("user %q has too many requests in flight", user))
 			return

@@ -151,10 +151,13 @@ func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial boo
 	defer s.mu.Unlock()
 	if initial {
 		// The resourceVersion first: every change up to it is in the snapshot that follows.
-		w := &watcher{wake: make(chan struct{}, 1), minRV: res.ResourceVersion(), fresh: map[string]uint64{}}
+		w := &watcher{wake: make(chan struct{}, 1), minRV: res.ResourceVersion()}
 		snapshot := res.List()
 		for _, o := range snapshot {
 			if orv := rvOf(o); orv > w.minRV {
+				if w.fresh == nil {
+					w.fresh = map[string]uint64{}
+				}
 				w.fresh[key(o)] = orv
 			}
 		}

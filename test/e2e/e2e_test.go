@@ -38,6 +38,10 @@ var (
 	buildOnce sync.Once
 	binary    string
 	buildErr  error
+
+	plainOnce     sync.Once
+	plain         string
+	plainBuildErr error
 )
 
 func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
@@ -57,6 +61,24 @@ func dynwatchBinary(t *testing.T) string {
 		t.Fatal(buildErr)
 	}
 	return binary
+}
+
+// plainBinary builds the binary without the race detector, whose instrumentation would
+// multiply what a memory measurement sees, once per test run.
+func plainBinary(t *testing.T) string {
+	t.Helper()
+	plainOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dynwatch-e2e-plain-")
+		if err != nil {
+			plainBuildErr = err
+			return
+		}
+		plain, plainBuildErr = runner.Build(context.Background(), dir, false)
+	})
+	if plainBuildErr != nil {
+		t.Fatal(plainBuildErr)
+	}
+	return plain
 }
 
 // start runs the binary with the YAML configuration and kubeconfig until the test ends.

@@ -3,9 +3,11 @@ package e2e
 import (
 	"crypto/x509/pkix"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,6 +54,23 @@ type answer struct {
 	message string
 }
 
+// shortURL keeps test messages readable when a test sends a huge URL.
+func shortURL(u string) string {
+	if len(u) > 160 {
+		return fmt.Sprintf("%s... (%d bytes)", u[:160], len(u))
+	}
+	return u
+}
+
+// shortErr is err's message with any URL in it cut as shortURL cuts it.
+func shortErr(err error) string {
+	var uerr *neturl.Error
+	if errors.As(err, &uerr) {
+		return fmt.Sprintf("%s %s: %v", uerr.Op, shortURL(uerr.URL), uerr.Err)
+	}
+	return err.Error()
+}
+
 func (a answer) String() string { return fmt.Sprintf("%d %s %q", a.code, a.reason, a.message) }
 
 // ask GETs url and returns the answer; it reads only the headers of a successful watch.
@@ -60,7 +79,7 @@ func ask(t *testing.T, client *http.Client, url string) answer {
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
+		t.Fatalf("GET %s: %v", shortURL(url), shortErr(err))
 	}
 	defer resp.Body.Close()
 	a := answer{code: resp.StatusCode}
@@ -68,7 +87,7 @@ func ask(t *testing.T, client *http.Client, url string) answer {
 		var st metav1.Status
 		b, _ := io.ReadAll(resp.Body)
 		if err := json.Unmarshal(b, &st); err != nil || st.Kind != "Status" {
-			t.Fatalf("GET %s: %d with a body that is no Status: %s", url, resp.StatusCode, b)
+			t.Fatalf("GET %s: %d with a body that is no Status: %.300s", shortURL(url), resp.StatusCode, b)
 		}
 		a.reason, a.message = st.Reason, st.Message
 	}

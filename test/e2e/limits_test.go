@@ -1,0 +1,341 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/dynwatch/dynwatch/test/runner"
+)
+
+// hostileFixture is a secured dynwatch with a 1s request timeout and small per-user limits,
+// over many configmaps, so that a scan with a costly selector takes longer than the timeout.
+type hostileFixture struct {
+	dynwatchAPI
+	p     *runner.Process
+	ns    string
+	admin *rest.Config
+}
+
+const hostileObjects = 15000
+
+func startHostile(t *testing.T) hostileFixture {
+	t.Helper()
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	ns := namespace(t)
+	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+api:
+  address: "127.0.0.1:0"
+  requestTimeout: 1s
+  tls: {selfSignedCAFile: %s}
+  limits: {maxInFlightPerUser: 2, maxWatchesPerUser: 20}
+metrics: {address: "127.0.0.1:0"}
+`, ns, caFile))
+	createConfigMaps(t, ns, hostileObjects)
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	url, _, _ := p.WaitListening(t.Context())
+	d := dynwatchAPI{url: url, caFile: caFile}
+	f := hostileFixture{dynwatchAPI: d, p: p, ns: ns, admin: d.restConfig(cluster.Config.BearerToken)}
+	// Wait until the cache holds every object.
+	client := httpClient(t, f.admin)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := client.Get(url + "/api/v1/namespaces/" + ns + "/configmaps?limit=1")
+		if err == nil {
+			var list struct {
+				Metadata struct{ RemainingItemCount int } `json:"metadata"`
+			}
+			err = decodeJSON(resp, &list)
+			if err == nil && list.Metadata.RemainingItemCount == hostileObjects-1 {
+				return f
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dynwatch's cache did not reach %d configmaps: %v", hostileObjects, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func createConfigMaps(t *testing.T, ns string, n int) {
+	t.Helper()
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.QPS = -1
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	names := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range names {
+				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%05d", i), Annotations: map[string]string{"a": "b"}}}
+				if _, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for i := range n {
+		names <- i
+	}
+	close(names)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// costlySelector is a field selector just under the URL limit whose every requirement must
+// be evaluated against every object: an unindexed scan as slow as a caller can make it.
+func costlySelector() string {
+	var reqs []string
+	for i := 0; len(strings.Join(reqs, ",")) < 7000; i++ {
+		reqs = append(reqs, fmt.Sprintf("metadata.annotations.k%d!=v", i))
+	}
+	return strings.Join(reqs, ",")
+}
+
+// cpuTime is the user and system CPU the process has used, from /proc.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name, which ends with ')': utime and stime are the 12th and 13th.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+func TestHostileRequestsCostLittle(t *testing.T) {
+	f := startHostile(t)
+	client := httpClient(t, f.admin)
+	list := f.url + "/api/v1/namespaces/" + f.ns + "/configmaps?fieldSelector="
+
+	t.Run("a 1 MB selector is refused before any work", func(t *testing.T) {
+		huge := list + strings.Repeat("metadata.name!%3Dx,", 1_000_000/19)
+		before, start := cpuTime(t, f.p.PID()), time.Now()
+		got := ask(t, client, huge)
+		elapsed, cpu := time.Since(start), cpuTime(t, f.p.PID())-before
+		if got.code != http.StatusRequestURITooLong || !strings.Contains(got.message, "at most 8192") {
+			t.Fatalf("a %d-byte URL: %v, want 414 naming the limit", len(huge), got)
+		}
+		t.Logf("a %d-byte selector: answered 414 in %s, dynwatch CPU %s", len(huge), elapsed.Round(time.Millisecond), cpu)
+	})
+	t.Run("a scan past api.requestTimeout answers 504", func(t *testing.T) {
+		start := time.Now()
+		got := ask(t, client, list+costlySelector())
+		elapsed := time.Since(start)
+		if got.code != http.StatusGatewayTimeout || got.reason != metav1.StatusReasonTimeout {
+			t.Fatalf("a costly scan answered %v after %s, want 504 Timeout", got, elapsed)
+		}
+		if elapsed > 1500*time.Millisecond {
+			t.Fatalf("the 504 came after %s; requestTimeout is 1s", elapsed)
+		}
+		t.Logf("a costly scan of %d objects was cut at %s", hostileObjects, elapsed.Round(time.Millisecond))
+	})
+	t.Run("a scan stops when its client goes away", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, list+costlySelector(), nil)
+			if resp, err := client.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		time.Sleep(300 * time.Millisecond)
+		cancel()
+		<-done
+		time.Sleep(100 * time.Millisecond)
+		before := cpuTime(t, f.p.PID())
+		time.Sleep(500 * time.Millisecond)
+		if used := cpuTime(t, f.p.PID()) - before; used > 150*time.Millisecond {
+			t.Fatalf("dynwatch used %s of CPU in the 500ms from 100ms after its client left: the scan went on", used)
+		}
+	})
+	t.Run("a user's requests beyond the limit get 429 with Retry-After", func(t *testing.T) {
+		var wg sync.WaitGroup
+		codes := make(chan int, 3)
+		for range 3 {
+			wg.Go(func() {
+				resp, err := client.Get(list + costlySelector())
+				if err != nil {
+					t.Error(shortErr(err))
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+					t.Error("a 429 without Retry-After")
+				}
+				codes <- resp.StatusCode
+			})
+		}
+		wg.Wait()
+		close(codes)
+		count := map[int]int{}
+		for c := range codes {
+			count[c]++
+		}
+		if count[http.StatusTooManyRequests] != 1 || count[http.StatusGatewayTimeout] != 2 {
+			t.Fatalf("3 costly scans at once with maxInFlightPerUser 2: %v, want two 504 and one 429", count)
+		}
+		// Another user is not held back by this one.
+		bob := httpClient(t, caller{token: cluster.Token("bob")}.config(f.url, f.caFile, nil))
+		if got := ask(t, bob, f.url+"/version"); got.code != http.StatusOK {
+			t.Fatalf("bob: %v", got)
+		}
+	})
+	t.Run("a user's watches beyond the limit get 429", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		count := map[int]int{}
+		for range 25 {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, f.url+"/api/v1/namespaces/"+f.ns+"/configmaps?watch=true&resourceVersion=0&timeoutSeconds=60&labelSelector=none%3Dnone", nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(shortErr(err))
+			}
+			count[resp.StatusCode]++
+			if resp.StatusCode != http.StatusOK {
+				resp.Body.Close()
+			} else {
+				defer resp.Body.Close()
+			}
+		}
+		if count[http.StatusOK] != 20 || count[http.StatusTooManyRequests] != 5 {
+			t.Fatalf("25 watches with maxWatchesPerUser 20: %v", count)
+		}
+	})
+}
+
+func decodeJSON(resp *http.Response, v any) error {
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func TestTenThousandWatchesAreBoundedAndAnIdleWatchCostsLittle(t *testing.T) {
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, path, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps}]
+api:
+  address: "127.0.0.1:0"
+  tls: {selfSignedCAFile: %s}
+  limits: {maxWatches: 2000, maxWatchesPerUser: 2000}
+metrics: {address: "127.0.0.1:0", pprof: true}
+`, caFile))
+	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: cluster.Kubeconfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	url, metrics, _ := p.WaitListening(t.Context())
+	client := httpClient(t, dynwatchAPI{url: url, caFile: caFile}.restConfig(cluster.Config.BearerToken))
+	// One watch first, so that the connections' and the handler's one-off costs are paid.
+	memory := func() (heap, stack, rss float64) {
+		// Each profile collects garbage first; twice, so that sync.Pool's victim caches of
+		// the rejected requests' buffers are gone too.
+		for range 2 {
+			resp, err := http.Get(metrics + "/debug/pprof/heap?gc=1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		return metricValue(t, metrics, "go_memstats_heap_inuse_bytes"), metricValue(t, metrics, "go_memstats_stack_inuse_bytes"),
+			metricValue(t, metrics, "process_resident_memory_bytes")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	watch := func() int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/v1/configmaps?watch=true&resourceVersion=0&labelSelector=none%3Dnone", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0
+		}
+		if resp.StatusCode != http.StatusOK {
+			resp.Body.Close()
+		}
+		return resp.StatusCode
+	}
+	if code := watch(); code != http.StatusOK {
+		t.Fatalf("the first watch: %d", code)
+	}
+	heap0, stack0, rss0 := memory()
+	// attempt opens n watches from workers goroutines and counts the answers.
+	attempt := func(n, workers int) map[int]int {
+		codes := make(chan int, n)
+		jobs := make(chan struct{})
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for range jobs {
+					codes <- watch()
+				}
+			})
+		}
+		for range n {
+			jobs <- struct{}{}
+		}
+		close(jobs)
+		wg.Wait()
+		close(codes)
+		count := map[int]int{}
+		for c := range codes {
+			count[c]++
+		}
+		return count
+	}
+	// Up to the limit first, from a steady number of connections, to measure what each costs.
+	if count := attempt(1999, 64); count[http.StatusOK] != 1999 {
+		t.Fatalf("1999 watches with maxWatches 2000 (one already open): %v", count)
+	}
+	heap1, stack1, rss1 := memory()
+	n := 1999.0
+	// Then a flood from one user: all refused, at once, and dynwatch stays up.
+	const attempts = 10_000
+	start := time.Now()
+	count := attempt(attempts, 1000)
+	elapsed := time.Since(start)
+	if count[http.StatusTooManyRequests] != attempts {
+		t.Fatalf("%d more watch attempts beyond maxWatches: %v, want all 429", attempts, count)
+	}
+	if code := ask(t, client, url+"/api/v1/configmaps?limit=1"); code.code != http.StatusOK {
+		t.Fatalf("a list after the flood: %v", code)
+	}
+	// The heap is the measure (what a watch allocates and keeps); each watch also holds the
+	// goroutine net/http serves its HTTP/2 stream on, whose stack is reported beside it.
+	heapPerWatch := (heap1 - heap0) / n
+	t.Logf("%d watch attempts beyond the limit refused in %s; per idle watch: heap %.1f KiB, goroutine stack %.1f KiB, resident %.1f KiB",
+		attempts, elapsed.Round(time.Millisecond), heapPerWatch/1024, (stack1-stack0)/n/1024, (rss1-rss0)/n/1024)
+	if heapPerWatch > 16*1024 {
+		t.Fatalf("an idle watch keeps %.1f KiB of heap, want at most 16 KiB", heapPerWatch/1024)
+	}
+}
