@@ -23,6 +23,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/test/runner"
@@ -129,6 +130,20 @@ func TestBadValuesAreRefused(t *testing.T) {
 		})
 	}
 	// helm lint does not stop at a template's fail; helm template does.
+	for _, exposed := range []string{"LoadBalancer", "NodePort"} {
+		t.Run("a "+exposed+" Service without authentication", func(t *testing.T) {
+			_, err := helm(t, "template", "dw", chartDir, "--set", "service.type="+exposed, "--set", "config.api.auth.mode=none")
+			if err == nil || !strings.Contains(err.Error(), "without authentication") {
+				t.Errorf("helm template = %v; want a refusal", err)
+			}
+		})
+	}
+	t.Run("cert-manager without an issuer", func(t *testing.T) {
+		_, err := helm(t, "template", "dw", chartDir, "--set", "apiTLS.certManager.enabled=true")
+		if err == nil || !strings.Contains(err.Error(), "apiTLS.certManager.issuerRef.name is required") {
+			t.Errorf("helm template = %v; want the issuer message", err)
+		}
+	})
 	t.Run("persistence with two replicas", func(t *testing.T) {
 		_, err := helm(t, "template", "dw", chartDir, "--set", "replicaCount=2", "--set", "persistence.enabled=true")
 		if err == nil || !strings.Contains(err.Error(), "persistence.enabled needs replicaCount: 1") {
@@ -151,19 +166,27 @@ const serviceMonitorCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"Custo
   "versions":[{"name":"v1","served":true,"storage":true,
    "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
 
+// certificateCRD stands in for cert-manager's Certificate CRD, likewise.
+const certificateCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+ "metadata":{"name":"certificates.cert-manager.io"},
+ "spec":{"group":"cert-manager.io","scope":"Namespaced",
+  "names":{"kind":"Certificate","plural":"certificates","singular":"certificate","listKind":"CertificateList"},
+  "versions":[{"name":"v1","served":true,"storage":true,
+   "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+
 func TestEveryCIRenderingIsAcceptedByTheAPIServer(t *testing.T) {
 	for _, ns := range []string{"dynwatch-dry-run", "team-a", "team-b", "monitoring"} {
 		namespace(t, ns)
 	}
 	crd := filepath.Join(t.TempDir(), "crd.json")
-	if err := os.WriteFile(crd, []byte(serviceMonitorCRD), 0o600); err != nil {
+	if err := os.WriteFile(crd, []byte(serviceMonitorCRD+"\n"+certificateCRD), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", crd); err != nil {
 		t.Fatal(err)
 	}
 	testbed.Eventually(t, 30*time.Second, func() error {
-		_, err := cluster.Kubectl(t.Context(), "get", "servicemonitors", "-A")
+		_, err := cluster.Kubectl(t.Context(), "get", "servicemonitors,certificates", "-A")
 		return err
 	})
 	for _, f := range ciValues(t) {
@@ -246,8 +269,8 @@ config:
 	for _, o := range rbac {
 		kinds[o.GetKind()]++
 	}
-	if kinds["Role"] != 1 || kinds["RoleBinding"] != 1 || kinds["ClusterRole"] != 1 || kinds["ClusterRoleBinding"] != 1 || kinds["ServiceAccount"] != 1 {
-		t.Fatalf("rendered RBAC objects %v; want a Role and binding for %s, a ClusterRole and binding for gadgets", kinds, watched)
+	if kinds["Role"] != 1 || kinds["RoleBinding"] != 1 || kinds["ClusterRole"] != 1 || kinds["ClusterRoleBinding"] != 2 || kinds["ServiceAccount"] != 1 {
+		t.Fatalf("rendered RBAC objects %v; want a Role and binding for %s, a ClusterRole and binding for gadgets, and the auth-delegator binding", kinds, watched)
 	}
 	var manifest bytes.Buffer
 	for _, o := range rbac {
@@ -268,7 +291,7 @@ config:
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfgPath := filepath.Join(t.TempDir(), "config.yaml")
+	cfgPath, caFile := filepath.Join(t.TempDir(), "config.yaml"), filepath.Join(t.TempDir(), "ca.crt")
 	if err := os.WriteFile(cfgPath, []byte(renderedConfig(t, objs)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +300,8 @@ config:
 		t.Fatal(err)
 	}
 	p, err := runner.Start(runner.Options{Binary: bin, Config: cfgPath, Kubeconfig: kubeconfig,
-		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0", "DYNWATCH_STATE_PATH=" + filepath.Join(t.TempDir(), "state.db")}})
+		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0", "DYNWATCH_STATE_PATH=" + filepath.Join(t.TempDir(), "state.db"),
+			"DYNWATCH_API_TLS_SELFSIGNEDCAFILE=" + caFile}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +317,26 @@ config:
 	defer cancel()
 	if err := p.WaitReady(ctx); err != nil {
 		t.Fatalf("dynwatch as %s did not become ready: %v", sa, err)
+	}
+	// Its query API authenticates and authorizes callers through the cluster with only the
+	// rendered permissions: a TokenReview and a SubjectAccessReview behind every answer.
+	api, _, _ := p.WaitListening(ctx)
+	for _, c := range []struct {
+		user, token string
+		want        int
+	}{{"admin", cluster.Token("admin"), 200}, {"carol", cluster.Token("carol"), 403}, {"nobody", "", 401}} {
+		client, err := rest.HTTPClientFor(&rest.Config{Host: api, BearerToken: c.token, TLSClientConfig: rest.TLSClientConfig{CAFile: caFile}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Get(api + "/api/v1/namespaces/" + watched + "/configmaps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("listing configmaps through dynwatch as %s: %d, want %d", c.user, resp.StatusCode, c.want)
+		}
 	}
 
 	// And no more than it needs.
@@ -312,6 +356,11 @@ config:
 		{"create", "", "configmaps", watched, false},
 		{"delete", "lp.example.com", "gadgets", watched, false},
 		{"list", "apiextensions.k8s.io", "customresourcedefinitions", "", false},
+		{"create", "authentication.k8s.io", "tokenreviews", "", true},
+		{"create", "authorization.k8s.io", "subjectaccessreviews", "", true},
+		{"get", "", "configmaps", "kube-system", false},
+		{"create", "authentication.k8s.io", "tokenrequests", "", false},
+		{"impersonate", "", "users", "", false},
 	}
 	for _, tt := range tests {
 		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
@@ -363,4 +412,54 @@ func TestTheStateVolumeIsAnEmptyDirOrAClaim(t *testing.T) {
 	}) {
 		t.Error("with persistence the chart renders no PersistentVolumeClaim")
 	}
+}
+
+func TestTheDefaultRenderingIsSecure(t *testing.T) {
+	objs := objects(t, render(t, "dw"))
+	cfg, err := loadRendered(t, objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.API.Auth.Mode != config.AuthKubernetes || !cfg.API.TLS.Enabled || cfg.API.TLS.SelfSignedCAFile == "" ||
+		!slices.Contains(cfg.API.TLS.SelfSignedHosts, "dw-dynwatch.dw.svc") {
+		t.Errorf("default api settings %+v; want cluster auth and TLS for the Service's names", cfg.API)
+	}
+	var policy, delegator *unstructured.Unstructured
+	for _, o := range objs {
+		switch {
+		case o.GetKind() == "NetworkPolicy":
+			policy = o
+		case o.GetKind() == "ClusterRoleBinding" && strings.HasSuffix(o.GetName(), "-auth-delegator"):
+			delegator = o
+		}
+	}
+	if delegator == nil {
+		t.Error("no system:auth-delegator binding")
+	}
+	if policy == nil {
+		t.Fatal("no NetworkPolicy by default")
+	}
+	rules, _, _ := unstructured.NestedSlice(policy.Object, "spec", "ingress")
+	if len(rules) != 2 {
+		t.Fatalf("NetworkPolicy ingress %v; want one rule for api, one for metrics", rules)
+	}
+	metricsFrom, _, _ := unstructured.NestedSlice(rules[1].(map[string]any), "from")
+	if len(metricsFrom) != 1 || !strings.Contains(fmt.Sprint(metricsFrom), "helm-test") {
+		t.Errorf("metrics port open to %v by default; want only the chart's test pod", metricsFrom)
+	}
+	// With a Secret, the config points at its files and the pod mounts it.
+	objs = objects(t, render(t, "dw", "--set", "apiTLS.secretName=dw-tls"))
+	if rendered := renderedConfig(t, objs); !strings.Contains(rendered, "certFile: /etc/dynwatch/tls/tls.crt") || strings.Contains(rendered, "selfSigned") {
+		t.Errorf("with apiTLS.secretName the config reads:\n%s", rendered)
+	}
+}
+
+// loadRendered loads the rendering's config with dynwatch's loader, files not needing to exist.
+func loadRendered(t *testing.T, objs []*unstructured.Unstructured) (*config.Config, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(renderedConfig(t, objs)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return config.Load(path)
 }

@@ -29,6 +29,12 @@ app.kubernetes.io/name: {{ include "dynwatch.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The labels of the chart's `helm test` pod, which the NetworkPolicy lets reach /readyz. */}}
+{{- define "dynwatch.testLabels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: helm-test
+{{- end }}
+
 {{- define "dynwatch.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "dynwatch.fullname" .) .Values.serviceAccount.name }}
@@ -47,7 +53,50 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "dynwatch.apiPort" -}}
-{{- include "dynwatch.port" (dig "api" "address" ":8080" .Values.config) }}
+{{- include "dynwatch.port" (dig "api" "address" ":8443" .Values.config) }}
+{{- end }}
+
+{{/* api.auth.mode of the config: kubernetes unless set. */}}
+{{- define "dynwatch.authMode" -}}
+{{- dig "api" "auth" "mode" "kubernetes" .Values.config }}
+{{- end }}
+
+{{/* The Secret holding the API's serving certificate, or "" for a self-signed one. */}}
+{{- define "dynwatch.tlsSecret" -}}
+{{- if .Values.apiTLS.certManager.enabled }}
+{{- printf "%s-api-tls" (include "dynwatch.fullname" .) }}
+{{- else }}
+{{- .Values.apiTLS.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* The Service's DNS names, which the API's certificate must cover. */}}
+{{- define "dynwatch.dnsNames" -}}
+{{- $name := include "dynwatch.fullname" . }}
+{{- toJson (list $name (printf "%s.%s" $name .Release.Namespace) (printf "%s.%s.svc" $name .Release.Namespace) (printf "%s.%s.svc.cluster.local" $name .Release.Namespace)) }}
+{{- end }}
+
+{{/*
+The configuration the pod reads: .Values.config, with the API's TLS files pointed at the
+mounted Secret when there is one, or else the self-signed certificate made for the Service's
+names and its CA written to the state volume. Settings given in config.api.tls win.
+*/}}
+{{- define "dynwatch.config" -}}
+{{- $config := deepCopy .Values.config }}
+{{- $api := default dict $config.api }}
+{{- $tls := default dict $api.tls }}
+{{- if ne (toString (dig "enabled" true $tls)) "false" }}
+{{- if include "dynwatch.tlsSecret" . }}
+{{- $_ := set $tls "certFile" (default "/etc/dynwatch/tls/tls.crt" $tls.certFile) }}
+{{- $_ := set $tls "keyFile" (default "/etc/dynwatch/tls/tls.key" $tls.keyFile) }}
+{{- else if not $tls.certFile }}
+{{- $_ := set $tls "selfSignedHosts" (default (include "dynwatch.dnsNames" . | fromJsonArray) $tls.selfSignedHosts) }}
+{{- $_ := set $tls "selfSignedCAFile" (default "/var/lib/dynwatch/api-ca.crt" $tls.selfSignedCAFile) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $api "tls" $tls }}
+{{- $_ := set $config "api" $api }}
+{{- toYaml $config }}
 {{- end }}
 
 {{- define "dynwatch.metricsPort" -}}
