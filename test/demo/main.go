@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509/pkix"
 	_ "embed"
 	"encoding/base64"
 	"encoding/json"
@@ -25,6 +26,8 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
@@ -66,8 +69,13 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	tlsCert, tlsKey, caFile, err := issueServingCert(cluster.Dir)
+	if err != nil {
+		return err
+	}
 	configPath := filepath.Join(cluster.Dir, "dynwatch.yaml")
-	vars := map[string]string{"RECEIVER_URL": receiverURL, "SECRET_FILE": secretFile, "STATE_FILE": filepath.Join(cluster.Dir, "state.db")}
+	vars := map[string]string{"RECEIVER_URL": receiverURL, "SECRET_FILE": secretFile, "STATE_FILE": filepath.Join(cluster.Dir, "state.db"),
+		"TLS_CERT": tlsCert, "TLS_KEY": tlsKey}
 	if err := os.WriteFile(configPath, []byte(os.Expand(demoConfig, func(k string) string { return vars[k] })), 0o600); err != nil {
 		return err
 	}
@@ -86,7 +94,13 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer logFile.Close()
-	dw, err := runner.Start(runner.Options{Binary: bin, Config: configPath, Kubeconfig: cluster.Kubeconfig, Log: logFile})
+	// The demo reads dynwatch's API as the test bed's admin, through TLS.
+	admin, err := rest.HTTPClientFor(&rest.Config{BearerToken: cluster.Token("admin"), TLSClientConfig: rest.TLSClientConfig{CAFile: caFile}})
+	if err != nil {
+		return err
+	}
+	dwOptions := runner.Options{Binary: bin, Config: configPath, Kubeconfig: cluster.Kubeconfig, Log: logFile, APIClient: admin}
+	dw, err := runner.Start(dwOptions)
 	if err != nil {
 		return err
 	}
@@ -146,27 +160,62 @@ func run(ctx context.Context) error {
 		}
 	}
 
-	step("Query dynwatch's cache the way you query the apiserver: kubectl, curl, client-go")
-	empty := filepath.Join(cluster.Dir, "empty-kubeconfig")
-	if err := os.WriteFile(empty, nil, 0o600); err != nil {
-		return err
+	step("Query dynwatch's cache the way you query the apiserver: kubectl and curl, with the admin's token")
+	kubeconfigFor := func(user string) (string, error) {
+		path := filepath.Join(cluster.Dir, "kubeconfig-dynwatch-"+user)
+		return path, testbed.WriteKubeconfig(path, api, caFile, cluster.Token(user))
+	}
+	dwKubectl := func(user string, args ...string) (string, error) {
+		kubeconfig, err := kubeconfigFor(user)
+		if err != nil {
+			return "", err
+		}
+		fmt.Printf("   $ kubectl --kubeconfig %s %s\n", kubeconfig, strings.Join(args, " "))
+		out, err := testbed.Kubectl(ctx, cluster.Binaries.Kubectl, append([]string{"--kubeconfig", kubeconfig, "--cache-dir", filepath.Join(cluster.Dir, "kubectl-cache")}, args...)...)
+		return string(out), err
 	}
 	for _, args := range [][]string{
 		{"get", "configmaps", "-n", "demo", "-l", "app=web"},
 		{"get", "widgets", "-A"},
 		{"get", "configmap", "web", "-n", "demo", "-o", "jsonpath={.data}"},
 	} {
-		fmt.Printf("   $ kubectl --server %s %s\n", api, strings.Join(args, " "))
-		out, err := testbed.Kubectl(ctx, cluster.Binaries.Kubectl, append([]string{"--kubeconfig", empty, "--server", api, "--cache-dir", filepath.Join(cluster.Dir, "kubectl-cache")}, args...)...)
+		out, err := dwKubectl("admin", args...)
 		if err != nil {
 			return err
 		}
-		fmt.Println(indent(string(out)))
+		fmt.Println(indent(out))
 	}
 	query := api + "/api/v1/namespaces/demo/configmaps?index=byTeam&value=storage"
-	fmt.Printf("   $ curl '%s'   (names only)\n", query)
-	if err := printNames(ctx, query); err != nil {
+	fmt.Printf("   $ curl --cacert %s -H 'Authorization: Bearer <admin token>' '%s'   (names only)\n", caFile, query)
+	if err := printNames(ctx, admin, query); err != nil {
 		return err
+	}
+
+	step("Every read is the caller's own: alice may read configmaps in demo, carol may not")
+	for _, c := range [][]string{
+		{"-n", "demo", "create", "role", "configmap-reader", "--verb=get,list,watch", "--resource=configmaps"},
+		{"-n", "demo", "create", "rolebinding", "alice-reads-configmaps", "--role=configmap-reader", "--user=alice"},
+	} {
+		if err := kubectl(c...); err != nil {
+			return err
+		}
+	}
+	for _, q := range []struct {
+		user string
+		args []string
+	}{
+		{"alice", []string{"get", "configmaps", "-n", "demo"}},
+		{"alice", []string{"get", "configmaps", "-A"}},
+		{"carol", []string{"get", "configmaps", "-n", "demo"}},
+	} {
+		out, err := dwKubectl(q.user, q.args...)
+		if err != nil {
+			out = err.Error()
+			if i := strings.LastIndex(out, "Error from server"); i >= 0 {
+				out = out[i:]
+			}
+		}
+		fmt.Printf("   (as %s)\n%s\n", q.user, indent(out))
 	}
 
 	step("Event counters from " + metrics + "/metrics")
@@ -187,7 +236,7 @@ func run(ctx context.Context) error {
 		}
 	}
 	step("Start dynwatch again on its state: the receiver gets those two changes and nothing else")
-	if dw, err = runner.Start(runner.Options{Binary: bin, Config: configPath, Kubeconfig: cluster.Kubeconfig, Log: logFile}); err != nil {
+	if dw, err = runner.Start(dwOptions); err != nil {
 		return err
 	}
 	defer dw.Stop(10 * time.Second) //nolint:errcheck // reported below when it matters
@@ -200,7 +249,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	if *keep {
-		step("Still running. Try: curl " + api + "/status   curl " + metrics + "/metrics\n   kubectl --kubeconfig " + cluster.Kubeconfig + " get cm -n demo\n   Press Ctrl-C to stop.")
+		step("Still running. Try: kubectl --kubeconfig " + filepath.Join(cluster.Dir, "kubeconfig-dynwatch-alice") + " get cm -n demo\n   curl " + metrics + "/metrics\n   kubectl --kubeconfig " + cluster.Kubeconfig + " get cm -n demo   (the apiserver)\n   Press Ctrl-C to stop.")
 		<-ctx.Done()
 	}
 	step("Stopping dynwatch with SIGTERM")
@@ -274,9 +323,9 @@ func indent(s string) string {
 	return "     " + strings.ReplaceAll(strings.TrimSpace(s), "\n", "\n     ")
 }
 
-func printNames(ctx context.Context, url string) error {
+func printNames(ctx context.Context, client *http.Client, url string) error {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -313,4 +362,19 @@ func printMetrics(ctx context.Context, base, prefix string) error {
 		}
 	}
 	return nil
+}
+
+// issueServingCert makes a CA and a certificate for 127.0.0.1 signed by it, as a Secret
+// (or cert-manager) would provide, and returns the certificate's, key's and CA's paths.
+func issueServingCert(dir string) (cert, key, ca string, err error) {
+	caCert, caKey, caPEM, _, err := testbed.NewCert(pkix.Name{CommonName: "demo-ca"}, nil, nil, nil)
+	if err != nil {
+		return "", "", "", err
+	}
+	_, _, certPEM, keyPEM, err := testbed.NewCert(pkix.Name{CommonName: "dynwatch"}, []string{"127.0.0.1", "localhost"}, caCert, caKey)
+	if err != nil {
+		return "", "", "", err
+	}
+	cert, key, ca = filepath.Join(dir, "api.crt"), filepath.Join(dir, "api.key"), filepath.Join(dir, "api-ca.crt")
+	return cert, key, ca, errors.Join(os.WriteFile(cert, certPEM, 0o600), os.WriteFile(key, keyPEM, 0o600), os.WriteFile(ca, caPEM, 0o600))
 }

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
 // dynwatchAPI is a dynwatch query API served over TLS with a CA the test can trust.
@@ -34,13 +34,8 @@ func (d dynwatchAPI) client(t *testing.T, token string) *http.Client {
 // kubeconfig writes a kubeconfig whose server is dynwatch and whose user is token.
 func (d dynwatchAPI) kubeconfig(t *testing.T, token string) string {
 	t.Helper()
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["dynwatch"] = &clientcmdapi.Cluster{Server: d.url, CertificateAuthority: d.caFile}
-	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: token}
-	cfg.Contexts["dynwatch"] = &clientcmdapi.Context{Cluster: "dynwatch", AuthInfo: "user", Namespace: "default"}
-	cfg.CurrentContext = "dynwatch"
 	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+	if err := testbed.WriteKubeconfig(path, d.url, d.caFile, token); err != nil {
 		t.Fatal(err)
 	}
 	return path

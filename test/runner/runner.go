@@ -52,13 +52,17 @@ type Options struct {
 	Kubeconfig string    // --kubeconfig
 	Env        []string  // added to the environment
 	Log        io.Writer // receives dynwatch's log lines as they come, if set
+	// APIClient makes Status's request: one that trusts the API's CA and sends a token, when
+	// the API serves TLS and authenticates. http.DefaultClient when nil.
+	APIClient *http.Client
 }
 
 // Process is a running dynwatch.
 type Process struct {
-	cmd  *exec.Cmd
-	out  io.Writer
-	done chan struct{}
+	cmd       *exec.Cmd
+	out       io.Writer
+	apiClient *http.Client
+	done      chan struct{}
 
 	mu      sync.Mutex
 	log     strings.Builder
@@ -84,7 +88,11 @@ func Start(o Options) (*Process, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start dynwatch: %w", err)
 	}
-	p := &Process{cmd: cmd, out: o.Log, done: make(chan struct{}), addrs: map[string]string{}, changed: make(chan struct{})}
+	client := o.APIClient
+	if client == nil {
+		client = http.DefaultClient
+	}
+	p := &Process{cmd: cmd, out: o.Log, apiClient: client, done: make(chan struct{}), addrs: map[string]string{}, changed: make(chan struct{})}
 	go p.read(stderr)
 	return p, nil
 }
@@ -201,11 +209,15 @@ func (p *Process) Status(ctx context.Context) (httpapi.StatusResponse, error) {
 		return s, err
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api+"/status", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := p.apiClient.Do(req)
 	if err != nil {
 		return s, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return s, fmt.Errorf("GET /status: %s: %s", resp.Status, b)
+	}
 	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
 

@@ -433,6 +433,17 @@ func (c *Cluster) ClientCert(user string, groups ...string) (certFile, keyFile s
 	return c.clientCA.issue(c.Dir, user, groups)
 }
 
+// WriteKubeconfig writes a kubeconfig at path for server, trusting the CA in caFile, with a
+// bearer token as the user.
+func WriteKubeconfig(path, server, caFile, token string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["server"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: caFile}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["default"] = &clientcmdapi.Context{Cluster: "server", AuthInfo: "user", Namespace: "default"}
+	cfg.CurrentContext = "default"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
 // KubeconfigAs writes a kubeconfig that uses the admin token to impersonate user (and groups),
 // so a client runs with exactly that user's RBAC permissions. It returns the file's path.
 func (c *Cluster) KubeconfigAs(user string, groups ...string) (string, error) {
