@@ -18,7 +18,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
@@ -45,7 +48,10 @@ type benchFixture struct {
 	client  kubernetes.Interface
 	res     *dynamicinformer.Resource
 	handler http.Handler
-	stop    func()
+	// authorized serves the same cache with api.auth.mode kubernetes: TokenReview and
+	// SubjectAccessReview through the test bed, with decisions cached longer than a run.
+	authorized http.Handler
+	stop       func()
 }
 
 var (
@@ -119,8 +125,17 @@ func newBenchFixture(n int) (*benchFixture, error) {
 	}
 	f.res, _ = mgr.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
 	fmt.Fprintf(os.Stderr, "cache synced %d objects in %s\n", len(f.res.List()), time.Since(start).Round(time.Millisecond))
-	f.handler, err = NewAPI(APIOptions{Logger: log, Informers: mgr, Watches: hub, Registerer: prometheus.NewRegistry(),
-		MaxPageSize: 500, RequestTimeout: time.Minute, MaxWatchTimeout: time.Minute})
+	opts := APIOptions{Logger: log, Informers: mgr, Watches: hub, Registerer: prometheus.NewRegistry(),
+		MaxPageSize: 500, RequestTimeout: time.Minute, MaxWatchTimeout: time.Minute, Limits: cfg.API.Limits}
+	if f.handler, err = NewAPI(opts); err != nil {
+		return nil, err
+	}
+	cached := config.Auth{TokenCacheTTL: time.Hour, AllowCacheTTL: time.Hour, DenyCacheTTL: time.Hour}
+	if opts.Authenticator, opts.Authorizer, err = newDelegatedAuth(kubernetes.NewForConfigOrDie(cluster.Config), cached, nil); err != nil {
+		return nil, err
+	}
+	opts.Registerer = prometheus.NewRegistry()
+	f.authorized, err = NewAPI(opts)
 	return f, err
 }
 
@@ -192,23 +207,32 @@ func BenchmarkIndexLookup(b *testing.B) {
 }
 
 // BenchmarkListPage measures a 50-item page of a label-selected list served through the HTTP
-// handler, by index, with the apiserver quiet and while objects are being updated.
+// handler, by index, with the apiserver quiet, while objects are being updated, and (quiet)
+// to an authenticated and authorized caller whose decisions are cached.
 func BenchmarkListPage(b *testing.B) {
 	f := fixture(b)
-	for _, mode := range []string{"quiet", "updating"} {
+	for _, mode := range []string{"quiet", "authorized", "updating"} {
 		b.Run(mode, func(b *testing.B) {
 			var stop func() int64
-			if mode == "updating" {
+			handler, token := f.handler, ""
+			switch mode {
+			case "updating":
 				stop = f.updating(b, *benchObjects)
+			case "authorized":
+				handler, token = f.authorized, f.cluster.Token("bob")
+				f.grantList(b, "bob")
 			}
 			var lat []time.Duration
 			i := 0
 			started := time.Now()
 			for b.Loop() {
 				req := httptest.NewRequest(http.MethodGet, fmt.Sprintf("/api/v1/configmaps?labelSelector=app%%3Dapp-%03d&limit=50", i%benchApps), nil)
+				if token != "" {
+					req.Header.Set("Authorization", "Bearer "+token)
+				}
 				rec := httptest.NewRecorder()
 				t0 := time.Now()
-				f.handler.ServeHTTP(rec, req)
+				handler.ServeHTTP(rec, req)
 				lat = append(lat, time.Since(t0))
 				if rec.Code != http.StatusOK || rec.Header().Get("X-Dynwatch-Lookup") != "index/byApp" {
 					b.Fatalf("status %d via %q: %s", rec.Code, rec.Header().Get("X-Dynwatch-Lookup"), rec.Body.String())
@@ -223,5 +247,36 @@ func BenchmarkListPage(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 		})
+	}
+}
+
+// grantList lets user list configmaps cluster-wide and waits until the apiserver's RBAC
+// agrees, so that the first decision dynwatch caches is the allowing one.
+func (f *benchFixture) grantList(b *testing.B, user string) {
+	ctx := context.Background()
+	name := "bench-list-configmaps-" + user
+	rules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list"}}}
+	_, err := f.client.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{})
+	if err == nil {
+		_, err = f.client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
+			Subjects:   []rbacv1.Subject{{Kind: "User", Name: user}},
+		}, metav1.CreateOptions{})
+	}
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "configmaps"},
+	}}
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		got, err := f.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err == nil && got.Status.Allowed {
+			return
+		}
+		if time.Since(start) > 30*time.Second {
+			b.Fatalf("RBAC does not let %s list configmaps after 30s: %v", user, err)
+		}
 	}
 }
