@@ -34,51 +34,41 @@ import (
 var (
 	update  = flag.Bool("update", false, "rewrite golden files under testdata/")
 	cluster *testbed.Cluster
-
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-
-	plainOnce     sync.Once
-	plain         string
-	plainBuildErr error
 )
 
 func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
 
 // dynwatchBinary builds the binary, with the race detector, once per test run.
-func dynwatchBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dynwatch-e2e-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary, buildErr = runner.Build(context.Background(), dir, true)
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binary
-}
+func dynwatchBinary(t *testing.T) string { return raceBinary.get(t) }
 
 // plainBinary builds the binary without the race detector, whose instrumentation would
 // multiply what a memory measurement sees, once per test run.
-func plainBinary(t *testing.T) string {
+func plainBinary(t *testing.T) string { return noRaceBinary.get(t) }
+
+var raceBinary, noRaceBinary = &build{race: true}, &build{}
+
+// build is one build of the binary, made on first use.
+type build struct {
+	race bool
+	once sync.Once
+	path string
+	err  error
+}
+
+func (b *build) get(t *testing.T) string {
 	t.Helper()
-	plainOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dynwatch-e2e-plain-")
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", "dynwatch-e2e-")
 		if err != nil {
-			plainBuildErr = err
+			b.err = err
 			return
 		}
-		plain, plainBuildErr = runner.Build(context.Background(), dir, false)
+		b.path, b.err = runner.Build(context.Background(), dir, b.race)
 	})
-	if plainBuildErr != nil {
-		t.Fatal(plainBuildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return plain
+	return b.path
 }
 
 // start runs the binary with the YAML configuration and kubeconfig until the test ends.
