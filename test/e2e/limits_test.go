@@ -246,6 +246,9 @@ api:
   address: "127.0.0.1:0"
   tls: {selfSignedCAFile: %s}
   limits: {maxWatches: 2000, maxWatchesPerUser: 2000}
+  # Every watch after the first finds its decisions cached, however slowly a loaded machine
+  # opens them: a review made on a watch's own goroutine would grow its stack.
+  auth: {tokenCacheTTL: 10m, allowCacheTTL: 10m}
 metrics: {address: "127.0.0.1:0", pprof: true}
 `, caFile))
 	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: cluster.Kubeconfig})
