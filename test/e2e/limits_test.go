@@ -240,8 +240,12 @@ func decodeJSON(resp *http.Response, v any) error {
 func TestTenThousandWatchesAreBoundedAndAnIdleWatchCostsLittle(t *testing.T) {
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	path := filepath.Join(t.TempDir(), "config.yaml")
+	// A namespace of its own: an idle watch is measured, not the initial snapshot of whatever
+	// objects earlier tests left in the cluster (listing and sorting those per watch is slow and
+	// grows each watch's stack).
+	ns := namespace(t)
 	writeFile(t, path, fmt.Sprintf(`
-resources: [{version: v1, resource: configmaps}]
+resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
 api:
   address: "127.0.0.1:0"
   tls: {selfSignedCAFile: %s}
@@ -250,7 +254,7 @@ api:
   # opens them: a review made on a watch's own goroutine would grow its stack.
   auth: {tokenCacheTTL: 10m, allowCacheTTL: 10m}
 metrics: {address: "127.0.0.1:0", pprof: true}
-`, caFile))
+`, ns, caFile))
 	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: cluster.Kubeconfig})
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +282,7 @@ metrics: {address: "127.0.0.1:0", pprof: true}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	watch := func() int {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/v1/configmaps?watch=true&resourceVersion=0&labelSelector=none%3Dnone", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/v1/namespaces/"+ns+"/configmaps?watch=true&resourceVersion=0&labelSelector=none%3Dnone", nil)
 		resp, err := client.Do(req)
 		if err != nil {
 			return 0
@@ -330,7 +334,7 @@ metrics: {address: "127.0.0.1:0", pprof: true}
 	if count[http.StatusTooManyRequests] != attempts {
 		t.Fatalf("%d more watch attempts beyond maxWatches: %v, want all 429", attempts, count)
 	}
-	if code := ask(t, client, url+"/api/v1/configmaps?limit=1"); code.code != http.StatusOK {
+	if code := ask(t, client, url+"/api/v1/namespaces/"+ns+"/configmaps?limit=1"); code.code != http.StatusOK {
 		t.Fatalf("a list after the flood: %v", code)
 	}
 	// The heap is the measure (what a watch allocates and keeps); each watch also holds the
