@@ -77,7 +77,8 @@ func (a *api) guard(c *gin.Context) {
 	}
 	info, err := g.infoFactory.NewRequestInfo(c.Request)
 	if err != nil {
-		a.reject(c, rejectAuthError, apierrors.NewBadRequest(err.Error()))
+		// Its error repeats the URL; the caller has it already.
+		a.reject(c, rejectAuthError, apierrors.NewBadRequest("the path names no request that can be authorized"))
 		return
 	}
 	watch := info.Verb == "watch"

@@ -19,7 +19,6 @@ import (
 // symlink swap included), or self-signed at start. With a client CA it asks clients for
 // certificates; the authenticator verifies them against the same, equally reloaded, CA.
 type TLS struct {
-	log      *slog.Logger
 	serving  dynamiccertificates.CertKeyContentProvider
 	files    *dynamiccertificates.DynamicCertKeyPairContent // nil when self-signed
 	clientCA *dynamiccertificates.DynamicFileCAContent      // nil without api.auth.clientCAFile
@@ -29,7 +28,7 @@ type TLS struct {
 // newTLS loads the serving certificate and the client CA named by c, or generates a
 // self-signed certificate (written, with its CA, where c.TLS.SelfSignedCAFile says).
 func newTLS(log *slog.Logger, c config.API) (*TLS, error) {
-	t := &TLS{log: log}
+	t := &TLS{}
 	if c.TLS.CertFile != "" {
 		files, err := dynamiccertificates.NewDynamicServingContentFromFiles("api.tls", c.TLS.CertFile, c.TLS.KeyFile)
 		if err != nil {
