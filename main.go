@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
-	webhooks, err := webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, Store: store})
+	webhooks, err := webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, Store: store, ShutdownTimeout: cfg.ShutdownTimeout})
 	if err != nil {
 		return err
 	}
@@ -132,7 +132,7 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 		return httpapi.Serve(ctx, log.With("server", "api"), cfg.API.Address, api, httpapi.ServerOptions{Read: 30 * time.Second, TLS: security.ServerTLS()})
 	})
 	g.Go(func() error {
-		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, informers, cfg.Metrics.PProf), httpapi.ServerOptions{Read: 30 * time.Second, Write: 30 * time.Second})
+		return httpapi.Serve(ctx, log.With("server", "metrics"), cfg.Metrics.Address, httpapi.NewOps(reg, cfg.Metrics.PProf, informers, webhooks), httpapi.ServerOptions{Read: 30 * time.Second, Write: 30 * time.Second})
 	})
 	err = g.Wait()
 	log.Info("stopped", "err", err)
@@ -149,7 +149,9 @@ func openStore(log *slog.Logger, c config.State) (*webhook.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if store.Fresh {
+	if store.Damaged != "" {
+		log.Error("state store damaged: set aside, and every object is delivered again as ADDED with its usual event id", "path", c.Path, "setAside", store.Damaged, "err", store.DamageErr)
+	} else if store.Fresh {
 		log.Warn("state store created: with no earlier state, every object is delivered as ADDED (expected on a first start; otherwise the state was lost)", "path", c.Path)
 	}
 	return store, nil

@@ -30,7 +30,17 @@ type Config struct {
 	Discovery Discovery  `mapstructure:"discovery"`
 	Log       Log        `mapstructure:"log"`
 	State     State      `mapstructure:"state"`
+	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: in-flight deliveries are
+	// cut and dead letters not yet written by then are abandoned (with a state store they stay
+	// in the outbox for the next start). Keep it below the pod's termination grace period.
+	ShutdownTimeout time.Duration `mapstructure:"shutdownTimeout"`
 }
+
+// DefaultShutdownTimeout is below Kubernetes' default termination grace period of 30s.
+const DefaultShutdownTimeout = 25 * time.Second
+
+// DefaultStaleAfter is how long a resource's list and watch may fail before it is Stale.
+const DefaultStaleAfter = time.Minute
 
 // State configures the on-disk state store: the last state of every object handed to the
 // webhooks and each webhook's outbox of undelivered events. With it, a restart neither loses
@@ -75,8 +85,12 @@ type Resource struct {
 	LabelSelector string        `mapstructure:"labelSelector"`
 	FieldSelector string        `mapstructure:"fieldSelector"`
 	Resync        time.Duration `mapstructure:"resync"`
-	Transform     Transform     `mapstructure:"transform"`
-	Indexers      []Indexer     `mapstructure:"indexers"`
+	// StaleAfter is how long the resource's list and watch may keep failing (forbidden, not
+	// found, unreachable) before it is Stale: /readyz fails naming it and query answers carry
+	// a Warning that the data is stale.
+	StaleAfter time.Duration `mapstructure:"staleAfter"`
+	Transform  Transform     `mapstructure:"transform"`
+	Indexers   []Indexer     `mapstructure:"indexers"`
 
 	// Source is the entry as written in the file, canonically encoded: two entries with the
 	// same Source configure the same thing.
@@ -150,6 +164,7 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("discovery.interval", "5s")
 	v.SetDefault("log.level", "info")
 	v.SetDefault("log.format", "json")
+	v.SetDefault("shutdownTimeout", DefaultShutdownTimeout.String())
 }
 
 func (c *Config) setListDefaults() {
@@ -158,6 +173,9 @@ func (c *Config) setListDefaults() {
 	}
 	yes := true
 	for i := range c.Resources {
+		if c.Resources[i].StaleAfter == 0 {
+			c.Resources[i].StaleAfter = DefaultStaleAfter
+		}
 		t := &c.Resources[i].Transform
 		if t.StripManagedFields == nil {
 			t.StripManagedFields = &yes
@@ -229,11 +247,12 @@ func (c *Config) setSources(v *viper.Viper) error {
 func (c *Config) Unreloadable(next *Config) []string {
 	var changed []string
 	for name, same := range map[string]bool{
-		"api":       reflect.DeepEqual(c.API, next.API),
-		"metrics":   c.Metrics == next.Metrics,
-		"discovery": c.Discovery == next.Discovery,
-		"log":       c.Log == next.Log,
-		"state":     c.State == next.State,
+		"api":             reflect.DeepEqual(c.API, next.API),
+		"metrics":         c.Metrics == next.Metrics,
+		"discovery":       c.Discovery == next.Discovery,
+		"log":             c.Log == next.Log,
+		"state":           c.State == next.State,
+		"shutdownTimeout": c.ShutdownTimeout == next.ShutdownTimeout,
 	} {
 		if !same {
 			changed = append(changed, name)

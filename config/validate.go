@@ -72,6 +72,9 @@ func (c *Config) validate() error {
 	if c.Log.Format != "json" && c.Log.Format != "text" {
 		p.add("log.format", "must be json or text, got %q", c.Log.Format)
 	}
+	if c.ShutdownTimeout < time.Second {
+		p.add("shutdownTimeout", "must be at least 1s, got %s", c.ShutdownTimeout)
+	}
 	if c.State.Path != "" && isDir(c.State.Path) {
 		p.add("state.path", "must name a file, %q is a directory", c.State.Path)
 	}
@@ -122,6 +125,9 @@ func (r *Resource) validate(path string, p *problems) {
 	}
 	if r.Fields, err = fields.ParseSelector(r.FieldSelector); err != nil {
 		p.add(path+".fieldSelector", "%v", err)
+	}
+	if r.StaleAfter < time.Second {
+		p.add(path+".staleAfter", "must be at least 1s, got %s", r.StaleAfter)
 	}
 	if r.Resync != 0 && r.Resync < time.Second {
 		p.add(path+".resync", "must be 0 (off) or at least 1s, got %s", r.Resync)

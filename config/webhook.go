@@ -2,10 +2,12 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -42,6 +44,9 @@ type Webhook struct {
 	QueueSize         int           `mapstructure:"queueSize"`
 	Retry             Retry         `mapstructure:"retry"`
 	DeadLetter        DeadLetter    `mapstructure:"deadLetter"`
+	// AllowCredentialsOverHTTP permits a bearer token or signing secret with a plain http://
+	// URL to a host other than loopback, where anyone on the path can read or replay them.
+	AllowCredentialsOverHTTP bool `mapstructure:"allowCredentialsOverHTTP"`
 
 	// Source is the entry as written in the file, canonically encoded.
 	Source string `mapstructure:"-"`
@@ -54,6 +59,8 @@ type Webhook struct {
 	SigningSecret  Secret                 `mapstructure:"-"` // decoded key bytes
 	TLSConfig      *tls.Config            `mapstructure:"-"` // nil: Go's defaults
 	DeadLetterURL  *url.URL               `mapstructure:"-"`
+	// FilesDigest is a digest of the TLS files' contents, so that a reload sees them change.
+	FilesDigest [sha256.Size]byte `mapstructure:"-"`
 }
 
 // Header is an extra HTTP header sent with every request.
@@ -79,10 +86,13 @@ type Retry struct {
 }
 
 // DeadLetter says where events go that cannot be delivered: appended as JSON lines to File,
-// POSTed to URL, or both. With neither, they are logged.
+// POSTed to URL, or both. With neither, they are logged. A dead letter names the event (id,
+// type, object reference, reason, error); the object itself only with IncludeObject, since it
+// may hold what a dead-letter reader must not see.
 type DeadLetter struct {
-	File string `mapstructure:"file"`
-	URL  string `mapstructure:"url"`
+	File          string `mapstructure:"file"`
+	URL           string `mapstructure:"url"`
+	IncludeObject bool   `mapstructure:"includeObject"`
 }
 
 // Secret holds a credential. It prints as [redacted] so it never reaches a log or an error.
@@ -110,7 +120,51 @@ const (
 // Same reports whether w and o configure the same sink: the same entry in the file and the
 // same secrets read from their files.
 func (w *Webhook) Same(o *Webhook) bool {
-	return w.Source == o.Source && bytes.Equal(w.BearerToken, o.BearerToken) && bytes.Equal(w.SigningSecret, o.SigningSecret)
+	return w.Source == o.Source && bytes.Equal(w.BearerToken, o.BearerToken) && bytes.Equal(w.SigningSecret, o.SigningSecret) && w.FilesDigest == o.FilesDigest
+}
+
+// SecretFiles lists the files the webhook reads its credentials from.
+func (w *Webhook) SecretFiles() []string {
+	var out []string
+	for _, f := range []string{w.BearerTokenFile, w.SigningSecretFile, w.TLS.CAFile, w.TLS.CertFile, w.TLS.KeyFile} {
+		if f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// MinSigningSecret is Standard Webhooks' minimum secret length, in bytes.
+const MinSigningSecret = 24
+
+// ReadBearerToken reads a bearer token file: its content without surrounding white space.
+func ReadBearerToken(path string) (Secret, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	token := Secret(strings.TrimSpace(string(b)))
+	if len(token) == 0 {
+		return nil, fmt.Errorf("%s is empty", path)
+	}
+	return token, nil
+}
+
+// ReadSigningSecret reads a Standard Webhooks secret file (whsec_ followed by base64) and
+// returns the key.
+func ReadSigningSecret(path string) (Secret, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(strings.TrimSpace(string(b)), "whsec_"))
+	if err != nil || len(key) == 0 {
+		return nil, fmt.Errorf("%s does not hold a Standard Webhooks secret (whsec_ followed by base64)", path)
+	}
+	if len(key) < MinSigningSecret {
+		return nil, fmt.Errorf("%s holds a %d-byte key; Standard Webhooks requires at least %d", path, len(key), MinSigningSecret)
+	}
+	return key, nil
 }
 
 func (w *Webhook) setDefaults() {
@@ -194,22 +248,21 @@ func (w *Webhook) validate(path string, resources []Resource, env *cel.Env, p *p
 		}
 	}
 	if w.BearerTokenFile != "" {
-		if b, err := os.ReadFile(w.BearerTokenFile); err != nil {
+		if w.BearerToken, err = ReadBearerToken(w.BearerTokenFile); err != nil {
 			p.add(path+".bearerTokenFile", "%v", err)
-		} else if w.BearerToken = Secret(strings.TrimSpace(string(b))); len(w.BearerToken) == 0 {
-			p.add(path+".bearerTokenFile", "%s is empty", w.BearerTokenFile)
 		}
 	}
 	if w.SigningSecretFile != "" {
-		if b, err := os.ReadFile(w.SigningSecretFile); err != nil {
+		if w.SigningSecret, err = ReadSigningSecret(w.SigningSecretFile); err != nil {
 			p.add(path+".signingSecretFile", "%v", err)
-		} else if key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(strings.TrimSpace(string(b)), "whsec_")); err != nil || len(key) == 0 {
-			p.add(path+".signingSecretFile", "%s does not hold a Standard Webhooks secret (whsec_ followed by base64)", w.SigningSecretFile)
-		} else {
-			w.SigningSecret = key
 		}
 	}
+	if (w.BearerTokenFile != "" || w.SigningSecretFile != "") && w.Endpoint != nil && w.Endpoint.Scheme == "http" &&
+		!IsLoopback(net.JoinHostPort(w.Endpoint.Hostname(), "0")) && !w.AllowCredentialsOverHTTP {
+		p.add(path+".url", "is plain http to a host other than loopback, and the webhook has a bearer token or signing secret; use https, or set allowCredentialsOverHTTP: true")
+	}
 	w.TLSConfig = w.TLS.parse(path+".tls", p)
+	w.FilesDigest = digestFiles(w.TLS.CAFile, w.TLS.CertFile, w.TLS.KeyFile)
 	if w.TLSConfig != nil && w.Endpoint != nil && w.Endpoint.Scheme != "https" {
 		p.add(path+".tls", "is set, but url is not https")
 	}
@@ -259,10 +312,49 @@ func checkURL(path, raw string, required bool, p *problems) *url.URL {
 	}
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p.add(path, "must be an http or https URL, got %q", raw)
+		p.add(path, "must be an http or https URL, got %q", RedactURL(raw))
 		return nil
 	}
 	return u
+}
+
+// RedactURL returns raw with its credentials hidden: the user information and the value of
+// every query parameter. A URL that does not parse is replaced whole.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "[unparsable URL redacted]"
+	}
+	return Redacted(u)
+}
+
+// Redacted returns u as a string with its user information and query values hidden.
+func Redacted(u *url.URL) string {
+	c := *u
+	if c.User != nil {
+		c.User = url.User("redacted")
+	}
+	if c.RawQuery != "" {
+		q := c.Query()
+		for k := range q {
+			q[k] = []string{"redacted"}
+		}
+		c.RawQuery = q.Encode()
+	}
+	return c.String()
+}
+
+// digestFiles digests the contents of the named files; missing ones count as empty.
+func digestFiles(paths ...string) [sha256.Size]byte {
+	h := sha256.New()
+	for _, path := range paths {
+		b, _ := os.ReadFile(path)
+		fmt.Fprintf(h, "%s:%d:", path, len(b))
+		h.Write(b)
+	}
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
 }
 
 func compileFilter(path, expr string, env *cel.Env, p *problems) cel.Program {

@@ -16,9 +16,9 @@ type Readiness interface {
 }
 
 // NewOps returns the operations handler: /metrics from gatherer, /healthz (liveness: the
-// process serves HTTP), /readyz (200 when ready, else 503 naming what is not ready), and with
-// withPProf Go's profiles under /debug/pprof/.
-func NewOps(gatherer prometheus.Gatherer, ready Readiness, withPProf bool) http.Handler {
+// process serves HTTP), /readyz (200 when every one of ready is, else 503 naming what is not
+// ready), and with withPProf Go's profiles under /debug/pprof/.
+func NewOps(gatherer prometheus.Gatherer, withPProf bool, ready ...Readiness) http.Handler {
 	mux := http.NewServeMux()
 	if withPProf {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
@@ -34,8 +34,13 @@ func NewOps(gatherer prometheus.Gatherer, ready Readiness, withPProf bool) http.
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		ok, reasons := ready.Ready()
-		if !ok {
+		var reasons []string
+		for _, r := range ready {
+			if ok, why := r.Ready(); !ok {
+				reasons = append(reasons, why...)
+			}
+		}
+		if len(reasons) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, "not ready:\n- %s\n", strings.Join(reasons, "\n- "))
 			return

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -25,11 +29,9 @@ const (
 
 var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, reasonShutdown, reasonRemoved}
 
-// deadLetterBuffer bounds dead letters waiting to be written.
-const deadLetterBuffer = 4096
-
 // DeadLetter is one undeliverable event as written to a dead-letter file (one JSON object per
-// line) or POSTed to a dead-letter URL.
+// line), POSTed to a dead-letter URL, or logged. It names the event; it carries the request
+// body only when the sink's deadLetter.includeObject is set.
 type DeadLetter struct {
 	Time     time.Time       `json:"time"`
 	Sink     string          `json:"sink"`
@@ -37,104 +39,225 @@ type DeadLetter struct {
 	Attempts int             `json:"attempts"`
 	Error    string          `json:"error,omitempty"`
 	ID       string          `json:"id"`
-	Event    json.RawMessage `json:"event"`
+	Type     string          `json:"type"`
+	Object   ObjectRef       `json:"object"`
+	Event    json.RawMessage `json:"event,omitempty"`
 
 	seq uint64 // the delivery's outbox entry, removed once the dead letter is written
 }
 
-// deadLetters writes a sink's dead letters from its own goroutine, so that submitting one
-// never blocks: not an informer handler, not a worker.
+// ObjectRef names an event's object.
+type ObjectRef struct {
+	Resource        string `json:"resource"` // resource.version.group
+	Namespace       string `json:"namespace,omitempty"`
+	Name            string `json:"name"`
+	UID             string `json:"uid"`
+	ResourceVersion string `json:"resourceVersion"`
+}
+
+func refOf(d Delivery) ObjectRef {
+	o := d.Event.Object
+	return ObjectRef{Resource: resourceName(d.Event.Resource), Namespace: o.GetNamespace(), Name: o.GetName(), UID: string(o.GetUID()), ResourceVersion: o.GetResourceVersion()}
+}
+
+// target is where a sink's dead letters go; a reload may change it.
+type target struct {
+	file          string
+	url           *url.URL
+	includeObject bool
+	client        *http.Client
+	timeout       time.Duration
+}
+
+// deadLetters writes a sink's dead letters from its own goroutine. Submitting one never
+// blocks and never drops it: the backlog is bounded only by what the queue held.
 type deadLetters struct {
-	cfg    *config.Webhook
+	sink   string
 	log    *slog.Logger
 	m      sinkMetrics
-	client *http.Client
 	j      *journal
-	ch     chan DeadLetter
-	done   chan struct{}
+	target atomic.Pointer[target]
+
+	mu      sync.Mutex
+	backlog []DeadLetter
+	closed  bool
+	wake    chan struct{}
+	done    chan struct{}
+	abandon context.Context // ended when the shutdown deadline passes
+	cancel  context.CancelFunc
+	started sync.Once
 }
 
-func newDeadLetters(cfg *config.Webhook, log *slog.Logger, m sinkMetrics, client *http.Client, j *journal) *deadLetters {
-	return &deadLetters{cfg: cfg, log: log, m: m, client: client, j: j, ch: make(chan DeadLetter, deadLetterBuffer), done: make(chan struct{})}
+func newDeadLetters(sink string, log *slog.Logger, m sinkMetrics, j *journal, cfg *config.Webhook) *deadLetters {
+	dl := &deadLetters{sink: sink, log: log, m: m, j: j, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	dl.abandon, dl.cancel = context.WithCancel(context.Background())
+	dl.setTarget(cfg)
+	return dl
 }
 
-func (dl *deadLetters) submit(d Delivery, reason string, attempts int, err error) {
+func (dl *deadLetters) setTarget(cfg *config.Webhook) {
+	dl.target.Store(&target{file: cfg.DeadLetter.File, url: cfg.DeadLetterURL, includeObject: cfg.DeadLetter.IncludeObject,
+		client: newClient(cfg.TLSConfig, 1, cfg.Timeout), timeout: cfg.Timeout})
+}
+
+// submit dead-letters d with reason. It never blocks.
+func (dl *deadLetters) submit(d Delivery, reason string, err error) {
 	dl.m.deadLetters[reason].Inc()
 	dl.m.deadLettered.Inc()
-	body := d.Body
-	if body == nil {
-		body = Payload(d.Event)
-	}
-	rec := DeadLetter{Time: time.Now().UTC(), Sink: dl.cfg.Name, Reason: reason, Attempts: attempts, ID: d.ID, Event: body, seq: d.Seq}
+	rec := DeadLetter{Time: time.Now().UTC(), Sink: dl.sink, Reason: reason, Attempts: d.Attempts, ID: d.ID, Type: string(d.Event.Type), Object: refOf(d), seq: d.Seq}
 	if err != nil {
 		rec.Error = err.Error()
 	}
+	if dl.target.Load().includeObject {
+		rec.Event = d.Body
+		if rec.Event == nil {
+			rec.Event = Payload(d.Event)
+		}
+	}
+	dl.mu.Lock()
+	closed := dl.closed
+	if !closed {
+		dl.backlog = append(dl.backlog, rec)
+	}
+	dl.mu.Unlock()
+	if closed {
+		dl.logRecord("dead letter after its writer stopped", rec)
+		return
+	}
 	select {
-	case dl.ch <- rec:
+	case dl.wake <- struct{}{}:
 	default:
-		dl.m.deadLetterFailures.Inc()
-		dl.log.Error("dead-letter backlog full: dead letter not written (with a state store it stays in the outbox)", "id", rec.ID, "reason", reason)
 	}
 }
 
-func (dl *deadLetters) start() { go dl.run() }
+// start runs the writer; starting it again does nothing.
+func (dl *deadLetters) start() { dl.started.Do(func() { go dl.run() }) }
 
-// close waits for the dead letters submitted so far to be written.
-func (dl *deadLetters) close() {
-	close(dl.ch)
-	<-dl.done
+// close waits for the dead letters submitted so far to be written, until ctx ends; those
+// still unwritten then are abandoned: with a state store they stay in the outbox for the next
+// start, without one they are logged.
+func (dl *deadLetters) close(ctx context.Context) {
+	dl.start()
+	dl.mu.Lock()
+	dl.closed = true
+	dl.mu.Unlock()
+	select {
+	case dl.wake <- struct{}{}:
+	default:
+	}
+	select {
+	case <-dl.done:
+	case <-ctx.Done():
+		dl.cancel()
+		<-dl.done
+	}
 }
 
 // run writes dead letters until close. A written dead letter leaves the outbox.
 func (dl *deadLetters) run() {
 	defer close(dl.done)
-	var file *os.File
-	if dl.cfg.DeadLetter.File != "" {
-		f, err := os.OpenFile(dl.cfg.DeadLetter.File, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-		if err != nil {
-			dl.log.Error("cannot open the dead-letter file; dead letters go to the log", "file", dl.cfg.DeadLetter.File, "err", err)
-		} else {
-			file = f
-			defer file.Close()
+	for {
+		dl.mu.Lock()
+		batch, closed := dl.backlog, dl.closed
+		dl.backlog = nil
+		dl.mu.Unlock()
+		for i, rec := range batch {
+			if dl.abandon.Err() != nil {
+				dl.abandoned(batch[i:])
+				return
+			}
+			dl.write(rec)
 		}
-	}
-	for rec := range dl.ch {
-		line, _ := json.Marshal(rec)
-		written := false
-		if file != nil {
-			if _, err := file.Write(append(line, '\n')); err != nil {
-				dl.log.Error("write dead letter", "file", dl.cfg.DeadLetter.File, "id", rec.ID, "err", err)
-			} else {
-				written = true
+		if closed && len(batch) == 0 {
+			return
+		}
+		if len(batch) == 0 {
+			select {
+			case <-dl.wake:
+			case <-dl.abandon.Done():
 			}
 		}
-		if dl.cfg.DeadLetterURL != nil {
-			if err := dl.post(line); err != nil {
-				dl.log.Error("post dead letter", "url", dl.cfg.DeadLetterURL.Redacted(), "id", rec.ID, "err", err)
-			} else {
-				written = true
-			}
-		}
-		if !written {
-			if file != nil || dl.cfg.DeadLetterURL != nil {
-				dl.m.deadLetterFailures.Inc()
-			}
-			dl.log.Error("dead letter", "id", rec.ID, "reason", rec.Reason, "attempts", rec.Attempts, "error", rec.Error, "event", rec.Event)
-		}
-		dl.j.ack(dl.cfg.Name, rec.seq)
 	}
 }
 
-func (dl *deadLetters) post(line []byte) error {
-	ctx, cancel := context.WithTimeout(context.Background(), dl.cfg.Timeout)
+func (dl *deadLetters) abandoned(recs []DeadLetter) {
+	kept := 0
+	for _, rec := range recs {
+		if rec.seq != 0 {
+			kept++
+			continue
+		}
+		dl.m.deadLetterFailures.Inc()
+		dl.logRecord("dead letter not written before the shutdown deadline", rec)
+	}
+	if kept > 0 {
+		dl.log.Warn("dead letters not written before the shutdown deadline stay in the outbox for the next start", "events", kept)
+	}
+}
+
+func (dl *deadLetters) write(rec DeadLetter) {
+	t := dl.target.Load()
+	line, _ := json.Marshal(rec)
+	written := false
+	if t.file != "" {
+		if err := appendLine(t.file, line); err != nil {
+			dl.log.Error("write dead letter", "file", t.file, "id", rec.ID, "err", err)
+		} else {
+			written = true
+		}
+	}
+	if t.url != nil {
+		if err := dl.post(t, line); err != nil {
+			dl.log.Error("post dead letter", "url", config.Redacted(t.url), "id", rec.ID, "err", err)
+		} else {
+			written = true
+		}
+	}
+	if !written && rec.seq != 0 && dl.abandon.Err() != nil {
+		dl.abandoned([]DeadLetter{rec}) // cut short by the shutdown deadline: it stays in the outbox
+		return
+	}
+	if !written {
+		if t.file != "" || t.url != nil {
+			dl.m.deadLetterFailures.Inc()
+		}
+		dl.logRecord("dead letter", rec)
+	}
+	dl.j.ack(dl.sink, rec.seq)
+}
+
+// logRecord logs a dead letter without the object.
+func (dl *deadLetters) logRecord(msg string, rec DeadLetter) {
+	dl.log.Error(msg, "id", rec.ID, "type", rec.Type, "resource", rec.Object.Resource, "namespace", rec.Object.Namespace, "name", rec.Object.Name,
+		"reason", rec.Reason, "attempts", rec.Attempts, "error", rec.Error)
+}
+
+func appendLine(path string, line []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(line, '\n'))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (dl *deadLetters) post(t *target, line []byte) error {
+	ctx, cancel := context.WithTimeout(dl.abandon, t.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, dl.cfg.DeadLetterURL.String(), bytes.NewReader(line))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url.String(), bytes.NewReader(line))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := dl.client.Do(req)
+	resp, err := t.client.Do(req)
 	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its message repeats the URL, credentials included
+		}
 		return err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))

@@ -19,9 +19,10 @@ type metrics struct {
 	store                                          *Store // nil: no store
 	storeSize                                      *prometheus.Desc
 	commits, commitErrors, suppressed, fullReplays prometheus.Counter
+	writeErrors, corrupt, damaged                  prometheus.Counter
 
 	mu       sync.Mutex
-	queues   map[string]Queue
+	queues   map[string]*Queue
 	outboxes map[string]*atomic.Int64
 }
 
@@ -38,7 +39,7 @@ func newMetrics(store *Store) *metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dynwatch_webhook_" + name, Help: help}, append([]string{"sink"}, labels...))
 	}
-	return &metrics{
+	m := &metrics{
 		enqueued:           counter("enqueued_total", "Events a sink's filters selected and its queue accepted."),
 		delivered:          counter("deliveries_total", "Events finished, by result: delivered (2xx) or dead_lettered.", "result"),
 		attempts:           counter("attempts_total", "HTTP requests made to a sink."),
@@ -57,15 +58,22 @@ func newMetrics(store *Store) *metrics {
 		store:        store,
 		storeSize:    prometheus.NewDesc("dynwatch_state_size_bytes", "Size of the state store's data.", nil, nil),
 		commits:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commits_total", Help: "Transactions committed to the state store; each carries every event and acknowledgement pending at its start."}),
-		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commit_errors_total", Help: "State store transactions that failed; their events were delivered without an outbox entry."}),
+		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commit_errors_total", Help: "State store transactions that failed to commit (a full disk); nothing in them is delivered until a later commit succeeds."}),
+		writeErrors:  prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_write_errors_total", Help: "Single operations the state store refused; each was skipped and the rest of its transaction committed."}),
+		corrupt:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_corrupt_entries_total", Help: "Stored objects or outbox entries that did not decode; objects are derived again from the cache, outbox entries removed."}),
+		damaged:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_damaged_total", Help: "State store files found damaged at start, set aside and replaced by a full replay."}),
 		suppressed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_suppressed_events_total", Help: "Events not delivered because the sinks already had that state of the object (an unchanged object in the initial list after a restart)."}),
 		fullReplays:  prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_full_replays_total", Help: "Initial lists delivered in full as ADDED because nothing was stored for the resource (a new resource, a first start, or a lost state volume)."}),
-		queues:       map[string]Queue{},
+		queues:       map[string]*Queue{},
 		outboxes:     map[string]*atomic.Int64{},
 	}
+	if store != nil && store.Damaged != "" {
+		m.damaged.Inc()
+	}
+	return m
 }
 
-func (m *metrics) forSink(sink string, q Queue, outbox *atomic.Int64) sinkMetrics {
+func (m *metrics) forSink(sink string, q *Queue, outbox *atomic.Int64) sinkMetrics {
 	m.mu.Lock()
 	m.queues[sink] = q
 	m.outboxes[sink] = outbox
@@ -103,7 +111,7 @@ func (m *metrics) removeSink(sink string) {
 
 func (m *metrics) vectors() []prometheus.Collector {
 	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
-		m.commits, m.commitErrors, m.suppressed, m.fullReplays}
+		m.commits, m.commitErrors, m.suppressed, m.fullReplays, m.writeErrors, m.corrupt, m.damaged}
 }
 
 // Describe implements prometheus.Collector.

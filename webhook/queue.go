@@ -1,10 +1,13 @@
 package webhook
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
@@ -14,78 +17,65 @@ type Delivery struct {
 	Event dynamicinformer.Event
 	// ID identifies the event for idempotency: identical on every redelivery of it.
 	ID string
-	// Key orders deliveries: those with the same key (the same object) are made one at a time,
-	// in the order they were pushed.
+	// Key orders deliveries: those with the same key (the same object by resource, namespace
+	// and name, whatever its uid) are made one at a time, in the order they were pushed.
 	Key      string
 	Enqueued time.Time
 	// Body is the request body, or nil to build it from Event.
 	Body []byte
 	// Seq numbers the delivery's outbox entry; 0 when it has none (no state store).
 	Seq uint64
-	// Deadline ends retrying; zero until the first attempt fails, then kept across restarts.
+	// Deadline ends retrying; zero until the first attempt fails, then kept across reloads
+	// and restarts.
 	Deadline time.Time
+	// Attempts counts the requests made for the delivery by this process.
+	Attempts int
+	// backoff spaces this delivery's retries; nil until its first failure.
+	backoff *backoff.ExponentialBackOff
 }
 
 // ErrFull is returned by Push when the queue holds its capacity.
 var ErrFull = errors.New("queue full")
 
-// Queue holds a sink's deliveries until a worker has made them. Implementations are safe for
-// concurrent use. The queue itself is in memory; with a state store, every delivery in it
-// also has an outbox entry, from which the queue is filled again at the next start.
-type Queue interface {
-	// Push adds d after every earlier delivery with the same key. It never blocks: it fails
-	// with ErrFull when the queue is at capacity.
-	Push(d Delivery) error
-	// Pop waits for the oldest delivery whose key has none in progress, and marks its key in
-	// progress until Done. It fails only when ctx ends.
-	Pop(ctx context.Context) (Delivery, error)
-	// Done ends the delivery of d, which Pop returned.
-	Done(d Delivery)
-	// Return puts d, which Pop returned, back at the head of its key, to be delivered again.
-	Return(d Delivery)
-	// Len is the number of deliveries queued or in progress.
-	Len() int
-	// Drain removes and returns every delivery not in progress.
-	Drain() []Delivery
-}
-
-// memoryQueue is a bounded in-memory Queue: a FIFO of ready keys over per-key FIFOs.
-type memoryQueue struct {
-	capacity int
-	wake     chan struct{} // a token for one waiting Pop
+// Queue holds a sink's deliveries until a worker has made them: a FIFO of ready keys over
+// per-key FIFOs, and a timer heap of keys waiting to retry. A key is blocked from the moment
+// one of its deliveries is popped until it is done, so deliveries of one key are made one at a
+// time and in order; a delivery waiting to retry keeps its key blocked without holding a
+// worker. It is safe for concurrent use.
+type Queue struct {
+	wake chan struct{} // a token for one waiting Pop
 
 	mu       sync.Mutex
+	capacity int
 	pending  map[string][]Delivery // queued deliveries per key, oldest first
 	ready    []string              // keys with pending deliveries and none in progress
-	inFlight map[string]bool
+	blocked  map[string]bool       // keys with a delivery in progress or waiting to retry
+	delayed  delayHeap             // keys waiting to retry, soonest first
 	size     int
 }
 
-// NewMemoryQueue returns an empty in-memory queue that holds at most capacity deliveries.
-func NewMemoryQueue(capacity int) Queue {
-	return &memoryQueue{
-		capacity: capacity,
-		wake:     make(chan struct{}, 1),
-		pending:  map[string][]Delivery{},
-		inFlight: map[string]bool{},
-	}
+// NewQueue returns an empty queue that holds at most capacity deliveries.
+func NewQueue(capacity int) *Queue {
+	return &Queue{capacity: capacity, wake: make(chan struct{}, 1), pending: map[string][]Delivery{}, blocked: map[string]bool{}}
 }
 
-func (q *memoryQueue) signal() {
+func (q *Queue) signal() {
 	select {
 	case q.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (q *memoryQueue) Push(d Delivery) error {
+// Push adds d after every earlier delivery with the same key. It never blocks: it fails with
+// ErrFull when the queue is at capacity.
+func (q *Queue) Push(d Delivery) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.size >= q.capacity {
 		return ErrFull
 	}
 	q.size++
-	if len(q.pending[d.Key]) == 0 && !q.inFlight[d.Key] {
+	if len(q.pending[d.Key]) == 0 && !q.blocked[d.Key] {
 		q.ready = append(q.ready, d.Key)
 		q.signal()
 	}
@@ -93,9 +83,17 @@ func (q *memoryQueue) Push(d Delivery) error {
 	return nil
 }
 
-func (q *memoryQueue) Pop(ctx context.Context) (Delivery, error) {
+// Pop waits for the oldest ready delivery, and blocks its key until Done, Retry or Return.
+// It fails only when ctx ends.
+func (q *Queue) Pop(ctx context.Context) (Delivery, error) {
 	for {
 		q.mu.Lock()
+		now := time.Now()
+		for len(q.delayed) > 0 && !q.delayed[0].at.After(now) {
+			key := heap.Pop(&q.delayed).(delayed).key
+			delete(q.blocked, key)
+			q.ready = append(q.ready, key)
+		}
 		if len(q.ready) > 0 {
 			key := q.ready[0]
 			q.ready = q.ready[1:]
@@ -106,26 +104,39 @@ func (q *memoryQueue) Pop(ctx context.Context) (Delivery, error) {
 			} else {
 				q.pending[key] = list[1:]
 			}
-			q.inFlight[key] = true
-			if len(q.ready) > 0 {
-				q.signal() // more work: wake another worker
+			q.blocked[key] = true
+			if len(q.ready) > 0 || len(q.delayed) > 0 {
+				q.signal() // more work, now or later: wake another worker
 			}
 			q.mu.Unlock()
 			return d, nil
 		}
+		var timer *time.Timer
+		var due <-chan time.Time
+		if len(q.delayed) > 0 {
+			timer = time.NewTimer(q.delayed[0].at.Sub(now))
+			due = timer.C
+		}
 		q.mu.Unlock()
 		select {
 		case <-q.wake:
+		case <-due:
 		case <-ctx.Done():
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
 			return Delivery{}, ctx.Err()
 		}
 	}
 }
 
-func (q *memoryQueue) Done(d Delivery) {
+// Done ends the delivery of d, which Pop returned: its key's next delivery is ready.
+func (q *Queue) Done(d Delivery) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	delete(q.inFlight, d.Key)
+	delete(q.blocked, d.Key)
 	q.size--
 	if len(q.pending[d.Key]) > 0 {
 		q.ready = append(q.ready, d.Key)
@@ -133,34 +144,80 @@ func (q *memoryQueue) Done(d Delivery) {
 	}
 }
 
-func (q *memoryQueue) Return(d Delivery) {
+// Retry puts d, which Pop returned, back at the head of its key, to be delivered again at at;
+// until then its key stays blocked, and every other key flows.
+func (q *Queue) Retry(d Delivery, at time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	delete(q.inFlight, d.Key)
+	q.pending[d.Key] = append([]Delivery{d}, q.pending[d.Key]...)
+	heap.Push(&q.delayed, delayed{at: at, key: d.Key})
+	q.signal() // a waiting Pop may need an earlier timer
+}
+
+// Return puts d, which Pop returned, back at the head of its key, ready at once.
+func (q *Queue) Return(d Delivery) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.blocked, d.Key)
 	q.pending[d.Key] = append([]Delivery{d}, q.pending[d.Key]...)
 	q.ready = append([]string{d.Key}, q.ready...)
 	q.signal()
 }
 
-func (q *memoryQueue) Len() int {
+// Len is the number of deliveries queued, waiting to retry or in progress.
+func (q *Queue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.size
 }
 
-func (q *memoryQueue) Drain() []Delivery {
+// Room is how many deliveries Push would still accept.
+func (q *Queue) Room() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return max(q.capacity-q.size, 0)
+}
+
+// SetCapacity changes the capacity; deliveries already queued stay.
+func (q *Queue) SetCapacity(n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.capacity = n
+}
+
+// Drain removes and returns every delivery not in progress, those waiting to retry included.
+func (q *Queue) Drain() []Delivery {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var out []Delivery
-	for _, key := range q.ready {
-		out = append(out, q.pending[key]...)
-		delete(q.pending, key)
-	}
-	for key, list := range q.pending { // keys in progress
+	for key, list := range q.pending {
 		out = append(out, list...)
 		delete(q.pending, key)
 	}
-	q.ready = nil
+	for _, d := range q.delayed {
+		delete(q.blocked, d.key)
+	}
+	q.ready, q.delayed = nil, nil
 	q.size -= len(out)
 	return out
+}
+
+// delayed is a key waiting to retry until at.
+type delayed struct {
+	at  time.Time
+	key string
+}
+
+// delayHeap is a container/heap of delayed keys, soonest first.
+type delayHeap []delayed
+
+func (h delayHeap) Len() int           { return len(h) }
+func (h delayHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h delayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *delayHeap) Push(x any)        { *h = append(*h, x.(delayed)) }
+func (h *delayHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

@@ -9,8 +9,8 @@ import (
 
 func delivery(key, id string) Delivery { return Delivery{Key: key, ID: id} }
 
-func TestMemoryQueueOrdersPerKeyAndRunsKeysInParallel(t *testing.T) {
-	q := NewMemoryQueue(10)
+func TestQueueOrdersPerKeyAndRunsKeysInParallel(t *testing.T) {
+	q := NewQueue(10)
 	for _, d := range []Delivery{delivery("a", "a1"), delivery("a", "a2"), delivery("b", "b1"), delivery("a", "a3")} {
 		if err := q.Push(d); err != nil {
 			t.Fatal(err)
@@ -39,8 +39,8 @@ func TestMemoryQueueOrdersPerKeyAndRunsKeysInParallel(t *testing.T) {
 	}
 }
 
-func TestMemoryQueueRefusesPastCapacity(t *testing.T) {
-	q := NewMemoryQueue(2)
+func TestQueueRefusesPastCapacity(t *testing.T) {
+	q := NewQueue(2)
 	_ = q.Push(delivery("a", "1"))
 	_ = q.Push(delivery("b", "2"))
 	if err := q.Push(delivery("c", "3")); !errors.Is(err, ErrFull) {
@@ -50,5 +50,32 @@ func TestMemoryQueueRefusesPastCapacity(t *testing.T) {
 	q.Done(d)
 	if err := q.Push(delivery("c", "3")); err != nil {
 		t.Fatalf("Push after Done freed room = %v", err)
+	}
+}
+
+func TestQueueRetryHoldsItsKeyNotAWorker(t *testing.T) {
+	q := NewQueue(10)
+	for _, d := range []Delivery{delivery("a", "a1"), delivery("a", "a2"), delivery("b", "b1")} {
+		if err := q.Push(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := t.Context()
+	a1, _ := q.Pop(ctx)
+	retryAt := time.Now().Add(200 * time.Millisecond)
+	q.Retry(a1, retryAt)
+	if d, _ := q.Pop(ctx); d.ID != "b1" {
+		t.Fatalf("popped %s while a1 waits to retry; want b1, the other key", d.ID)
+	}
+	next, _ := q.Pop(ctx)
+	if next.ID != "a1" || time.Now().Before(retryAt) {
+		t.Fatalf("popped %s at %s before the retry time; want a1, not before it", next.ID, time.Until(retryAt))
+	}
+	q.Done(next)
+	if d, _ := q.Pop(ctx); d.ID != "a2" {
+		t.Fatalf("popped %s; want a2 after a1", d.ID)
+	}
+	if n := q.Len(); n != 2 {
+		t.Fatalf("Len = %d with b1 and a2 in progress, want 2", n)
 	}
 }

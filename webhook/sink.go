@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -25,39 +25,66 @@ import (
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
-// Sink delivers the events one webhook selects.
+// Sink delivers the events one webhook selects. It lives as long as its webhook's name is
+// configured: a reload that changes the webhook swaps its settings and restarts its workers,
+// and keeps its queue, its outbox window, its dead letters and its metrics.
 type Sink struct {
-	cfg *config.Webhook
-	log *slog.Logger
-	j   *journal
-	now func() time.Time
-	sinkState
-	client *http.Client
-	signer *standardwebhooks.Webhook // nil without a signing secret
-	dead   *deadLetters
+	name  string
+	log   *slog.Logger
+	j     *journal
+	now   func() time.Time
+	queue *Queue
+	m     sinkMetrics
+	dead  *deadLetters
+	// outbox counts the sink's outbox entries; the journal keeps it.
+	outbox atomic.Int64
+	cur    atomic.Pointer[settings]
 
+	// win is the queue's window over the outbox, with a state store: when the queue is full,
+	// later deliveries stay in the outbox only (spilled) and are read back in order, from
+	// sequence next on, as the queue empties. last is the highest sequence queued.
+	win struct {
+		sync.Mutex
+		spilled    bool
+		next, last uint64
+	}
+
+	run     sync.Mutex // guards cancel and workers
 	cancel  context.CancelFunc
 	workers sync.WaitGroup
 }
 
-// sinkState is what a sink hands on to the sink that replaces it when its configuration changes.
-type sinkState struct {
-	queue  Queue
-	m      sinkMetrics
-	outbox *atomic.Int64 // outbox entries, kept by the journal
+// settings is what a webhook's configuration decides, replaced whole when it changes.
+type settings struct {
+	cfg      *config.Webhook
+	endpoint string // the URL with its credentials redacted, for errors and logs
+	client   *http.Client
+	token    config.Secret
+	signer   *standardwebhooks.Webhook // nil without a signing secret
 }
 
-func newSink(cfg *config.Webhook, log *slog.Logger, j *journal, now func() time.Time, st sinkState) (*Sink, error) {
-	s := &Sink{cfg: cfg, log: log.With("sink", cfg.Name), j: j, now: now, sinkState: st}
-	if len(cfg.SigningSecret) > 0 {
-		signer, err := standardwebhooks.NewWebhookRaw(cfg.SigningSecret)
+func newSettings(cfg *config.Webhook, token, signingSecret config.Secret) (*settings, error) {
+	st := &settings{cfg: cfg, endpoint: config.Redacted(cfg.Endpoint), token: token}
+	if len(signingSecret) > 0 {
+		signer, err := standardwebhooks.NewWebhookRaw(signingSecret)
 		if err != nil {
 			return nil, fmt.Errorf("webhook %s: signing secret: %w", cfg.Name, err)
 		}
-		s.signer = signer
+		st.signer = signer
 	}
-	s.client = newClient(cfg.TLSConfig, cfg.Workers, cfg.Timeout)
-	s.dead = newDeadLetters(cfg, s.log, st.m, newClient(cfg.TLSConfig, 1, cfg.Timeout), j)
+	st.client = newClient(cfg.TLSConfig, cfg.Workers, cfg.Timeout)
+	return st, nil
+}
+
+func newSink(cfg *config.Webhook, log *slog.Logger, j *journal, now func() time.Time, m *metrics) (*Sink, error) {
+	st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sink{name: cfg.Name, log: log.With("sink", cfg.Name), j: j, now: now, queue: NewQueue(cfg.QueueSize)}
+	s.m = m.forSink(s.name, s.queue, &s.outbox)
+	s.cur.Store(st)
+	s.dead = newDeadLetters(s.name, s.log, s.m, j, cfg)
 	if cfg.TLS.InsecureSkipVerify {
 		s.log.Warn("TLS certificate verification is off for this sink")
 	}
@@ -87,9 +114,11 @@ func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration) *http.
 	}
 }
 
+func (s *Sink) cfg() *config.Webhook { return s.cur.Load().cfg }
+
 // selects reports whether the sink's filters select e.
 func (s *Sink) selects(e dynamicinformer.Event) bool {
-	c := s.cfg
+	c := s.cfg()
 	if len(c.EventTypes) > 0 && !slices.Contains(c.EventTypes, string(e.Type)) {
 		return false
 	}
@@ -124,13 +153,70 @@ func (s *Sink) selects(e dynamicinformer.Event) bool {
 	return ok
 }
 
-// enqueue queues d, or dead-letters it when the queue is full. It never blocks.
+// enqueue queues d. Without a state store (d.Seq 0) a full queue dead-letters it. With one, d
+// is already in the outbox: when the queue is full it stays there only, and so does every
+// later delivery, until refill reads them back in order.
 func (s *Sink) enqueue(d Delivery) {
-	if err := s.queue.Push(d); err != nil {
-		s.dead.submit(d, reasonQueueFull, 0, err)
+	if d.Seq == 0 {
+		if err := s.queue.Push(d); err != nil {
+			s.dead.submit(d, reasonQueueFull, err)
+			return
+		}
+		s.m.enqueued.Inc()
 		return
 	}
+	s.win.Lock()
+	defer s.win.Unlock()
+	if d.Seq <= s.win.last || s.win.spilled {
+		return // already read back from the outbox, or to be
+	}
+	if s.queue.Push(d) != nil {
+		s.win.spilled, s.win.next = true, d.Seq
+		return
+	}
+	s.win.last = d.Seq
 	s.m.enqueued.Inc()
+}
+
+// spill marks the whole outbox as not yet queued: the restore at start.
+func (s *Sink) spill() {
+	s.win.Lock()
+	s.win.spilled, s.win.next = true, 0
+	s.win.Unlock()
+}
+
+// refill reads spilled outbox entries back into the queue, oldest first, once the queue has
+// room for half its capacity (or at once when force is set).
+func (s *Sink) refill(force bool) {
+	s.win.Lock()
+	defer s.win.Unlock()
+	if !s.win.spilled {
+		return
+	}
+	room := s.queue.Room()
+	if room == 0 || !force && room < s.cfg().QueueSize/2 {
+		return
+	}
+	page, err := s.j.store.outboxPage(s.name, s.win.next, room)
+	if err != nil {
+		s.log.Error("read the outbox back into the queue", "err", err)
+		return
+	}
+	for _, seq := range page.corrupt {
+		s.j.m.corrupt.Inc()
+		s.log.Error("corrupt outbox entry removed", "seq", seq)
+		s.j.ack(s.name, seq)
+	}
+	s.win.next = page.next
+	for _, d := range page.deliveries {
+		if s.queue.Push(d) != nil { // the capacity shrank under us: read it again later
+			s.win.next = d.Seq
+			return
+		}
+		s.win.last = d.Seq
+		s.m.enqueued.Inc()
+	}
+	s.win.spilled = !page.end
 }
 
 // EventID is the event's idempotency key: its object's uid and resourceVersion and its type.
@@ -139,164 +225,205 @@ func EventID(e dynamicinformer.Event) string {
 	return fmt.Sprintf("%s.%s.%s", e.Object.GetUID(), e.Object.GetResourceVersion(), strings.ToLower(string(e.Type)))
 }
 
+// objectKey orders an event's deliveries: its object's resource, namespace and name, as the
+// cache keys it. An object deleted and created again under its name keeps its key, so the
+// DELETED of the old one is delivered before the ADDED of the new one.
 func objectKey(e dynamicinformer.Event) string {
-	if uid := e.Object.GetUID(); uid != "" {
-		return string(uid)
-	}
-	return e.Resource.String() + "/" + e.Object.GetNamespace() + "/" + e.Object.GetName()
+	return e.Resource.String() + "|" + dynamicinformer.CacheKey(e.Object)
 }
 
-// start runs the sink's workers and its dead-letter writer until stop.
+// start runs the sink's dead-letter writer and workers.
 func (s *Sink) start(ctx context.Context) {
-	ctx, s.cancel = context.WithCancel(ctx)
 	s.dead.start()
-	for range s.cfg.Workers {
-		s.workers.Go(func() {
-			for {
-				d, err := s.queue.Pop(ctx)
-				if err != nil {
-					return
-				}
-				if !s.deliver(ctx, d) {
-					s.queue.Return(d) // stopping
-					return
-				}
-				s.queue.Done(d)
-			}
-		})
+	s.startWorkers(ctx)
+}
+
+func (s *Sink) startWorkers(ctx context.Context) {
+	s.run.Lock()
+	defer s.run.Unlock()
+	ctx, s.cancel = context.WithCancel(ctx)
+	for range s.cfg().Workers {
+		s.workers.Go(func() { s.work(ctx) })
 	}
 }
 
-// stop stops the workers; a delivery they were making goes back to the queue. With a reason,
-// what is left in the queue is then dead-lettered with it; without, it stays for whoever
-// takes the queue over, or in the outbox for the next start.
-func (s *Sink) stop(reason string) {
-	s.cancel()
+// stopWorkers stops the workers; a delivery in progress goes back to the head of the queue.
+func (s *Sink) stopWorkers() {
+	s.run.Lock()
+	defer s.run.Unlock()
+	if s.cancel != nil {
+		s.cancel()
+	}
 	s.workers.Wait()
-	if reason != "" {
-		left := s.queue.Drain()
-		for _, d := range left {
-			s.dead.submit(d, reason, 0, errors.New("dynwatch stopped delivering to this sink"))
-		}
-		if len(left) > 0 {
-			s.log.Warn("undelivered events dead-lettered", "events", len(left), "reason", reason)
-		}
-	}
-	s.dead.close()
 }
 
-// deliver makes one delivery, retrying as configured until the delivery's deadline; what fails
-// goes to the dead letters. It returns false when ctx ended first: the delivery is not finished.
-func (s *Sink) deliver(ctx context.Context, d Delivery) bool {
+// reconfigure puts new settings of the same webhook into effect: the workers stop, the
+// settings are swapped, and the workers start again under ctx (nil: not running).
+func (s *Sink) reconfigure(ctx context.Context, st *settings) {
+	s.stopWorkers()
+	old := s.cur.Swap(st)
+	old.client.CloseIdleConnections()
+	s.queue.SetCapacity(st.cfg.QueueSize)
+	s.dead.setTarget(st.cfg)
+	if ctx != nil {
+		s.startWorkers(ctx)
+		s.refill(false)
+	}
+}
+
+// deadLetterQueue dead-letters every delivery left in the queue with reason: without a store,
+// there is nowhere else for them to go.
+func (s *Sink) deadLetterQueue(reason string) {
+	left := s.queue.Drain()
+	for _, d := range left {
+		s.dead.submit(d, reason, errors.New("dynwatch stopped delivering to this sink"))
+	}
+	if len(left) > 0 {
+		s.log.Warn("undelivered events dead-lettered", "events", len(left), "reason", reason)
+	}
+}
+
+// work delivers until ctx ends. A failed attempt that may be retried goes back to the queue
+// with the time of its next attempt, so the worker moves on to other objects.
+func (s *Sink) work(ctx context.Context) {
+	for {
+		d, err := s.queue.Pop(ctx)
+		if err != nil {
+			return
+		}
+		if !d.Deadline.IsZero() && s.now().After(d.Deadline) {
+			s.dead.submit(d, reasonRetriesExhausted, errors.New("the retry deadline passed while dynwatch was stopped"))
+			s.queue.Done(d)
+			continue
+		}
+		st := s.cur.Load()
+		err = s.attempt(ctx, st, &d)
+		var rejected *rejectedError
+		switch {
+		case err == nil:
+			s.m.delivered.Inc()
+			s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
+			s.j.ack(s.name, d.Seq)
+			s.queue.Done(d)
+		case ctx.Err() != nil:
+			s.queue.Return(d)
+			return
+		case errors.As(err, &rejected):
+			s.dead.submit(d, reasonRejected, err)
+			s.queue.Done(d)
+		default:
+			firstFailure := d.Deadline.IsZero()
+			at, ok := nextAttempt(&d, err, st.cfg.Retry, s.now())
+			if !ok {
+				s.dead.submit(d, reasonRetriesExhausted, err)
+				s.queue.Done(d)
+				break
+			}
+			if firstFailure && d.Seq != 0 {
+				// Retrying has begun: neither a reload nor a restart gives it a new budget.
+				s.j.submit(op{kind: opDeadline, sink: s.name, seq: d.Seq, deadline: d.Deadline})
+			}
+			s.log.Debug("delivery failed, retrying", "id", d.ID, "err", err, "at", at)
+			s.queue.Retry(d, at)
+		}
+		s.refill(false)
+	}
+}
+
+// attempt makes one request for d; after a 401 it reads the credential files again and, if
+// they changed, makes one more. It returns nil on 2xx, a rejectedError when retrying cannot
+// help, or a retriable error.
+func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 	if d.Body == nil {
 		d.Body = Payload(d.Event)
 	}
-	budget := s.cfg.Retry.MaxElapsed
-	if !d.Deadline.IsZero() {
-		if budget = d.Deadline.Sub(s.now()); budget <= 0 {
-			s.dead.submit(d, reasonRetriesExhausted, 0, errors.New("the retry deadline passed while dynwatch was stopped"))
-			return true
-		}
+	err := s.send(ctx, st, d)
+	var unauthorized *unauthorizedError
+	if !errors.As(err, &unauthorized) {
+		return err
 	}
-	attempts := 0
-	policy := &backoff.ExponentialBackOff{
-		InitialInterval:     s.cfg.Retry.InitialBackoff,
-		RandomizationFactor: 0.5,
-		Multiplier:          2,
-		MaxInterval:         s.cfg.Retry.MaxBackoff,
+	if fresh := s.rereadCredentials(st); fresh != nil {
+		err = s.send(ctx, fresh, d)
 	}
-	start := s.now()
-	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		attempts++
-		s.m.attempts.Inc()
-		if attempts > 1 {
-			s.m.retries.Inc()
-		}
-		return struct{}{}, s.send(ctx, d, d.Body)
-	}, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(budget),
-		backoff.WithNotify(func(err error, wait time.Duration) {
-			if d.Deadline.IsZero() && d.Seq != 0 {
-				// Retrying has begun: a restart must not give the delivery a new budget.
-				d.Deadline = start.Add(budget)
-				s.j.submit(op{kind: opDeadline, sink: s.cfg.Name, seq: d.Seq, deadline: d.Deadline})
-			}
-			s.log.Debug("delivery failed, retrying", "id", d.ID, "err", err, "wait", wait)
-		}))
-	var rejected *rejectedError
-	switch {
-	case err == nil:
-		s.m.delivered.Inc()
-		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
-		s.j.ack(s.cfg.Name, d.Seq)
-	case ctx.Err() != nil:
-		return false
-	case errors.As(err, &rejected):
-		s.dead.submit(d, reasonRejected, attempts, err)
-	default:
-		s.dead.submit(d, reasonRetriesExhausted, attempts, err)
+	if errors.As(err, &unauthorized) {
+		return &rejectedError{err}
 	}
-	return true
+	return err
 }
 
-// rejectedError is an answer that retrying cannot change.
-type rejectedError struct{ err error }
-
-func (e *rejectedError) Error() string { return e.err.Error() }
-
-// send makes one attempt. It returns nil on 2xx, a backoff.Permanent rejectedError on an
-// answer not worth retrying, and a retriable error otherwise.
-func (s *Sink) send(ctx context.Context, d Delivery, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.Endpoint.String(), bytes.NewReader(body))
-	if err != nil {
-		return backoff.Permanent(&rejectedError{err})
+// rereadCredentials reads the bearer token and signing secret files again. When either
+// changed, it makes the new values current and returns the new settings; else nil.
+func (s *Sink) rereadCredentials(st *settings) *settings {
+	c := st.cfg
+	token, secret := st.token, config.Secret(nil)
+	var err error
+	if c.BearerTokenFile != "" {
+		if token, err = config.ReadBearerToken(c.BearerTokenFile); err != nil {
+			s.log.Warn("read the bearer token file again after a 401", "err", err)
+			return nil
+		}
 	}
-	s.setHeaders(req.Header, d, body)
+	if c.SigningSecretFile != "" {
+		if secret, err = config.ReadSigningSecret(c.SigningSecretFile); err != nil {
+			s.log.Warn("read the signing secret file again after a 401", "err", err)
+			return nil
+		}
+	}
+	if bytes.Equal(token, st.token) && (c.SigningSecretFile == "" || bytes.Equal(secret, c.SigningSecret)) {
+		return nil
+	}
+	fresh, err := newSettings(c, token, secret)
+	if err != nil {
+		return nil
+	}
+	fresh.client = st.client
+	if s.cur.CompareAndSwap(st, fresh) {
+		s.log.Info("credentials read again after a 401 differ: retrying with them")
+		return fresh
+	}
+	return s.cur.Load()
+}
+
+// send makes one request.
+func (s *Sink) send(ctx context.Context, st *settings, d *Delivery) error {
+	d.Attempts++
+	s.m.attempts.Inc()
+	if d.Attempts > 1 {
+		s.m.retries.Inc()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, st.cfg.Endpoint.String(), bytes.NewReader(d.Body))
+	if err != nil {
+		return &rejectedError{fmt.Errorf("POST %s: %w", st.endpoint, err)}
+	}
+	st.setHeaders(req.Header, *d, s.now())
 	start := time.Now()
-	resp, err := s.client.Do(req)
+	resp, err := st.client.Do(req)
 	s.m.requestDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
-		return fmt.Errorf("POST %s: %w", s.cfg.Endpoint.Redacted(), err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its message repeats the URL, credentials included
+		}
+		return fmt.Errorf("POST %s: %w", st.endpoint, err)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	switch code := resp.StatusCode; {
-	case code >= 200 && code < 300:
-		return nil
-	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
-		err := fmt.Errorf("POST %s: %s", s.cfg.Endpoint.Redacted(), resp.Status)
-		if wait, ok := retryAfter(resp.Header.Get("Retry-After"), s.now()); ok {
-			return fmt.Errorf("%w (Retry-After %s)", &backoff.RetryAfterError{Duration: wait}, wait)
-		}
-		return err
-	default:
-		return backoff.Permanent(&rejectedError{fmt.Errorf("POST %s: %s", s.cfg.Endpoint.Redacted(), resp.Status)})
+	if err := classify(resp.Status, resp.StatusCode, resp.Header, s.now()); err != nil {
+		return fmt.Errorf("POST %s: %w", st.endpoint, err)
 	}
-}
-
-// retryAfter parses a Retry-After header: seconds, or an HTTP date.
-func retryAfter(v string, now time.Time) (time.Duration, bool) {
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.Atoi(v); err == nil && secs >= 0 {
-		return time.Duration(secs) * time.Second, true
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
+	return nil
 }
 
 // setHeaders sets the configured headers, the bearer token, the CloudEvents binary-mode
 // attributes and, with a signing secret, the Standard Webhooks signature.
-func (s *Sink) setHeaders(h http.Header, d Delivery, body []byte) {
-	for _, x := range s.cfg.Headers {
+func (st *settings) setHeaders(h http.Header, d Delivery, now time.Time) {
+	for _, x := range st.cfg.Headers {
 		h.Set(x.Name, x.Value)
 	}
 	h.Set("Content-Type", "application/json")
 	h.Set("User-Agent", "dynwatch")
-	if len(s.cfg.BearerToken) > 0 {
-		h.Set("Authorization", "Bearer "+string(s.cfg.BearerToken))
+	if len(st.token) > 0 {
+		h.Set("Authorization", "Bearer "+string(st.token))
 	}
 	e := d.Event
 	subject := e.Object.GetName()
@@ -309,12 +436,10 @@ func (s *Sink) setHeaders(h http.Header, d Delivery, body []byte) {
 	h.Set("ce-type", "io.dynwatch.resource."+strings.ToLower(string(e.Type)))
 	h.Set("ce-subject", subject)
 	h.Set("ce-time", e.Observed.UTC().Format(time.RFC3339Nano))
-	now := s.now()
 	h.Set("webhook-id", d.ID)
 	h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
-	if s.signer != nil {
-		sig, err := s.signer.Sign(d.ID, now, body)
-		if err == nil {
+	if st.signer != nil {
+		if sig, err := st.signer.Sign(d.ID, now, d.Body); err == nil {
 			h.Set("webhook-signature", sig)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -30,26 +31,42 @@ var (
 // dead-lettered. Only the journal writes it, one transaction per batch.
 type Store struct {
 	db *bolt.DB
-	// Fresh is true when the file did not exist: there is no earlier state to compare with.
+	// Path is the file.
+	Path string
+	// Fresh is true when there is no earlier state to compare with: the file did not exist,
+	// or it was damaged and set aside.
 	Fresh bool
+	// Damaged, when set, is where a damaged file was moved, and DamageErr what was wrong.
+	Damaged   string
+	DamageErr error
 }
 
+// errLocked is another process holding the store.
+var errLocked = errors.New("another process has the store open")
+
 // OpenStore opens or creates the store at path, and its directory. It fails at once if another
-// process holds it.
+// process holds it. A file that bbolt cannot open, or whose pages cannot all be read, is set
+// aside (renamed path.damaged-<time>) and replaced by an empty store: dynwatch then replays
+// every object, with the same event ids, rather than crash-looping on its own file.
 func OpenStore(path string) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
 	_, err := os.Stat(path)
-	fresh := errors.Is(err, os.ErrNotExist)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
-			return nil, fmt.Errorf("state.path %s: another process has the store open", path)
+	s := &Store{Path: path, Fresh: errors.Is(err, os.ErrNotExist)}
+	s.db, err = openChecked(path)
+	if err != nil && !s.Fresh && !errors.Is(err, errLocked) {
+		s.Damaged, s.DamageErr = fmt.Sprintf("%s.damaged-%s", path, time.Now().UTC().Format("20060102T150405.000Z")), err
+		if rerr := os.Rename(path, s.Damaged); rerr != nil {
+			return nil, fmt.Errorf("state.path %s is damaged (%v) and cannot be set aside: %w", path, err, rerr)
 		}
+		s.Fresh = true
+		s.db, err = openChecked(path)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{objectsBucket, outboxBucket} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -58,10 +75,53 @@ func OpenStore(path string) (*Store, error) {
 		return nil
 	})
 	if err != nil {
-		db.Close()
+		s.db.Close()
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	return &Store{db: db, Fresh: fresh}, nil
+	return s, nil
+}
+
+// openChecked opens the bbolt file and reads every page reachable from its root. bbolt
+// panics, or faults on its memory map, on a damaged file: both become an error here.
+func openChecked(path string) (db *bolt.DB, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if db != nil {
+				_ = db.Close()
+			}
+			db, err = nil, fmt.Errorf("damaged: %v", r)
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, errLocked
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := db.View(func(tx *bolt.Tx) error { return walk(tx.Cursor(), 0) }); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("damaged: %w", err)
+	}
+	return db, nil
+}
+
+// walk visits every key of a bucket and of its nested buckets.
+func walk(c *bolt.Cursor, depth int) error {
+	if depth > 3 {
+		return errors.New("buckets nested deeper than the store's layout")
+	}
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if v == nil {
+			if b := c.Bucket().Bucket(k); b != nil {
+				if err := walk(b.Cursor(), depth+1); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // Close closes the file.
@@ -74,32 +134,60 @@ func (s *Store) Size() int64 {
 	return n
 }
 
-// Outbox returns a sink's outbox, oldest first.
-func (s *Store) Outbox(sink string) ([]Delivery, error) {
-	var out []Delivery
+// page is a stretch of a sink's outbox, oldest first.
+type page struct {
+	deliveries []Delivery
+	corrupt    []uint64 // entries that do not decode
+	next       uint64   // the first sequence after those read
+	end        bool     // nothing follows
+}
+
+// outboxPage reads up to limit entries of a sink's outbox from sequence from on.
+func (s *Store) outboxPage(sink string, from uint64, limit int) (page, error) {
+	p := page{next: from, end: true}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(outboxBucket).Bucket([]byte(sink))
 		if b == nil {
 			return nil
 		}
-		return b.ForEach(func(k, v []byte) error {
+		c := b.Cursor()
+		for k, v := c.Seek(sequenceKey(from)); k != nil; k, v = c.Next() {
+			if len(p.deliveries) == limit {
+				p.end = false
+				return nil
+			}
+			seq := binary.BigEndian.Uint64(k)
+			p.next = seq + 1
 			d, err := decodeEntry(v)
 			if err != nil {
-				return fmt.Errorf("outbox %s entry %d: %w", sink, binary.BigEndian.Uint64(k), err)
+				p.corrupt = append(p.corrupt, seq)
+				continue
 			}
-			d.Seq = binary.BigEndian.Uint64(k)
-			out = append(out, d)
-			return nil
-		})
+			d.Seq = seq
+			p.deliveries = append(p.deliveries, d)
+		}
+		return nil
 	})
-	return out, err
+	return p, err
 }
 
-// Sinks lists the sinks that have an outbox.
-func (s *Store) Sinks() ([]string, error) {
+// outboxLen counts a sink's outbox entries.
+func (s *Store) outboxLen(sink string) int {
+	n := 0
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(outboxBucket).Bucket([]byte(sink)); b != nil {
+			n = b.Stats().KeyN
+		}
+		return nil
+	})
+	return n
+}
+
+// sinks lists the sinks that have an outbox.
+func (s *Store) sinks() ([]string, error) {
 	var names []string
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(outboxBucket).ForEach(func(k, _ []byte) error {
+		return tx.Bucket(outboxBucket).ForEachBucket(func(k []byte) error {
 			names = append(names, string(k))
 			return nil
 		})

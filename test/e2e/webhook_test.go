@@ -43,6 +43,8 @@ type received struct {
 		OldObject map[string]any    `json:"oldObject"`
 	}
 	parseErr error
+	at       time.Time // arrival
+	code     int       // the answer
 }
 
 func (r received) name() string {
@@ -66,7 +68,17 @@ type receiver struct {
 	requests []received
 	perID    map[string]int
 	answer   func(n int) int
+	judge    func(r received, n int, h http.Header) int // when set, answers instead of answer
 	hang     chan struct{}
+}
+
+// newJudge starts a receiver whose answer to each request is judge's, given the request and
+// how many times its event id has been received (from 1); it may set response headers in h, and
+// may take its time.
+func newJudge(t *testing.T, judge func(r received, n int, h http.Header) int) *receiver {
+	rc := newReceiver(t, nil, false)
+	rc.judge = judge
+	return rc
 }
 
 func newReceiver(t *testing.T, answer func(n int) int, hang bool) *receiver {
@@ -87,7 +99,7 @@ func newReceiver(t *testing.T, answer func(n int) int, hang bool) *receiver {
 func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	r.Body = io.NopCloser(strings.NewReader(string(body)))
-	rec := received{header: r.Header.Clone(), body: body}
+	rec := received{header: r.Header.Clone(), body: body, at: time.Now()}
 	if ev, err := cehttp.NewEventFromHTTPRequest(r); err != nil {
 		rec.parseErr = fmt.Errorf("CloudEvents SDK: %w", err)
 	} else {
@@ -97,10 +109,20 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rc.mu.Lock()
-	rc.requests = append(rc.requests, rec)
 	rc.perID[rec.ceID]++
 	n := rc.perID[rec.ceID]
+	if rc.judge == nil {
+		rc.requests = append(rc.requests, rec)
+	}
 	rc.mu.Unlock()
+	if rc.judge != nil {
+		rec.code = rc.judge(rec, n, w.Header())
+		rc.mu.Lock()
+		rc.requests = append(rc.requests, rec)
+		rc.mu.Unlock()
+		w.WriteHeader(rec.code)
+		return
+	}
 	if rc.hang != nil {
 		select {
 		case <-rc.hang:

@@ -1,0 +1,294 @@
+package e2e
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+// The tests of the state store under faults: a damaged file, an orphaned outbox, a corrupt
+// entry, a full disk.
+
+// storeFixture is a namespace, a receiver, and a configuration with a state store in dir.
+type storeFixture struct {
+	ns, dir, config, state string
+}
+
+func newStoreFixture(t *testing.T, webhooks func(state string) string) storeFixture {
+	f := storeFixture{ns: namespace(t), dir: t.TempDir()}
+	f.config, f.state = filepath.Join(f.dir, "config.yaml"), filepath.Join(f.dir, "state.db")
+	writeFile(t, f.config, plainConfig(f.ns, webhooks(f.state)+"\nstate: {path: "+f.state+"}"))
+	return f
+}
+
+func createN(t *testing.T, ns, prefix string, n int) {
+	t.Helper()
+	_, create := configMaps(ns)
+	for i := range n {
+		if err := create(t.Context(), fmt.Sprintf("%s-%02d", prefix, i), "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func idSet(rs []received) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range rs {
+		out[r.ceID] = true
+	}
+	return out
+}
+
+func TestADamagedStoreIsSetAsideAndReplayed(t *testing.T) {
+	for _, damage := range []struct {
+		name string
+		do   func(path string) error
+	}{
+		{"truncated to half", func(path string) error {
+			st, err := os.Stat(path)
+			if err != nil {
+				return err
+			}
+			return os.Truncate(path, st.Size()/2)
+		}},
+		{"overwritten with random bytes", func(path string) error {
+			b := make([]byte, 64<<10)
+			_, _ = rand.Read(b)
+			return os.WriteFile(path, b, 0o600)
+		}},
+	} {
+		t.Run(damage.name, func(t *testing.T) {
+			rc := newReceiver(t, nil, false)
+			f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: r, url: %s}]", rc.URL) })
+			createN(t, f.ns, "cm", 20)
+			p := startProcess(t, f.config)
+			first := idSet(rc.waitFor(t, 20, 30*time.Second))
+			if err := p.Stop(10 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := damage.do(f.state); err != nil {
+				t.Fatal(err)
+			}
+			p = startProcess(t, f.config)
+			second := idSet(rc.waitFor(t, 40, 30*time.Second)[20:])
+			for id := range first {
+				if !second[id] {
+					t.Errorf("%s was not replayed under the same id", id)
+				}
+			}
+			aside, _ := filepath.Glob(f.state + ".damaged-*")
+			if len(aside) != 1 {
+				t.Errorf("set-aside files %v, want one %s.damaged-<time>", aside, f.state)
+			}
+			_, metrics, _ := p.WaitListening(t.Context())
+			if v := metricValue(t, metrics, "dynwatch_state_damaged_total"); v != 1 {
+				t.Errorf("dynwatch_state_damaged_total = %v, want 1", v)
+			}
+			if !strings.Contains(p.Log(), "state store damaged") {
+				t.Errorf("the log does not say the store was damaged and set aside")
+			}
+		})
+	}
+}
+
+func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
+	t.Run("renamed while stopped", func(t *testing.T) {
+		hanging, fast := newReceiver(t, nil, true), newReceiver(t, nil, false)
+		f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: old, url: %s, workers: 1}]", hanging.URL) })
+		p := startProcess(t, f.config)
+		createN(t, f.ns, "cm", 3)
+		_, metrics, _ := p.WaitListening(t.Context())
+		testbed.Eventually(t, 20*time.Second, func() error {
+			if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="old"}`); v != 3 {
+				return fmt.Errorf("outbox of old holds %v, want 3", v)
+			}
+			return nil
+		})
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, f.config, plainConfig(f.ns, fmt.Sprintf("webhooks: [{name: new, url: %s}]\nstate: {path: %s}", fast.URL, f.state)))
+		p = startProcess(t, f.config)
+		_, metrics, _ = p.WaitListening(t.Context())
+		testbed.Eventually(t, 20*time.Second, func() error {
+			if v := metricValue(t, metrics, `dynwatch_webhook_dead_letters_total{reason="sink_removed",sink="old"}`); v != 3 {
+				return fmt.Errorf("sink_removed dead letters of old = %v, want 3", v)
+			}
+			return nil
+		})
+		for id := range idSet(hanging.got()) {
+			if !strings.Contains(p.Log(), id) {
+				t.Errorf("the log does not name dead-lettered event %s", id)
+			}
+		}
+	})
+	t.Run("removed by a reload with more in the outbox than in the queue", func(t *testing.T) {
+		hanging := newReceiver(t, nil, true)
+		deadLetters := filepath.Join(t.TempDir(), "dead.jsonl")
+		f := newStoreFixture(t, func(string) string {
+			return fmt.Sprintf("webhooks: [{name: old, url: %s, workers: 1, queueSize: 2, deadLetter: {file: %s}}]", hanging.URL, deadLetters)
+		})
+		p := startProcess(t, f.config)
+		createN(t, f.ns, "cm", 8)
+		_, metrics, _ := p.WaitListening(t.Context())
+		testbed.Eventually(t, 20*time.Second, func() error {
+			if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="old"}`); v != 8 {
+				return fmt.Errorf("outbox of old holds %v, want 8", v)
+			}
+			return nil
+		})
+		writeFile(t, f.config, plainConfig(f.ns, "webhooks: []\nstate: {path: "+f.state+"}"))
+		testbed.Eventually(t, 20*time.Second, func() error {
+			if n, err := countDeadLetters(deadLetters, "sink_removed"); err != nil || n != 8 {
+				return fmt.Errorf("%d sink_removed dead letters (%v), want 8", n, err)
+			}
+			return nil
+		})
+		if n, _ := countDeadLetters(deadLetters, "queue_full"); n != 0 {
+			t.Errorf("%d queue_full dead letters with a state store", n)
+		}
+	})
+}
+
+func TestACorruptStoredObjectAffectsOnlyItself(t *testing.T) {
+	rc := newReceiver(t, nil, false)
+	f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: r, url: %s}]", rc.URL) })
+	cs, create := configMaps(f.ns)
+	for _, name := range []string{"a", "b", "c"} {
+		if err := create(t.Context(), name, "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProcess(t, f.config)
+	rc.waitFor(t, 3, 20*time.Second)
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	a, err := cs.CoreV1().ConfigMaps(f.ns).Get(t.Context(), "a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a's stored state: its uid, an older resourceVersion, and JSON cut short.
+	db, err := bolt.Open(f.state, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("objects")).Bucket([]byte(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}.String()))
+		if b == nil {
+			return fmt.Errorf("no stored configmaps")
+		}
+		v := binary.AppendUvarint(nil, uint64(len(a.UID)))
+		v = append(v, a.UID...)
+		v = binary.AppendUvarint(v, 1)
+		v = append(v, "1{\"metadata\":{\"na"...)
+		return b.Put([]byte(f.ns+"/a"), v)
+	})
+	if err := errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps(f.ns).Patch(t.Context(), "b", "application/merge-patch+json", []byte(`{"data":{"v":"2"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p = startProcess(t, f.config)
+	waitSummary(t, rc, "MODIFIED b v=2 old=1", "ADDED a v=1")
+	_, metrics, _ := p.WaitListening(t.Context())
+	if v := metricValue(t, metrics, "dynwatch_state_commit_errors_total"); v != 0 {
+		t.Errorf("commit errors = %v: one corrupt entry must not fail its batch", v)
+	}
+	if v := metricValue(t, metrics, "dynwatch_state_corrupt_entries_total"); v != 1 {
+		t.Errorf("corrupt entries = %v, want 1", v)
+	}
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	before := len(rc.got())
+	p = startProcess(t, f.config)
+	if err := create(t.Context(), "sentinel", "1"); err != nil {
+		t.Fatal(err)
+	}
+	waitSummary(t, rc, "ADDED sentinel v=1")
+	if got := summary(rc)[before:]; len(got) != 1 {
+		t.Errorf("after a clean restart the receiver got %v; want only the sentinel", got)
+	}
+}
+
+// setFileSizeLimit sets the process's RLIMIT_FSIZE: a write past it fails with EFBIG, the way
+// a full disk fails one with ENOSPC (Go ignores SIGXFSZ). No root, no mount.
+func setFileSizeLimit(t *testing.T, pid int, limit uint64) {
+	t.Helper()
+	if err := unix.Prlimit(pid, unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: limit, Max: unix.RLIM_INFINITY}, nil); err != nil {
+		t.Fatalf("prlimit: %v", err)
+	}
+}
+
+func TestAFullDiskStopsDeliveryAndRecovers(t *testing.T) {
+	rc := newReceiver(t, nil, false)
+	f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: r, url: %s}]", rc.URL) })
+	p := startProcess(t, f.config)
+	_, metrics, _ := p.WaitListening(t.Context())
+	createN(t, f.ns, "pre", 10)
+	rc.waitFor(t, 10, 20*time.Second)
+	st, err := os.Stat(f.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setFileSizeLimit(t, p.PID(), uint64(st.Size()))
+	_, create := configMaps(f.ns)
+	big := strings.Repeat("x", 8<<10)
+	const full = 200
+	for i := range full {
+		if err := create(t.Context(), fmt.Sprintf("full-%03d", i), big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testbed.Eventually(t, 30*time.Second, func() error {
+		code, body, err := get(t.Context(), metrics+"/readyz")
+		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "state store") {
+			return fmt.Errorf("/readyz = %d %q, %v; want 503 naming the state store", code, body, err)
+		}
+		return nil
+	})
+	if v := metricValue(t, metrics, "dynwatch_state_commit_errors_total"); v == 0 {
+		t.Errorf("no commit errors counted while the disk is full")
+	}
+	setFileSizeLimit(t, p.PID(), unix.RLIM_INFINITY)
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if code, body, err := get(t.Context(), metrics+"/readyz"); err != nil || code != http.StatusOK {
+			return fmt.Errorf("/readyz = %d %q, %v; want 200 once space returns", code, body, err)
+		}
+		if n := len(idSet(rc.got())); n < 10+full {
+			return fmt.Errorf("%d events delivered, want %d", n, 10+full)
+		}
+		if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="r"}`); v != 0 {
+			return fmt.Errorf("outbox length %v after delivery, want 0", v)
+		}
+		return nil
+	})
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	before := len(rc.got())
+	startProcess(t, f.config)
+	if err := create(t.Context(), "sentinel", "1"); err != nil {
+		t.Fatal(err)
+	}
+	waitSummary(t, rc, "ADDED sentinel v=1")
+	if got := summary(rc)[before:]; len(got) != 1 {
+		t.Errorf("a restart after the full disk delivered %d events, want only the sentinel: what was delivered was not committed", len(got))
+	}
+}
