@@ -242,6 +242,15 @@ func (c *Config) setSources(v *viper.Viper) error {
 	return nil
 }
 
+// SecretFiles lists the files credentials are read from, whose changes a reload applies.
+func (c *Config) SecretFiles() []string {
+	var out []string
+	for i := range c.Webhooks {
+		out = append(out, c.Webhooks[i].SecretFiles()...)
+	}
+	return out
+}
+
 // Unreloadable names the settings that differ between c and next and that only a restart
 // applies: everything but resources and webhooks.
 func (c *Config) Unreloadable(next *Config) []string {

@@ -40,11 +40,18 @@ type ReloadStatus struct {
 
 // Reloader loads the configuration again when its file changes or a signal arrives, and
 // applies it if it is valid. It watches the file's directory, so that it also sees a
-// Kubernetes ConfigMap volume update, which swaps a symlink rather than writing the file.
+// Kubernetes ConfigMap volume update, which swaps a symlink rather than writing the file; and
+// the directories of the files credentials are read from (bearer tokens, signing secrets, TLS
+// files), so that a rotated Secret takes effect without a signal.
 type Reloader struct {
 	ReloaderOptions
 	reloads *prometheus.CounterVec
 	last    prometheus.Gauge
+
+	// Owned by Run's goroutine.
+	watcher *fsnotify.Watcher
+	dirs    map[string]bool // directories watched
+	files   map[string]bool // files whose change triggers a reload
 
 	mu     sync.Mutex
 	status ReloadStatus
@@ -89,13 +96,11 @@ func (r *Reloader) Run(ctx context.Context) error {
 		return fmt.Errorf("watch config: %w", err)
 	}
 	defer w.Close()
-	dir, name := filepath.Split(filepath.Clean(r.Path))
-	if dir == "" {
-		dir = "."
+	r.watcher, r.dirs, r.files = w, map[string]bool{}, map[string]bool{}
+	if err := r.watch(r.Path); err != nil {
+		return fmt.Errorf("watch config directory: %w", err)
 	}
-	if err := w.Add(dir); err != nil {
-		return fmt.Errorf("watch config directory %s: %w", dir, err)
-	}
+	r.watchSecrets(r.Current)
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	for {
@@ -105,8 +110,8 @@ func (r *Reloader) Run(ctx context.Context) error {
 		case <-r.Signals:
 			r.reload("signal")
 		case ev := <-w.Events:
-			// The file itself, or ..data: the symlink a ConfigMap volume swaps on update.
-			if base := filepath.Base(ev.Name); base == name || base == "..data" {
+			// A watched file itself, or ..data: the symlink a ConfigMap or Secret volume swaps.
+			if r.files[filepath.Clean(ev.Name)] || filepath.Base(ev.Name) == "..data" {
 				settle.Reset(settleTime)
 			}
 		case err := <-w.Errors:
@@ -117,10 +122,37 @@ func (r *Reloader) Run(ctx context.Context) error {
 	}
 }
 
+// watch adds file's directory to the watcher, and file to those that trigger a reload.
+func (r *Reloader) watch(file string) error {
+	file = filepath.Clean(file)
+	r.files[file] = true
+	dir := filepath.Dir(file)
+	if r.dirs[dir] {
+		return nil
+	}
+	if err := r.watcher.Add(dir); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	r.dirs[dir] = true
+	return nil
+}
+
+// watchSecrets watches the credential files c reads.
+func (r *Reloader) watchSecrets(c *Config) {
+	for _, f := range c.SecretFiles() {
+		if err := r.watch(f); err != nil {
+			r.Logger.Warn("cannot watch a credential file: a change to it needs SIGHUP", "err", err)
+		}
+	}
+}
+
 func (r *Reloader) reload(cause string) {
 	next, err := Load(r.Path)
 	if err == nil {
 		err = r.Apply(next)
+	}
+	if err == nil && r.watcher != nil {
+		r.watchSecrets(next)
 	}
 	now := time.Now().UTC()
 	r.mu.Lock()

@@ -203,7 +203,7 @@ func (m *Manager) Ready() (bool, []string) {
 	}
 	var laggards []string
 	for _, r := range m.Resources() {
-		if st := r.State(); st == StatePending || st == StateSyncing {
+		if st := r.State(); st == StatePending || st == StateSyncing || st == StateStale {
 			laggards = append(laggards, fmt.Sprintf("%s: %s", r.name, st))
 		}
 	}

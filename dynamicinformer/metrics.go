@@ -12,7 +12,7 @@ type metrics struct {
 	watchErrors       *prometheus.CounterVec
 	discoveryFailures prometheus.Counter
 	objects           *prometheus.Desc
-	synced            *prometheus.Desc
+	synced, stale     *prometheus.Desc
 	served            *prometheus.Desc
 }
 
@@ -39,6 +39,8 @@ func newMetrics(m *Manager) *metrics {
 			"Objects in the cache of a watched resource.", []string{"resource"}, nil),
 		synced: prometheus.NewDesc("dynwatch_informer_synced",
 			"1 when the informers of a watched resource have synced, else 0.", []string{"resource"}, nil),
+		stale: prometheus.NewDesc("dynwatch_informer_stale",
+			"1 when a watched resource's list and watch have failed for longer than its staleAfter, so its data may be out of date, else 0.", []string{"resource"}, nil),
 		served: prometheus.NewDesc("dynwatch_informer_served",
 			"1 when the apiserver serves a watched resource and its informers run, else 0.", []string{"resource"}, nil),
 	}
@@ -52,6 +54,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	x.discoveryFailures.Describe(ch)
 	ch <- x.objects
 	ch <- x.synced
+	ch <- x.stale
 	ch <- x.served
 }
 
@@ -65,6 +68,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 		st := r.State()
 		ch <- prometheus.MustNewConstMetric(x.objects, prometheus.GaugeValue, float64(r.objects.Load()), r.name)
 		ch <- prometheus.MustNewConstMetric(x.synced, prometheus.GaugeValue, bool01(st == StateSynced), r.name)
+		ch <- prometheus.MustNewConstMetric(x.stale, prometheus.GaugeValue, bool01(st == StateStale), r.name)
 		ch <- prometheus.MustNewConstMetric(x.served, prometheus.GaugeValue, bool01(st == StateSyncing || st == StateSynced), r.name)
 	}
 }

@@ -37,6 +37,10 @@ const (
 	StateSyncing State = "Syncing"
 	// StateSynced: informers run and every handler has seen the initial list.
 	StateSynced State = "Synced"
+	// StateStale: informers have synced, but their list and watch have kept failing
+	// (forbidden, not found, unreachable) for longer than the resource's staleAfter. The cache
+	// holds the last data seen; queries are answered from it with a Warning.
+	StateStale State = "Stale"
 )
 
 // Resource is one configured resource and, while the apiserver serves it, its informers.
@@ -66,6 +70,38 @@ type namespaceInformer struct {
 	namespace    string
 	informer     cache.SharedIndexInformer
 	registration cache.ResourceEventHandlerRegistration
+	health       *health
+}
+
+// health is whether an informer's calls to the apiserver succeed: since when they have failed,
+// and with what, or zero since the last success.
+type health struct {
+	mu      sync.Mutex
+	since   time.Time
+	lastErr string
+}
+
+func (h *health) observe(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case err == nil:
+		h.since, h.lastErr = time.Time{}, ""
+	case h.since.IsZero():
+		h.since, h.lastErr = time.Now(), err.Error()
+	default:
+		h.lastErr = err.Error()
+	}
+}
+
+// failing returns how long calls have failed and the last error, or zero.
+func (h *health) failing(now time.Time) (time.Duration, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.since.IsZero() {
+		return 0, ""
+	}
+	return now.Sub(h.since), h.lastErr
 }
 
 type counter interface{ Inc() }
@@ -84,15 +120,37 @@ func (r *Resource) State() State {
 }
 
 func (r *Resource) stateLocked() State {
+	st, _ := r.stateReasonLocked()
+	return st
+}
+
+// stateReasonLocked is the state, and the reason for it.
+func (r *Resource) stateReasonLocked() (State, string) {
 	if r.state != StateSyncing {
-		return r.state
+		return r.state, r.reason
 	}
 	for _, ni := range r.informers {
 		if !ni.registration.HasSynced() {
-			return StateSyncing
+			return StateSyncing, r.reason
 		}
 	}
-	return StateSynced
+	if failing, why := r.failingLocked(); failing > r.cfg.StaleAfter {
+		return StateStale, fmt.Sprintf("list and watch have failed for %s (staleAfter %s): %s", failing.Round(time.Second), r.cfg.StaleAfter, why)
+	}
+	return StateSynced, r.reason
+}
+
+// failingLocked is the longest time any of the informers has been failing, and its last error.
+func (r *Resource) failingLocked() (time.Duration, string) {
+	var longest time.Duration
+	var why string
+	now := time.Now()
+	for _, ni := range r.informers {
+		if d, err := ni.health.failing(now); d > longest {
+			longest, why = d, err
+		}
+	}
+	return longest, why
 }
 
 func (r *Resource) running() bool {
@@ -123,7 +181,8 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	}
 	informers := make([]namespaceInformer, 0, len(namespaces))
 	for _, ns := range namespaces {
-		inf, relist := r.newInformer(client.Resource(gvr).Namespace(ns), tweak)
+		h := &health{}
+		inf, relist := r.newInformer(client.Resource(gvr).Namespace(ns), tweak, h)
 		if err := inf.SetTransform(NewTransform(r.cfg)); err != nil {
 			return fmt.Errorf("set transform: %w", err)
 		}
@@ -134,7 +193,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
-		informers = append(informers, namespaceInformer{namespace: ns, informer: inf, registration: reg})
+		informers = append(informers, namespaceInformer{namespace: ns, informer: inf, registration: reg, health: h})
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	run := r.m.runs.Add(1)
@@ -174,13 +233,17 @@ var errRelistByList = errors.New("dynwatch relists with LIST")
 // newInformer builds an informer as client-go's dynamic informer does, except that a relist
 // (a list after the informer has synced: after a watch expired or the apiserver restarted)
 // is a LIST whose changed objects it notes, so that the events it produces can be counted.
-func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*metav1.ListOptions)) (cache.SharedIndexInformer, *relisted) {
+// Every list and watch call's outcome goes to h.
+func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*metav1.ListOptions), h *health) (cache.SharedIndexInformer, *relisted) {
 	var inf cache.SharedIndexInformer
 	relist := &relisted{}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			tweak(&o)
 			list, err := client.List(ctx, o)
+			if ctx.Err() == nil {
+				h.observe(err)
+			}
 			if err == nil && inf.HasSynced() {
 				relist.note(o.Continue == "", list, inf.GetIndexer())
 			}
@@ -191,7 +254,11 @@ func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*met
 			if o.SendInitialEvents != nil && *o.SendInitialEvents && inf.HasSynced() {
 				return nil, errRelistByList
 			}
-			return client.Watch(ctx, o)
+			w, err := client.Watch(ctx, o)
+			if ctx.Err() == nil {
+				h.observe(err)
+			}
+			return w, err
 		},
 	}
 	inf = cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{
@@ -354,7 +421,7 @@ type Status struct {
 func (r *Resource) Status() Status {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	st := r.stateLocked()
+	st, reason := r.stateReasonLocked()
 	s := Status{
 		Resource:   r.name,
 		Group:      r.cfg.Group,
@@ -365,7 +432,7 @@ func (r *Resource) Status() Status {
 		Namespaces: append([]string{}, r.cfg.Namespaces...),
 		State:      st,
 		Synced:     st == StateSynced,
-		Reason:     r.reason,
+		Reason:     reason,
 		Objects:    r.objects.Load(),
 		Indexers:   []string{config.NamespaceIndex},
 		LastError:  r.lastError,

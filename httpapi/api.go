@@ -196,7 +196,12 @@ func (a *api) serve(c *gin.Context) {
 		writeStatus(w, serr)
 		return
 	}
-	if res.State() != dynamicinformer.StateSynced {
+	switch res.State() {
+	case dynamicinformer.StateSynced:
+	case dynamicinformer.StateStale:
+		// Kubernetes' warning format (RFC 7234 299), which kubectl and client-go print.
+		c.Header("Warning", `299 - "dynwatch: the data of `+res.Name()+` is stale: its list and watch keep failing"`)
+	default:
 		writeStatus(w, apierrors.NewServiceUnavailable(res.Name()+" has not synced yet"))
 		return
 	}

@@ -244,7 +244,7 @@ metrics: {address: "127.0.0.1:0"}
 	if err := p.Stop(20 * time.Second); err != nil {
 		t.Errorf("stop after the reloads: %v", err)
 	}
-	for _, bad := range []string{"panic", "DATA RACE", "fatal error"} {
+	for _, bad := range []string{"panic: ", "DATA RACE", "fatal error: "} {
 		if strings.Contains(p.Log(), bad) {
 			t.Errorf("the log has %q", bad)
 		}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -104,16 +105,21 @@ func TestCredentialsOverPlainHTTPAndShortSigningSecretsAreRefused(t *testing.T) 
 	writeFile(t, token, "t0ken")
 	writeFile(t, short, "whsec_"+"MDEyMzQ1Njc4OWFiY2RlZg==") // 16 bytes
 	path := filepath.Join(dir, "config.yaml")
+	// Should dynwatch start anyway, nothing selects an event: no request leaves loopback.
 	writeFile(t, path, fmt.Sprintf(`
-resources: [{version: v1, resource: configmaps}]
+resources: [{version: v1, resource: configmaps, namespaces: [no-such-namespace]}]
 webhooks:
-  - {name: remote, url: "http://192.0.2.10/hook", bearerTokenFile: %s}
+  - {name: remote, url: "http://192.0.2.10/hook", bearerTokenFile: %s, namespaces: [no-such-namespace]}
   - {name: weak, url: "http://127.0.0.1:1/hook", signingSecretFile: %s}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}
 `, token, short))
-	out, err := exec.CommandContext(t.Context(), dynwatchBinary(t), "--config", path, "--kubeconfig", cluster.Kubeconfig).CombinedOutput()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, dynwatchBinary(t), "--config", path, "--kubeconfig", cluster.Kubeconfig).CombinedOutput()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
-		t.Fatalf("err=%v, want a non-zero exit; output:\n%s", err, out)
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 || ctx.Err() != nil {
+		t.Fatalf("err=%v, want a non-zero exit at load; output:\n%.2000s", err, out)
 	}
 	for _, want := range []string{"webhooks[0].url:", "webhooks[1].signingSecretFile:"} {
 		if !strings.Contains(string(out), want) {
@@ -387,7 +393,7 @@ metrics: {address: "127.0.0.1:0"}
 	t.Run("unreachable", func(t *testing.T) {
 		proxy.down.Store(true)
 		proxy.cut()
-		stale("connect")
+		stale("failed")
 		proxy.down.Store(false)
 		fresh()
 	})
