@@ -81,30 +81,44 @@ func OpenStore(path string) (*Store, error) {
 	return s, nil
 }
 
-// openChecked opens the bbolt file and reads every page reachable from its root. bbolt
-// panics, or faults on its memory map, on a damaged file: both become an error here.
-func openChecked(path string) (db *bolt.DB, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if db != nil {
-				_ = db.Close()
-			}
-			db, err = nil, fmt.Errorf("damaged: %v", r)
-		}
-	}()
-	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
+// openChecked checks the bbolt file at path, if there is one, and opens it for writing.
+func openChecked(path string) (*bolt.DB, error) {
+	if err := check(path); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if errors.Is(err, bolt.ErrTimeout) {
 		return nil, errLocked
 	}
+	return db, err
+}
+
+// check opens the file read-only and reads every page reachable from its root. On a damaged
+// file bbolt panics or faults on its memory map; here, in this goroutine, both become an error,
+// where the read-write open (which walks the pages from a goroutine of its own to rebuild the
+// free list) would crash the process.
+func check(path string) (err error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("damaged: %v", r)
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return errLocked
+	}
 	if err != nil {
-		return nil, err
+		return err
 	}
+	defer db.Close()
 	if err := db.View(func(tx *bolt.Tx) error { return walk(tx.Cursor(), 0) }); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("damaged: %w", err)
+		return fmt.Errorf("damaged: %w", err)
 	}
-	return db, nil
+	return nil
 }
 
 // walk visits every key of a bucket and of its nested buckets.
