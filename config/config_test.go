@@ -75,6 +75,14 @@ func TestEnvironmentOverridesTheFile(t *testing.T) {
 }
 
 func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile, shortSecretFile := filepath.Join(dir, "token"), filepath.Join(dir, "short")
+	if err := os.WriteFile(tokenFile, []byte("t0ken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(shortSecretFile, []byte("whsec_MDEyMzQ1Njc4OWFiY2RlZg=="), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		yaml string
@@ -156,6 +164,12 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"webhooks[0].retry.maxBackoff: must be at least initialBackoff", "webhooks[0].workers: must be between 1 and 256"}},
 		{"a dead-letter file in a missing directory", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', deadLetter: {file: /nonexistent/dir/dl.jsonl}}]\n",
 			[]string{"webhooks[0].deadLetter.file: directory /nonexistent/dir does not exist"}},
+		{"a staleAfter below a second and a shutdownTimeout of 0", "resources: [{version: v1, resource: pods, staleAfter: 10ms}]\nshutdownTimeout: 0s\n",
+			[]string{"resources[0].staleAfter: must be at least 1s", "shutdownTimeout: must be at least 1s"}},
+		{"a token over http to a remote host", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://receiver.example/x', bearerTokenFile: " + tokenFile + "}]\n",
+			[]string{"webhooks[0].url: is plain http to a host other than loopback"}},
+		{"a signing secret shorter than 24 bytes", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'https://x', signingSecretFile: " + shortSecretFile + "}]\n",
+			[]string{"webhooks[0].signingSecretFile:", "16-byte key; Standard Webhooks requires at least 24"}},
 		{"several problems at once", "resources: [{version: v1, resource: pods, labelSelector: '=x', indexers: [{name: b, type: jsonPath, path: '{['}]}, {kind: lower}]\n",
 			[]string{"resources[0].labelSelector:", "resources[0].indexers[0].path:", "resources[1].version: is required", "resources[1].kind: must be a Kind"}},
 	}
@@ -171,6 +185,41 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestCredentialsOverHTTPNeedAnExplicitOptIn(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t0ken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ name, url, extra string }{
+		{"to loopback", "http://127.0.0.1:8080/x", ""},
+		{"to localhost", "http://localhost:8080/x", ""},
+		{"with allowCredentialsOverHTTP", "http://receiver.example/x", ", allowCredentialsOverHTTP: true"},
+		{"over https", "https://receiver.example/x", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			yaml := "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: '" + tt.url + "', bearerTokenFile: " + token + tt.extra + "}]\n"
+			if _, err := Load(writeConfig(t, yaml)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestURLsAreRedactedInErrors(t *testing.T) {
+	_, err := Load(writeConfig(t, "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'ftp://user:hunter2@x/?token=s3cret'}]\n"))
+	if err == nil || !strings.Contains(err.Error(), "webhooks[0].url") {
+		t.Fatalf("Load = %v, want an error naming webhooks[0].url", err)
+	}
+	for _, leak := range []string{"hunter2", "s3cret"} {
+		if strings.Contains(err.Error(), leak) {
+			t.Errorf("the error repeats %q: %v", leak, err)
+		}
+	}
+	if got := RedactURL("https://u:p@host/path?a=1&b=2"); got != "https://redacted@host/path?a=redacted&b=redacted" {
+		t.Errorf("RedactURL = %s", got)
 	}
 }
 

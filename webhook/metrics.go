@@ -46,7 +46,7 @@ func newMetrics(store *Store) *metrics {
 		retries:            counter("retries_total", "HTTP requests that repeated an earlier failed one."),
 		filterErrors:       counter("filter_errors_total", "Events whose CEL filter failed to evaluate; they are not delivered."),
 		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown, sink_removed.", "reason"),
-		deadLetterFailures: counter("dead_letter_failures_total", "Dead letters that could not be written to their file or URL (they are logged instead) or were lost to a full backlog."),
+		deadLetterFailures: counter("dead_letter_failures_total", "Dead letters that could not be written to their file or URL, or not before the shutdown deadline without a state store; they are logged instead, without the object."),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynwatch_webhook_request_duration_seconds", Help: "Duration of HTTP requests to a sink.", Buckets: latencyBuckets,
 		}, []string{"sink"}),
