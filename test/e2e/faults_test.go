@@ -259,15 +259,7 @@ func TestAFirstStartOverManyObjectsWithASmallQueueDeliversAll(t *testing.T) {
 		objects = 10_000
 	}
 	ns := namespace(t)
-	_, create := configMaps(ns)
-	g, ctx := errgroup.WithContext(t.Context())
-	g.SetLimit(32)
-	for i := range objects {
-		g.Go(func() error { return create(ctx, fmt.Sprintf("cm-%06d", i), "1") })
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	createMany(t, ns, "cm-%06d", objects, 32)
 	var mu sync.Mutex
 	ids := map[string]bool{}
 	rc := newJudge(t, func(r received, _ int, _ http.Header) int {

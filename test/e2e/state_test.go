@@ -61,6 +61,31 @@ func configMaps(ns string) (*kubernetes.Clientset, func(ctx context.Context, nam
 	return cs, create
 }
 
+// createMany creates n configmaps named by format (with the index), parallel at a time.
+func createMany(t *testing.T, ns, format string, n, parallel int) {
+	t.Helper()
+	_, create := configMaps(ns)
+	g, ctx := errgroup.WithContext(t.Context())
+	g.SetLimit(parallel)
+	for i := range n {
+		g.Go(func() error { return create(ctx, fmt.Sprintf(format, i), "1") })
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitOutbox waits until the sink's outbox holds n events.
+func waitOutbox(t *testing.T, metrics, sink string, n int) {
+	t.Helper()
+	testbed.Eventually(t, 60*time.Second, func() error {
+		if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="`+sink+`"}`); v != float64(n) {
+			return fmt.Errorf("outbox of %s holds %v events, want %d", sink, v, n)
+		}
+		return nil
+	})
+}
+
 // startProcess runs dynwatch on a configuration file the test owns (and may rewrite), and
 // waits until it is ready.
 func startProcess(t *testing.T, configPath string) *runner.Process {
@@ -86,14 +111,7 @@ func TestARestartDeliversExactlyWhatChangedWhileDown(t *testing.T) {
 	const objects = 2000
 	ns := namespace(t)
 	cs, create := configMaps(ns)
-	g, ctx := errgroup.WithContext(t.Context())
-	g.SetLimit(8)
-	for i := range objects {
-		g.Go(func() error { return create(ctx, fmt.Sprintf("cm-%04d", i), "1") })
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	createMany(t, ns, "cm-%04d", objects, 8)
 	rc := newReceiver(t, nil, false)
 	dir := t.TempDir()
 	configPath := filepath.Join(dir, "config.yaml")
@@ -180,12 +198,7 @@ metrics: {address: "127.0.0.1:0"}
 		}
 	}
 	_, metrics, _ := p.WaitListening(t.Context())
-	testbed.Eventually(t, 60*time.Second, func() error {
-		if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="r"}`); v != objects {
-			return fmt.Errorf("outbox holds %v events, want %d", v, objects)
-		}
-		return nil
-	})
+	waitOutbox(t, metrics, "r", objects)
 	ids := func(from int) map[string]int {
 		out := map[string]int{}
 		for _, r := range rc.got()[from:] {

@@ -106,12 +106,7 @@ func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
 		p := startProcess(t, f.config)
 		createN(t, f.ns, "cm", 3)
 		_, metrics, _ := p.WaitListening(t.Context())
-		testbed.Eventually(t, 20*time.Second, func() error {
-			if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="old"}`); v != 3 {
-				return fmt.Errorf("outbox of old holds %v, want 3", v)
-			}
-			return nil
-		})
+		waitOutbox(t, metrics, "old", 3)
 		if err := p.Stop(10 * time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -139,12 +134,7 @@ func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
 		p := startProcess(t, f.config)
 		createN(t, f.ns, "cm", 8)
 		_, metrics, _ := p.WaitListening(t.Context())
-		testbed.Eventually(t, 20*time.Second, func() error {
-			if v := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="old"}`); v != 8 {
-				return fmt.Errorf("outbox of old holds %v, want 8", v)
-			}
-			return nil
-		})
+		waitOutbox(t, metrics, "old", 8)
 		writeFile(t, f.config, plainConfig(f.ns, "webhooks: []\nstate: {path: "+f.state+"}"))
 		testbed.Eventually(t, 20*time.Second, func() error {
 			if n, err := countDeadLetters(deadLetters, "sink_removed"); err != nil || n != 8 {
