@@ -185,20 +185,7 @@ metrics: {address: "127.0.0.1:0"}
 	if code, _, err := get(t.Context(), metrics+"/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("/healthz = %d, %v while not ready; liveness must not depend on readiness", code, err)
 	}
-	cs := kubernetes.NewForConfigOrDie(cluster.Config)
-	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantConfigMapReads(t, ns, user)
 	testbed.Eventually(t, 60*time.Second, func() error {
 		code, body, err := get(t.Context(), metrics+"/readyz")
 		if err != nil || code != http.StatusOK {
@@ -213,6 +200,32 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	if !st.Ready || len(st.Resources) != 2 || st.Resources[1].State != "NotServed" || !strings.Contains(st.Resources[1].Reason, "nowhere.example.com/v1") {
 		t.Errorf("/status = %+v; want ready, with Ghost NotServed and its reason", st)
+	}
+}
+
+// grantConfigMapReads lets user get, list and watch configmaps in ns: a Role and a
+// RoleBinding, both named dynwatch.
+func grantConfigMapReads(t *testing.T, ns, user string) {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bindConfigMapReads(t, ns, user)
+}
+
+// bindConfigMapReads binds the Role grantConfigMapReads made to user.
+func bindConfigMapReads(t *testing.T, ns, user string) {
+	t.Helper()
+	if _, err := kubernetes.NewForConfigOrDie(cluster.Config).RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 

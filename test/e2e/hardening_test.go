@@ -20,7 +20,6 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -314,20 +313,7 @@ func TestAResourceThatCannotBeListedBecomesStale(t *testing.T) {
 	ns := namespace(t)
 	user := "stale-" + ns
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
-	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
-	}
-	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantConfigMapReads(t, ns, user)
 	target, _ := url.Parse(cluster.URL())
 	proxy := startProxy(t, target.Host)
 	kubeconfig, err := cluster.KubeconfigAs(user)
@@ -403,10 +389,7 @@ metrics: {address: "127.0.0.1:0"}
 		}
 		proxy.cut() // a watch outlives the access that started it; a new list does not
 		stale("forbidden")
-		binding.ResourceVersion = ""
-		if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), binding, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		bindConfigMapReads(t, ns, user)
 		fresh()
 	})
 }
