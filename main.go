@@ -27,6 +27,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/httpapi"
+	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/webhook"
 )
 
@@ -78,7 +79,15 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
-	webhooks, err := webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, Store: store, ShutdownTimeout: cfg.ShutdownTimeout})
+	clientset, err := kubernetes.NewForConfig(restConfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	var election *webhook.Election
+	if cfg.LeaderElection.Enabled {
+		election = &webhook.Election{Config: cfg.LeaderElection, Client: clientset}
+	}
+	webhooks, err := webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, Store: store, Election: election, ShutdownTimeout: cfg.ShutdownTimeout})
 	if err != nil {
 		return err
 	}
@@ -103,16 +112,12 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
-	clientset, err := kubernetes.NewForConfig(restConfig)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
 	security, err := httpapi.NewSecurity(log, cfg.API, clientset)
 	if err != nil {
 		return err
 	}
 	api, err := httpapi.NewAPI(httpapi.APIOptions{
-		Logger: log, Informers: informers, Watches: watches, Registerer: reg, Reloads: reloader,
+		Logger: log, Informers: informers, Watches: watches, Registerer: reg, Reloads: reloader, LeaderElection: leaderStatus(webhooks),
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 		Authenticator: security.Authenticator, Authorizer: security.Authorizer, Limits: cfg.API.Limits,
 	})
@@ -139,13 +144,21 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	return err
 }
 
+// leaderStatus reports the dispatcher's leader election for /status, or nil without one.
+func leaderStatus(d *webhook.Dispatcher) func() any {
+	if _, ok := d.Leader(); !ok {
+		return nil
+	}
+	return func() any { s, _ := d.Leader(); return s }
+}
+
 // openStore opens the state store, or returns nil when state.path is not set.
-func openStore(log *slog.Logger, c config.State) (*webhook.Store, error) {
+func openStore(log *slog.Logger, c config.State) (*journal.Store, error) {
 	if c.Path == "" {
 		log.Warn("state.path is not set: events queued at shutdown are dead-lettered, and a restart delivers every object as ADDED again")
 		return nil, nil
 	}
-	store, err := webhook.OpenStore(c.Path)
+	store, err := journal.OpenStore(c.Path)
 	if err != nil {
 		return nil, err
 	}

@@ -30,6 +30,8 @@ type Config struct {
 	Discovery Discovery  `mapstructure:"discovery"`
 	Log       Log        `mapstructure:"log"`
 	State     State      `mapstructure:"state"`
+	// LeaderElection lets several replicas run, one of which delivers.
+	LeaderElection LeaderElection `mapstructure:"leaderElection"`
 	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: in-flight deliveries are
 	// cut and dead letters not yet written by then are abandoned (with a state store they stay
 	// in the outbox for the next start). Keep it below the pod's termination grace period.
@@ -49,6 +51,31 @@ type State struct {
 	// Path is the store's file. Empty keeps state in memory only: events still queued at
 	// shutdown are dead-lettered and a restart delivers every object as ADDED again.
 	Path string `mapstructure:"path"`
+}
+
+// LeaderElection configures high availability: every replica runs the informers, the journal
+// and the query API; the one holding a coordination.k8s.io Lease delivers, and publishes
+// checkpoints that the others trim their outboxes to. It needs a state store.
+type LeaderElection struct {
+	Enabled bool `mapstructure:"enabled"`
+	// Namespace holds the Lease and the checkpoint ConfigMap; required when enabled.
+	Namespace string `mapstructure:"namespace"`
+	// LeaseName is the Lease's name.
+	LeaseName string `mapstructure:"leaseName"`
+	// CheckpointName is the ConfigMap the leader writes its checkpoints to.
+	CheckpointName string `mapstructure:"checkpointName"`
+	// Identity names this replica in the Lease; empty: the host name and a random suffix.
+	Identity string `mapstructure:"identity"`
+	// LeaseDuration is how long the others wait, after they last saw the Lease renewed, before
+	// taking it over; RenewDeadline how long the leader delivers after its last renewal
+	// began (it gives up leading then), and RetryPeriod how often every replica tries to
+	// acquire or renew. LeaseDuration - RenewDeadline is the fencing margin.
+	LeaseDuration time.Duration `mapstructure:"leaseDuration"`
+	RenewDeadline time.Duration `mapstructure:"renewDeadline"`
+	RetryPeriod   time.Duration `mapstructure:"retryPeriod"`
+	// CheckpointInterval is how often the leader writes checkpoints, if they moved, and the
+	// others read them.
+	CheckpointInterval time.Duration `mapstructure:"checkpointInterval"`
 }
 
 // Metrics configures the operations server: /metrics, /healthz, /readyz.
@@ -165,6 +192,15 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("log.level", "info")
 	v.SetDefault("log.format", "json")
 	v.SetDefault("shutdownTimeout", DefaultShutdownTimeout.String())
+	v.SetDefault("leaderElection.enabled", false)
+	v.SetDefault("leaderElection.namespace", "")
+	v.SetDefault("leaderElection.leaseName", "dynwatch")
+	v.SetDefault("leaderElection.checkpointName", "dynwatch-checkpoints")
+	v.SetDefault("leaderElection.identity", "")
+	v.SetDefault("leaderElection.leaseDuration", "15s")
+	v.SetDefault("leaderElection.renewDeadline", "10s")
+	v.SetDefault("leaderElection.retryPeriod", "2s")
+	v.SetDefault("leaderElection.checkpointInterval", "1s")
 }
 
 func (c *Config) setListDefaults() {
@@ -262,6 +298,7 @@ func (c *Config) Unreloadable(next *Config) []string {
 		"log":             c.Log == next.Log,
 		"state":           c.State == next.State,
 		"shutdownTimeout": c.ShutdownTimeout == next.ShutdownTimeout,
+		"leaderElection":  c.LeaderElection == next.LeaderElection,
 	} {
 		if !same {
 			changed = append(changed, name)

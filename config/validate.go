@@ -78,7 +78,42 @@ func (c *Config) validate() error {
 	if c.State.Path != "" && isDir(c.State.Path) {
 		p.add("state.path", "must name a file, %q is a directory", c.State.Path)
 	}
+	c.LeaderElection.validate(c.State, &p)
 	return errors.Join(p...)
+}
+
+func (l *LeaderElection) validate(state State, p *problems) {
+	if !l.Enabled {
+		return
+	}
+	if state.Path == "" {
+		p.add("leaderElection.enabled", "needs state.path: followers keep what the leader may not have delivered in their outboxes")
+	}
+	for _, f := range []struct{ path, name string }{
+		{"leaderElection.namespace", l.Namespace}, {"leaderElection.leaseName", l.LeaseName}, {"leaderElection.checkpointName", l.CheckpointName},
+	} {
+		if f.name == "" {
+			p.add(f.path, "is required when leader election is enabled")
+			continue
+		}
+		for _, msg := range validation.IsDNS1123Subdomain(f.name) {
+			p.add(f.path, "%s", msg)
+		}
+	}
+	if l.RetryPeriod < 100*time.Millisecond {
+		p.add("leaderElection.retryPeriod", "must be at least 100ms, got %s", l.RetryPeriod)
+	}
+	// As client-go's leader election requires: renewals get retries within the deadline, and
+	// the others wait longer than the leader may deliver.
+	if float64(l.RenewDeadline) <= 1.2*float64(l.RetryPeriod) {
+		p.add("leaderElection.renewDeadline", "must be more than 1.2 × retryPeriod (%s), got %s", l.RetryPeriod, l.RenewDeadline)
+	}
+	if l.LeaseDuration <= l.RenewDeadline {
+		p.add("leaderElection.leaseDuration", "must be more than renewDeadline (%s): the difference is the fencing margin, got %s", l.RenewDeadline, l.LeaseDuration)
+	}
+	if l.CheckpointInterval < 100*time.Millisecond {
+		p.add("leaderElection.checkpointInterval", "must be at least 100ms, got %s", l.CheckpointInterval)
+	}
 }
 
 func checkAddress(path, addr string, p *problems) {

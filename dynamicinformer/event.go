@@ -33,17 +33,30 @@ type Event struct {
 	InitialList bool
 	// Observed is when the informer handed the change to dynwatch.
 	Observed time.Time
+	// Stream names the informer that saw the change: its namespace, or "" when one informer
+	// watches every namespace. ListStarted names a resource's streams.
+	Stream string
+	// Revision is a resourceVersion, as an integer, at or after which the change happened
+	// (one resource's resourceVersions compare as integers): the object's, or for a delete
+	// that a relist found, the relist's. 0 when it is not an integer.
+	Revision uint64
+	// InOrder is set for changes seen on a watch: a stream's InOrder events come in increasing
+	// Revision, and each marks the stream's progress. Initial lists and relists are not in
+	// order.
+	InOrder bool
 }
 
 // ListObserver is implemented by subscribers that compare an informer run's initial list with
 // state of their own: what was stored and is not in the list was deleted meanwhile.
 type ListObserver interface {
-	// ListStarted is called before a resource's informers start; their initial lists follow
-	// as Added events with InitialList set. run numbers the start.
-	ListStarted(gvr schema.GroupVersionResource, run uint64)
+	// ListStarted is called before a resource's informers start, one per stream; their initial
+	// lists follow as Added events with InitialList set. run numbers the start.
+	ListStarted(gvr schema.GroupVersionResource, run uint64, streams []string)
 	// ListSynced is called once every object of run's initial lists has been passed to
-	// OnEvent. It is not called for a run stopped before that.
-	ListSynced(gvr schema.GroupVersionResource, run uint64)
+	// OnEvent, with a revision at or after which each of those lists was taken: an object
+	// missing from them was deleted no later than that. It is not called for a run stopped
+	// before that.
+	ListSynced(gvr schema.GroupVersionResource, run uint64, revision uint64)
 }
 
 // Subscriber receives every Event. OnEvent is called from informer handler goroutines and must

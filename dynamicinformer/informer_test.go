@@ -384,12 +384,12 @@ resources:
 
 // The handler is tested directly for what a live cluster cannot produce on demand.
 
-func TestHandlerUnwrapsTombstonesAndSkipsResyncs(t *testing.T) {
+func TestHandlerUnwrapsTombstonesDatedByTheRelistAndSkipsResyncs(t *testing.T) {
 	rec := &recorder{}
 	m := startManager(t, cluster.Config, "resources: [{version: v1, resource: configmaps, namespaces: [none]}]\n", rec)
 	r := resource(t, m, "configmaps.v1")
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	h := r.handler(gvr, &relisted{})
+	h := r.handler(gvr, "ns", &relisted{revision: 42})
 	obj := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
 	}}}
@@ -398,5 +398,9 @@ func TestHandlerUnwrapsTombstonesAndSkipsResyncs(t *testing.T) {
 	events := rec.find("ns", "gone")
 	if len(events) != 1 || events[0].Type != Deleted || events[0].Object != obj {
 		t.Fatalf("events = %+v; want one DELETED carrying the tombstone's object", events)
+	}
+	// The object's resourceVersion is from before the deletion; the relist's is after it.
+	if e := events[0]; e.Revision != 42 || e.InOrder || e.Stream != "ns" {
+		t.Fatalf("tombstone delete: revision %d, in order %t, stream %q; want 42, false, ns", e.Revision, e.InOrder, e.Stream)
 	}
 }

@@ -2,7 +2,6 @@ package dynamicinformer
 
 import (
 	"fmt"
-	"strconv"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -25,7 +24,7 @@ func (r *Resource) ResourceVersion() uint64 {
 	defer r.mu.RUnlock()
 	var oldest uint64
 	for i, ni := range r.informers {
-		rv, _ := strconv.ParseUint(ni.informer.LastSyncResourceVersion(), 10, 64)
+		rv := Revision(ni.informer.LastSyncResourceVersion())
 		if i == 0 || rv < oldest {
 			oldest = rv
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -189,7 +191,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		if err := inf.SetWatchErrorHandlerWithContext(r.onWatchError); err != nil {
 			return fmt.Errorf("set watch error handler: %w", err)
 		}
-		reg, err := inf.AddEventHandler(r.handler(gvr, relist))
+		reg, err := inf.AddEventHandler(r.handler(gvr, ns, relist))
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
@@ -199,7 +201,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	run := r.m.runs.Add(1)
 	for _, s := range r.m.subscribers {
 		if o, ok := s.(ListObserver); ok {
-			o.ListStarted(gvr, run)
+			o.ListStarted(gvr, run, slices.Clone(namespaces))
 		}
 	}
 	r.mu.Lock()
@@ -216,9 +218,14 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 			return
 		}
+		// Each informer's last synced resourceVersion is now that of its initial list or later.
+		var revision uint64
+		for _, ni := range informers {
+			revision = max(revision, Revision(ni.informer.LastSyncResourceVersion()))
+		}
 		for _, s := range r.m.subscribers {
 			if o, ok := s.(ListObserver); ok {
-				o.ListSynced(gvr, run)
+				o.ListSynced(gvr, run, revision)
 			}
 		}
 	})
@@ -268,10 +275,12 @@ func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*met
 	return inf, relist
 }
 
-// relisted holds the objects a relist found changed, by cache key, until their events pass.
+// relisted holds the objects a relist found changed, by cache key, until their events pass,
+// and the relist's resourceVersion.
 type relisted struct {
-	mu      sync.Mutex
-	changed map[string]string // key → resourceVersion
+	mu       sync.Mutex
+	changed  map[string]string // key → resourceVersion
+	revision uint64
 }
 
 // note records the objects of one page of a relist that differ from the cache.
@@ -284,6 +293,7 @@ func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
 	defer x.mu.Unlock()
 	if first || x.changed == nil {
 		x.changed = map[string]string{}
+		x.revision = Revision(items.GetResourceVersion())
 	}
 	for i := range items.Items {
 		u := &items.Items[i]
@@ -295,6 +305,13 @@ func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
 		}
 		x.changed[key] = u.GetResourceVersion()
 	}
+}
+
+// listRevision is the last relist's resourceVersion.
+func (x *relisted) listRevision() uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.revision
 }
 
 // take reports whether u, as it is, was found changed by a relist, and forgets it.
@@ -310,6 +327,15 @@ func (x *relisted) take(u *unstructured.Unstructured) bool {
 		return true
 	}
 	return false
+}
+
+// Revision is a resourceVersion as an integer, or 0 when it is not one.
+func Revision(resourceVersion string) uint64 {
+	n, err := strconv.ParseUint(resourceVersion, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // CacheKey is an object's key in the cache: namespace/name, or name for a cluster-scoped one.
@@ -350,17 +376,20 @@ func (r *Resource) onWatchError(ctx context.Context, reflector *cache.Reflector,
 	}
 }
 
-// handler turns informer notifications into Events. It never blocks on I/O. Events a relist
-// produced (the object noted by relist, or a delete known only from a tombstone) are counted.
-func (r *Resource) handler(gvr schema.GroupVersionResource, relist *relisted) cache.ResourceEventHandler {
+// handler turns the notifications of stream's informer into Events. It never blocks on I/O.
+// Events a relist produced (the object noted by relist, or a delete known only from a
+// tombstone) are counted, and are not in order.
+func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relist *relisted) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, isInInitialList bool) {
 			if u, ok := obj.(*unstructured.Unstructured); ok {
 				r.objects.Add(1)
-				if !isInInitialList && relist.take(u) {
+				inOrder := !isInInitialList
+				if inOrder && relist.take(u) {
 					r.relistEvents[Added].Inc()
+					inOrder = false
 				}
-				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList})
+				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: Revision(u.GetResourceVersion()), InOrder: inOrder})
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
@@ -369,10 +398,12 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, relist *relisted) ca
 			if !ok1 || !ok2 || o.GetResourceVersion() == n.GetResourceVersion() {
 				return // a resync or relist of an unchanged object
 			}
+			inOrder := true
 			if relist.take(n) {
 				r.relistEvents[Modified].Inc()
+				inOrder = false
 			}
-			r.emit(Event{Type: Modified, Resource: gvr, Object: n, OldObject: o})
+			r.emit(Event{Type: Modified, Resource: gvr, Object: n, OldObject: o, Stream: stream, Revision: Revision(n.GetResourceVersion()), InOrder: inOrder})
 		},
 		DeleteFunc: func(obj any) {
 			tombstone, fromRelist := obj.(cache.DeletedFinalStateUnknown)
@@ -381,10 +412,14 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, relist *relisted) ca
 			}
 			if u, ok := obj.(*unstructured.Unstructured); ok {
 				r.objects.Add(-1)
+				// A watch's delete carries the deletion's resourceVersion; a tombstone the
+				// object's last known one, and the deletion happened by the relist's.
+				e := Event{Type: Deleted, Resource: gvr, Object: u, Stream: stream, Revision: Revision(u.GetResourceVersion()), InOrder: !fromRelist}
 				if fromRelist {
 					r.relistEvents[Deleted].Inc()
+					e.Revision = relist.listRevision()
 				}
-				r.emit(Event{Type: Deleted, Resource: gvr, Object: u})
+				r.emit(e)
 			}
 		},
 	}

@@ -27,6 +27,8 @@ type StatusResponse struct {
 	Resources []dynamicinformer.Status `json:"resources"`
 	// Reload is the outcome of the last configuration reload.
 	Reload config.ReloadStatus `json:"reload"`
+	// LeaderElection is this replica's view of the election; absent without one.
+	LeaderElection any `json:"leaderElection,omitempty"`
 }
 
 // APIOptions are the API handler's dependencies and limits.
@@ -37,6 +39,8 @@ type APIOptions struct {
 	Registerer prometheus.Registerer
 	// Reloads reports the last configuration reload.
 	Reloads interface{ Status() config.ReloadStatus }
+	// LeaderElection reports the leader election's state for /status; nil without one.
+	LeaderElection func() any
 	// MaxPageSize caps the items of one list response; more come through continue tokens.
 	MaxPageSize int
 	// RequestTimeout bounds writing the answer to a request other than a watch.
@@ -140,7 +144,11 @@ func (a *api) status(c *gin.Context) {
 	c.Set(routeKey, "status")
 	a.deadline(c, a.RequestTimeout)
 	ok, reasons := a.Informers.Ready()
-	c.JSON(http.StatusOK, StatusResponse{Ready: ok, NotReady: reasons, Resources: a.Informers.Status(), Reload: a.Reloads.Status()})
+	resp := StatusResponse{Ready: ok, NotReady: reasons, Resources: a.Informers.Status(), Reload: a.Reloads.Status()}
+	if a.LeaderElection != nil {
+		resp.LeaderElection = a.LeaderElection()
+	}
+	c.JSON(http.StatusOK, resp)
 }
 
 func (a *api) version(c *gin.Context) {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // BenchmarkDelivery sends events through a Dispatcher with one signed sink (4 workers) to a
@@ -83,7 +84,7 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 			time.Sleep(time.Until(next))
 		}
 		e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: gvr, Object: obj, Observed: time.Now()}
-		sent[EventID(e)] = e.Observed
+		sent[journal.EventID(e)] = e.Observed
 		d.OnEvent(e)
 		i++
 	}

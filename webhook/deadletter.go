@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // The reasons a delivery is dead-lettered.
@@ -55,9 +56,9 @@ type ObjectRef struct {
 	ResourceVersion string `json:"resourceVersion"`
 }
 
-func refOf(d Delivery) ObjectRef {
+func refOf(d journal.Entry) ObjectRef {
 	o := d.Event.Object
-	return ObjectRef{Resource: resourceName(d.Event.Resource), Namespace: o.GetNamespace(), Name: o.GetName(), UID: string(o.GetUID()), ResourceVersion: o.GetResourceVersion()}
+	return ObjectRef{Resource: journal.ResourceName(d.Event.Resource), Namespace: o.GetNamespace(), Name: o.GetName(), UID: string(o.GetUID()), ResourceVersion: o.GetResourceVersion()}
 }
 
 // target is where a sink's dead letters go; a reload may change it.
@@ -75,7 +76,7 @@ type deadLetters struct {
 	sink   string
 	log    *slog.Logger
 	m      sinkMetrics
-	j      *journal
+	j      *journal.Journal
 	target atomic.Pointer[target]
 
 	mu      sync.Mutex
@@ -88,7 +89,7 @@ type deadLetters struct {
 	started sync.Once
 }
 
-func newDeadLetters(sink string, log *slog.Logger, m sinkMetrics, j *journal, cfg *config.Webhook) *deadLetters {
+func newDeadLetters(sink string, log *slog.Logger, m sinkMetrics, j *journal.Journal, cfg *config.Webhook) *deadLetters {
 	dl := &deadLetters{sink: sink, log: log, m: m, j: j, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	dl.abandon, dl.cancel = context.WithCancel(context.Background())
 	dl.setTarget(cfg)
@@ -104,14 +105,14 @@ func (dl *deadLetters) setTarget(cfg *config.Webhook) {
 func (dl *deadLetters) submit(d Delivery, reason string, err error) {
 	dl.m.deadLetters[reason].Inc()
 	dl.m.deadLettered.Inc()
-	rec := DeadLetter{Time: time.Now().UTC(), Sink: dl.sink, Reason: reason, Attempts: d.Attempts, ID: d.ID, Type: string(d.Event.Type), Object: refOf(d), seq: d.Seq}
+	rec := DeadLetter{Time: time.Now().UTC(), Sink: dl.sink, Reason: reason, Attempts: d.Attempts, ID: d.ID, Type: string(d.Event.Type), Object: refOf(d.Entry), seq: d.Seq}
 	if err != nil {
 		rec.Error = err.Error()
 	}
 	if dl.target.Load().includeObject {
 		rec.Event = d.Body
 		if rec.Event == nil {
-			rec.Event = Payload(d.Event)
+			rec.Event = journal.Payload(d.Event)
 		}
 	}
 	dl.mu.Lock()
@@ -223,7 +224,7 @@ func (dl *deadLetters) write(rec DeadLetter) {
 		}
 		dl.logRecord("dead letter", rec)
 	}
-	dl.j.ack(dl.sink, rec.seq)
+	dl.j.Ack(dl.sink, rec.seq)
 }
 
 // logRecord logs a dead letter without the object.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // Options are a Dispatcher's dependencies.
@@ -23,7 +24,10 @@ type Options struct {
 	Webhooks   []config.Webhook
 	// Store keeps the object state and the outboxes across restarts; nil keeps them in memory.
 	// Run closes it.
-	Store *Store
+	Store *journal.Store
+	// Election, when set, makes this replica deliver only while it holds the Lease; it needs
+	// a Store.
+	Election *Election
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// ShutdownTimeout bounds what Run does once its context ends.
@@ -35,8 +39,9 @@ type Dispatcher struct {
 	log             *slog.Logger
 	now             func() time.Time
 	m               *metrics
-	store           *Store
-	journal         *journal
+	store           *journal.Store
+	journal         *journal.Journal
+	elector         *elector // nil: this replica always delivers
 	shutdownTimeout time.Duration
 	// abandon ends when the shutdown deadline passes: work still running then is cut short.
 	abandon       context.Context
@@ -60,11 +65,27 @@ func New(o Options) (*Dispatcher, error) {
 		d.shutdownTimeout = config.DefaultShutdownTimeout
 	}
 	d.abandon, d.abandonCancel = context.WithCancel(context.Background())
-	d.m = newMetrics(o.Store)
-	d.journal = newJournal(o.Store, o.Logger, d.now, d.m, d.current)
-	d.journal.retired = d.retire
+	var err error
+	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Store: o.Store, Now: d.now, Targets: d.targets, Retired: d.retire})
+	if err != nil {
+		return nil, err
+	}
+	d.m = newMetrics(d.journal)
+	var f *fence
+	if o.Election != nil {
+		if o.Store == nil {
+			return nil, errors.New("leader election needs a state store (state.path)")
+		}
+		d.elector = newElector(o.Election, d.log)
+		f = d.elector.fence
+		for _, c := range d.elector.m.collectors() {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for i := range o.Webhooks {
-		s, err := newSink(&o.Webhooks[i], d.log, d.journal, d.now, d.m)
+		s, err := newSink(&o.Webhooks[i], d.log, d.journal, d.now, d.m, f)
 		if err != nil {
 			return nil, err
 		}
@@ -76,6 +97,24 @@ func New(o Options) (*Dispatcher, error) {
 	return d, nil
 }
 
+// targets are the sinks as the journal sees them.
+func (d *Dispatcher) targets() []journal.Target {
+	sinks := d.current()
+	out := make([]journal.Target, len(sinks))
+	for i, s := range sinks {
+		out[i] = s
+	}
+	return out
+}
+
+// Leader reports the leader election's state, and false without leader election.
+func (d *Dispatcher) Leader() (LeaderStatus, bool) {
+	if d.elector == nil {
+		return LeaderStatus{}, false
+	}
+	return d.elector.leaderStatus(), true
+}
+
 func (d *Dispatcher) current() []*Sink {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -84,53 +123,66 @@ func (d *Dispatcher) current() []*Sink {
 
 // Ready implements httpapi.Readiness: not ready while the state store cannot commit.
 func (d *Dispatcher) Ready() (bool, []string) {
-	if err := d.journal.healthy(); err != nil {
+	if err := d.journal.Healthy(); err != nil {
 		return false, []string{err.Error()}
 	}
 	return true, nil
 }
 
 // OnEvent implements dynamicinformer.Subscriber: it hands e to the journal, never blocking.
-func (d *Dispatcher) OnEvent(e dynamicinformer.Event) {
-	d.journal.submit(op{kind: opEvent, event: e})
-}
+func (d *Dispatcher) OnEvent(e dynamicinformer.Event) { d.journal.Record(e) }
 
 // ListStarted implements dynamicinformer.ListObserver.
-func (d *Dispatcher) ListStarted(gvr schema.GroupVersionResource, run uint64) {
-	d.journal.submit(op{kind: opListStarted, gvr: gvr, run: run})
+func (d *Dispatcher) ListStarted(gvr schema.GroupVersionResource, run uint64, streams []string) {
+	d.journal.ListStarted(gvr, run, streams)
 }
 
 // ListSynced implements dynamicinformer.ListObserver.
-func (d *Dispatcher) ListSynced(gvr schema.GroupVersionResource, run uint64) {
-	d.journal.submit(op{kind: opListSynced, gvr: gvr, run: run})
+func (d *Dispatcher) ListSynced(gvr schema.GroupVersionResource, run uint64, revision uint64) {
+	d.journal.ListSynced(gvr, run, revision)
 }
 
 // Run delivers until ctx ends. With a store it first queues the outboxes left by the previous
 // run, ahead of any new event, and dead-letters those of webhooks no longer configured; at the
 // end what is undelivered stays in the outboxes. Without a store, what is undelivered at the
-// end is dead-lettered with reason shutdown. Once ctx ends, Run returns within the shutdown
-// timeout. OnEvent must not be called once ctx has ended: end it only after the informers
-// have stopped.
+// end is dead-lettered with reason shutdown. With leader election it delivers only while it
+// leads, and until then records into the outboxes, trimmed to the leader's checkpoints. Once
+// ctx ends, Run returns within the shutdown timeout. OnEvent must not be called once ctx has
+// ended: end it only after the informers have stopped.
 func (d *Dispatcher) Run(ctx context.Context) error {
-	d.life.Lock()
-	if err := d.restore(); err != nil {
-		d.life.Unlock()
-		return err
-	}
 	journalCtx, stopJournal := context.WithCancel(context.WithoutCancel(ctx))
 	journalDone := make(chan struct{})
-	go func() { defer close(journalDone); d.journal.run(journalCtx) }()
-	d.mu.Lock()
-	d.ctx = ctx
-	for _, s := range d.sinks {
-		s.start(ctx)
+	go func() { defer close(journalDone); d.journal.Run(journalCtx) }()
+	for _, s := range d.current() {
+		s.dead.start()
 	}
-	d.mu.Unlock()
-	d.life.Unlock()
+	var elected sync.WaitGroup
+	if d.elector == nil {
+		if err := d.lead(ctx); err != nil {
+			stopJournal()
+			<-journalDone
+			return err
+		}
+	} else {
+		for _, s := range d.current() {
+			s.spill()
+		}
+		elected.Go(func() { d.elector.exchange(ctx, d.journal) })
+		elected.Go(func() {
+			if err := d.elector.run(ctx, func(ctx context.Context) {
+				if err := d.lead(ctx); err != nil {
+					d.log.Error("start delivering", "err", err)
+				}
+			}, d.follow); err != nil {
+				d.log.Error("leader election stopped", "err", err)
+			}
+		})
+	}
 
 	<-ctx.Done()
 	deadline := time.AfterFunc(d.shutdownTimeout, d.abandonCancel)
 	defer deadline.Stop()
+	elected.Wait() // the lease is given up only once delivery has stopped
 	d.life.Lock()
 	defer d.life.Unlock()
 	d.mu.Lock()
@@ -151,11 +203,48 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	d.waitRetired()
-	_ = d.journal.flush() // the last acks
+	_ = d.journal.Flush() // the last acks
 	if d.store != nil {
 		return d.store.Close()
 	}
 	return nil
+}
+
+// lead starts delivering under ctx: the outboxes are queued again from their oldest entry,
+// and the sinks' workers start.
+func (d *Dispatcher) lead(ctx context.Context) error {
+	d.life.Lock()
+	defer d.life.Unlock()
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err := d.restore(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.ctx = ctx
+	sinks := d.sinks
+	d.mu.Unlock()
+	for _, s := range sinks {
+		s.startWorkers(ctx)
+	}
+	return nil
+}
+
+// follow stops delivering: everything queued stays in the outboxes only, for the leader's
+// checkpoints to trim, or for this replica to deliver if it leads again.
+func (d *Dispatcher) follow() {
+	d.life.Lock()
+	defer d.life.Unlock()
+	d.mu.Lock()
+	d.ctx = nil
+	sinks := d.sinks
+	d.mu.Unlock()
+	for _, s := range sinks {
+		s.spill()
+		s.stopWorkers()
+		s.queue.Drain()
+	}
 }
 
 func (d *Dispatcher) waitRetired() {
@@ -174,15 +263,14 @@ func (d *Dispatcher) restore() error {
 		return nil
 	}
 	for _, s := range d.sinks {
-		n := d.store.outboxLen(s.name)
-		s.outbox.Store(int64(n))
-		if n > 0 {
-			s.spill()
-			s.refill(true)
-			d.log.Info("outbox from the previous run queued", "sink", s.name, "events", n)
+		s.queue.Drain() // every one of them is in the outbox
+		s.spill()
+		s.refill(true)
+		if n := d.journal.OutboxLen(s.name); n > 0 {
+			d.log.Info("outbox queued", "sink", s.name, "events", n)
 		}
 	}
-	names, err := d.store.sinks()
+	names, err := d.store.Sinks()
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
@@ -205,29 +293,28 @@ func (d *Dispatcher) orphaned(name string) error {
 	var from uint64
 	n := 0
 	for {
-		p, err := d.store.outboxPage(name, from, 1000)
+		p, err := d.store.Page(name, from, 1000)
 		if err != nil {
 			return err
 		}
-		for _, seq := range p.corrupt {
-			d.m.corrupt.Inc()
-			d.journal.ack(name, seq)
+		for _, seq := range p.Corrupt {
+			d.journal.Corrupt(name, seq)
 		}
-		for _, dl := range p.deliveries {
-			ref := refOf(dl)
-			log.Error("dead letter", "id", dl.ID, "type", string(dl.Event.Type), "resource", ref.Resource, "namespace", ref.Namespace, "name", ref.Name,
+		for _, e := range p.Entries {
+			ref := refOf(e)
+			log.Error("dead letter", "id", e.ID, "type", string(e.Event.Type), "resource", ref.Resource, "namespace", ref.Namespace, "name", ref.Name,
 				"reason", reasonRemoved, "error", "the webhook is no longer configured")
 			dead.Inc()
-			d.journal.ack(name, dl.Seq)
+			d.journal.Ack(name, e.Seq)
 			n++
 		}
-		if p.end {
+		if p.End {
 			break
 		}
-		from = p.next
+		from = p.Next
 	}
 	log.Warn("the outbox of a webhook no longer configured was dead-lettered", "events", n, "reason", reasonRemoved)
-	d.journal.submit(op{kind: opDropSink, sink: name})
+	d.journal.DropSink(name)
 	return nil
 }
 
@@ -274,10 +361,13 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 			delete(old, cfg.Name)
 			continue
 		}
-		s, err := newSink(cfg, d.log, d.journal, d.now, d.m)
+		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence())
 		if err != nil {
 			d.mu.Unlock()
 			return err
+		}
+		if d.elector != nil && d.ctx == nil {
+			s.spill() // following: it records, the leader delivers
 		}
 		next = append(next, s)
 		started = append(started, s)
@@ -292,21 +382,31 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 	}
 	for _, s := range old {
 		s.stopWorkers()
-		d.journal.submit(op{kind: opRemoveSink, target: s})
+		d.journal.RemoveTarget(s)
 		s.log.Info("webhook removed")
 	}
 	for _, s := range started {
+		s.dead.start()
 		if ctx != nil {
-			s.start(ctx)
+			s.startWorkers(ctx)
 		}
 	}
 	return nil
 }
 
+func (d *Dispatcher) fence() *fence {
+	if d.elector == nil {
+		return nil
+	}
+	return d.elector.fence
+}
+
 // retire dead-letters what a removed sink had not delivered, with reason sink_removed: its
 // queue, and with a store its whole outbox, which holds the queue and whatever did not fit.
-// The journal calls it once everything queued for the sink is committed.
-func (d *Dispatcher) retire(s *Sink) {
+// The journal calls it once everything queued for the sink is committed. A replica that does
+// not lead drops the outbox instead: the leader dead-letters its own.
+func (d *Dispatcher) retire(t journal.Target) {
+	s := t.(*Sink)
 	d.retiring.Add(1)
 	go func() {
 		defer d.retiring.Done()
@@ -315,28 +415,32 @@ func (d *Dispatcher) retire(s *Sink) {
 			s.deadLetterQueue(reasonRemoved)
 		} else {
 			s.queue.Drain() // every one of them is in the outbox
+			following := d.elector != nil && !d.elector.leading()
 			var from uint64
 			for {
-				p, err := d.store.outboxPage(s.name, from, 1000)
+				p, err := d.store.Page(s.name, from, 1000)
 				if err != nil {
 					s.log.Error("read the outbox of a removed webhook", "err", err)
 					break
 				}
-				for _, seq := range p.corrupt {
-					d.m.corrupt.Inc()
-					d.journal.ack(s.name, seq)
+				for _, seq := range p.Corrupt {
+					d.journal.Corrupt(s.name, seq)
 				}
-				for _, dl := range p.deliveries {
-					s.dead.submit(dl, reasonRemoved, errRemoved)
+				for _, e := range p.Entries {
+					if following {
+						d.journal.Ack(s.name, e.Seq) // the leader dead-letters its own
+						continue
+					}
+					s.dead.submit(Delivery{Entry: e}, reasonRemoved, errRemoved)
 				}
-				if p.end {
+				if p.End {
 					break
 				}
-				from = p.next
+				from = p.Next
 			}
 		}
 		s.dead.close(d.abandon)
-		d.journal.submit(op{kind: opDropSink, sink: s.name})
+		d.journal.DropSink(s.name)
 		if !slices.ContainsFunc(d.current(), func(o *Sink) bool { return o.name == s.name }) {
 			d.m.removeSink(s.name)
 		}

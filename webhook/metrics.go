@@ -2,9 +2,10 @@ package webhook
 
 import (
 	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // metrics are the webhook metrics, labelled by sink; every label value exists from the start.
@@ -14,16 +15,10 @@ type metrics struct {
 	deadLetters, deadLetterFailures   *prometheus.CounterVec
 	requestDuration, age              *prometheus.HistogramVec
 	queueLength, outboxLength         *prometheus.Desc
+	journal                           *journal.Journal
 
-	// The state store's metrics.
-	store                                          *Store // nil: no store
-	storeSize                                      *prometheus.Desc
-	commits, commitErrors, suppressed, fullReplays prometheus.Counter
-	writeErrors, corrupt, damaged                  prometheus.Counter
-
-	mu       sync.Mutex
-	queues   map[string]*Queue
-	outboxes map[string]*atomic.Int64
+	mu     sync.Mutex
+	queues map[string]*Queue
 }
 
 // sinkMetrics are one sink's children of the metrics.
@@ -35,7 +30,7 @@ type sinkMetrics struct {
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
 
-func newMetrics(store *Store) *metrics {
+func newMetrics(j *journal.Journal) *metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dynwatch_webhook_" + name, Help: help}, append([]string{"sink"}, labels...))
 	}
@@ -55,28 +50,15 @@ func newMetrics(store *Store) *metrics {
 		}, []string{"sink"}),
 		queueLength:  prometheus.NewDesc("dynwatch_webhook_queue_length", "Events queued or being delivered, per sink.", []string{"sink"}, nil),
 		outboxLength: prometheus.NewDesc("dynwatch_webhook_outbox_length", "Events in a sink's durable outbox: neither delivered nor dead-lettered. 0 without a state store.", []string{"sink"}, nil),
-		store:        store,
-		storeSize:    prometheus.NewDesc("dynwatch_state_size_bytes", "Size of the state store's data.", nil, nil),
-		commits:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commits_total", Help: "Transactions committed to the state store; each carries every event and acknowledgement pending at its start."}),
-		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commit_errors_total", Help: "State store transactions that failed to commit (a full disk); nothing in them is delivered until a later commit succeeds."}),
-		writeErrors:  prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_write_errors_total", Help: "Single operations the state store refused; each was skipped and the rest of its transaction committed."}),
-		corrupt:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_corrupt_entries_total", Help: "Stored objects or outbox entries that did not decode; objects are derived again from the cache, outbox entries removed."}),
-		damaged:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_damaged_total", Help: "State store files found damaged at start, set aside and replaced by a full replay."}),
-		suppressed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_suppressed_events_total", Help: "Events not delivered because the sinks already had that state of the object (an unchanged object in the initial list after a restart)."}),
-		fullReplays:  prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_full_replays_total", Help: "Initial lists delivered in full as ADDED because nothing was stored for the resource (a new resource, a first start, or a lost state volume)."}),
+		journal:      j,
 		queues:       map[string]*Queue{},
-		outboxes:     map[string]*atomic.Int64{},
-	}
-	if store != nil && store.Damaged != "" {
-		m.damaged.Inc()
 	}
 	return m
 }
 
-func (m *metrics) forSink(sink string, q *Queue, outbox *atomic.Int64) sinkMetrics {
+func (m *metrics) forSink(sink string, q *Queue) sinkMetrics {
 	m.mu.Lock()
 	m.queues[sink] = q
-	m.outboxes[sink] = outbox
 	m.mu.Unlock()
 	sm := sinkMetrics{
 		enqueued:           m.enqueued.WithLabelValues(sink),
@@ -100,7 +82,6 @@ func (m *metrics) forSink(sink string, q *Queue, outbox *atomic.Int64) sinkMetri
 func (m *metrics) removeSink(sink string) {
 	m.mu.Lock()
 	delete(m.queues, sink)
-	delete(m.outboxes, sink)
 	m.mu.Unlock()
 	for _, c := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
@@ -110,8 +91,7 @@ func (m *metrics) removeSink(sink string) {
 }
 
 func (m *metrics) vectors() []prometheus.Collector {
-	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
-		m.commits, m.commitErrors, m.suppressed, m.fullReplays, m.writeErrors, m.corrupt, m.damaged}
+	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age}
 }
 
 // Describe implements prometheus.Collector.
@@ -121,7 +101,6 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- m.queueLength
 	ch <- m.outboxLength
-	ch <- m.storeSize
 }
 
 // Collect implements prometheus.Collector.
@@ -133,11 +112,6 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	defer m.mu.Unlock()
 	for sink, q := range m.queues {
 		ch <- prometheus.MustNewConstMetric(m.queueLength, prometheus.GaugeValue, float64(q.Len()), sink)
-		ch <- prometheus.MustNewConstMetric(m.outboxLength, prometheus.GaugeValue, float64(m.outboxes[sink].Load()), sink)
+		ch <- prometheus.MustNewConstMetric(m.outboxLength, prometheus.GaugeValue, float64(m.journal.OutboxLen(sink)), sink)
 	}
-	var size int64
-	if m.store != nil {
-		size = m.store.Size()
-	}
-	ch <- prometheus.MustNewConstMetric(m.storeSize, prometheus.GaugeValue, float64(size))
 }

@@ -9,25 +9,12 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
-// Delivery is one event to deliver to one sink.
+// Delivery is one journal entry on its way to its sink.
 type Delivery struct {
-	Event dynamicinformer.Event
-	// ID identifies the event for idempotency: identical on every redelivery of it.
-	ID string
-	// Key orders deliveries: those with the same key (the same object by resource, namespace
-	// and name, whatever its uid) are made one at a time, in the order they were pushed.
-	Key      string
-	Enqueued time.Time
-	// Body is the request body, or nil to build it from Event.
-	Body []byte
-	// Seq numbers the delivery's outbox entry; 0 when it has none (no state store).
-	Seq uint64
-	// Deadline ends retrying; zero until the first attempt fails, then kept across reloads
-	// and restarts.
-	Deadline time.Time
+	journal.Entry
 	// Attempts counts the requests made for the delivery by this process.
 	Attempts int
 	// backoff spaces this delivery's retries; nil until its first failure.

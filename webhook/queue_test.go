@@ -5,9 +5,11 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/dynwatch/dynwatch/journal"
 )
 
-func delivery(key, id string) Delivery { return Delivery{Key: key, ID: id} }
+func delivery(key, id string) Delivery { return Delivery{Entry: journal.Entry{Key: key, ID: id}} }
 
 func TestQueueOrdersPerKeyAndRunsKeysInParallel(t *testing.T) {
 	q := NewQueue(10)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // Sink delivers the events one webhook selects. It lives as long as its webhook's name is
@@ -31,14 +32,13 @@ import (
 type Sink struct {
 	name  string
 	log   *slog.Logger
-	j     *journal
+	j     *journal.Journal
 	now   func() time.Time
 	queue *Queue
 	m     sinkMetrics
 	dead  *deadLetters
-	// outbox counts the sink's outbox entries; the journal keeps it.
-	outbox atomic.Int64
-	cur    atomic.Pointer[settings]
+	fence *fence // nil: always the leader
+	cur   atomic.Pointer[settings]
 
 	// win is the queue's window over the outbox, with a state store: when the queue is full,
 	// later deliveries stay in the outbox only (spilled) and are read back in order, from
@@ -76,13 +76,13 @@ func newSettings(cfg *config.Webhook, token, signingSecret config.Secret) (*sett
 	return st, nil
 }
 
-func newSink(cfg *config.Webhook, log *slog.Logger, j *journal, now func() time.Time, m *metrics) (*Sink, error) {
+func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f *fence) (*Sink, error) {
 	st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret)
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{name: cfg.Name, log: log.With("sink", cfg.Name), j: j, now: now, queue: NewQueue(cfg.QueueSize)}
-	s.m = m.forSink(s.name, s.queue, &s.outbox)
+	s := &Sink{name: cfg.Name, log: log.With("sink", cfg.Name), j: j, now: now, queue: NewQueue(cfg.QueueSize), fence: f}
+	s.m = m.forSink(s.name, s.queue)
 	s.cur.Store(st)
 	s.dead = newDeadLetters(s.name, s.log, s.m, j, cfg)
 	if cfg.TLS.InsecureSkipVerify {
@@ -116,8 +116,11 @@ func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration) *http.
 
 func (s *Sink) cfg() *config.Webhook { return s.cur.Load().cfg }
 
-// selects reports whether the sink's filters select e.
-func (s *Sink) selects(e dynamicinformer.Event) bool {
+// Name implements journal.Target.
+func (s *Sink) Name() string { return s.name }
+
+// Selects implements journal.Target: it reports whether the sink's filters select e.
+func (s *Sink) Selects(e dynamicinformer.Event) bool {
 	c := s.cfg()
 	if len(c.EventTypes) > 0 && !slices.Contains(c.EventTypes, string(e.Type)) {
 		return false
@@ -153,10 +156,12 @@ func (s *Sink) selects(e dynamicinformer.Event) bool {
 	return ok
 }
 
-// enqueue queues d. Without a state store (d.Seq 0) a full queue dead-letters it. With one, d
-// is already in the outbox: when the queue is full it stays there only, and so does every
-// later delivery, until refill reads them back in order.
-func (s *Sink) enqueue(d Delivery) {
+// Queue implements journal.Target: it queues e. Without a state store (e.Seq 0) a full queue
+// dead-letters it. With one, e is already in the outbox: when the queue is full, or the
+// replica is not the leader, it stays there only, and so does every later entry, until refill
+// reads them back in order.
+func (s *Sink) Queue(e journal.Entry) {
+	d := Delivery{Entry: e}
 	if d.Seq == 0 {
 		if err := s.queue.Push(d); err != nil {
 			s.dead.submit(d, reasonQueueFull, err)
@@ -178,7 +183,8 @@ func (s *Sink) enqueue(d Delivery) {
 	s.m.enqueued.Inc()
 }
 
-// spill marks the whole outbox as not yet queued: the restore at start.
+// spill marks the whole outbox as not yet queued: the restore at start, and while the replica
+// does not lead.
 func (s *Sink) spill() {
 	s.win.Lock()
 	s.win.spilled, s.win.next = true, 0
@@ -197,18 +203,17 @@ func (s *Sink) refill(force bool) {
 	if room == 0 || !force && room < s.cfg().QueueSize/2 {
 		return
 	}
-	page, err := s.j.store.outboxPage(s.name, s.win.next, room)
+	page, err := s.j.Store().Page(s.name, s.win.next, room)
 	if err != nil {
 		s.log.Error("read the outbox back into the queue", "err", err)
 		return
 	}
-	for _, seq := range page.corrupt {
-		s.j.m.corrupt.Inc()
-		s.log.Error("corrupt outbox entry removed", "seq", seq)
-		s.j.ack(s.name, seq)
+	for _, seq := range page.Corrupt {
+		s.j.Corrupt(s.name, seq)
 	}
-	s.win.next = page.next
-	for _, d := range page.deliveries {
+	s.win.next = page.Next
+	for _, e := range page.Entries {
+		d := Delivery{Entry: e}
 		if s.queue.Push(d) != nil { // the capacity shrank under us: read it again later
 			s.win.next = d.Seq
 			return
@@ -216,20 +221,7 @@ func (s *Sink) refill(force bool) {
 		s.win.last = d.Seq
 		s.m.enqueued.Inc()
 	}
-	s.win.spilled = !page.end
-}
-
-// EventID is the event's idempotency key: its object's uid and resourceVersion and its type.
-// It is the same on every redelivery, and on a replay of the same change after a restart.
-func EventID(e dynamicinformer.Event) string {
-	return fmt.Sprintf("%s.%s.%s", e.Object.GetUID(), e.Object.GetResourceVersion(), strings.ToLower(string(e.Type)))
-}
-
-// objectKey orders an event's deliveries: its object's resource, namespace and name, as the
-// cache keys it. An object deleted and created again under its name keeps its key, so the
-// DELETED of the old one is delivered before the ADDED of the new one.
-func objectKey(e dynamicinformer.Event) string {
-	return e.Resource.String() + "|" + dynamicinformer.CacheKey(e.Object)
+	s.win.spilled = !page.End
 }
 
 // start runs the sink's dead-letter writer and workers.
@@ -284,50 +276,73 @@ func (s *Sink) deadLetterQueue(reason string) {
 }
 
 // work delivers until ctx ends. A failed attempt that may be retried goes back to the queue
-// with the time of its next attempt, so the worker moves on to other objects.
+// with the time of its next attempt, so the worker moves on to other objects. Under leader
+// election a request is made only while the fence holds, and is cut short when it lapses.
 func (s *Sink) work(ctx context.Context) {
 	for {
 		d, err := s.queue.Pop(ctx)
 		if err != nil {
 			return
 		}
-		if !d.Deadline.IsZero() && s.now().After(d.Deadline) {
-			s.dead.submit(d, reasonRetriesExhausted, errors.New("the retry deadline passed while dynwatch was stopped"))
-			s.queue.Done(d)
+		sendCtx, cancel, held := s.fence.bound(ctx)
+		if !held {
+			// The lease may have passed to another replica: deliver nothing until it is renewed.
+			cancel()
+			s.queue.Return(d)
+			s.fence.wait(ctx)
 			continue
 		}
-		st := s.cur.Load()
-		err = s.attempt(ctx, st, &d)
-		var rejected *rejectedError
-		switch {
-		case err == nil:
-			s.m.delivered.Inc()
-			s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
-			s.j.ack(s.name, d.Seq)
-			s.queue.Done(d)
-		case ctx.Err() != nil:
-			s.queue.Return(d)
-			return
-		case errors.As(err, &rejected):
-			s.dead.submit(d, reasonRejected, err)
-			s.queue.Done(d)
-		default:
-			firstFailure := d.Deadline.IsZero()
-			at, ok := nextAttempt(&d, err, st.cfg.Retry, s.now())
-			if !ok {
-				s.dead.submit(d, reasonRetriesExhausted, err)
-				s.queue.Done(d)
-				break
+		cut := s.deliver(sendCtx, &d)
+		cancel()
+		if cut {
+			s.queue.Return(d) // stopped, or the lease lapsed: delivered later, here or by the next leader
+			if ctx.Err() != nil {
+				return
 			}
-			if firstFailure && d.Seq != 0 {
-				// Retrying has begun: neither a reload nor a restart gives it a new budget.
-				s.j.submit(op{kind: opDeadline, sink: s.name, seq: d.Seq, deadline: d.Deadline})
-			}
-			s.log.Debug("delivery failed, retrying", "id", d.ID, "err", err, "at", at)
-			s.queue.Retry(d, at)
+			continue
 		}
 		s.refill(false)
 	}
+}
+
+// deliver makes d, fails it for good (dead letter) or queues it to retry. It reports whether
+// ctx cut it short, in which case d is still to be made and the caller returns it to the queue.
+func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
+	if !d.Deadline.IsZero() && s.now().After(d.Deadline) {
+		s.dead.submit(*d, reasonRetriesExhausted, errors.New("the retry deadline passed while dynwatch was stopped"))
+		s.queue.Done(*d)
+		return false
+	}
+	st := s.cur.Load()
+	err := s.attempt(ctx, st, d)
+	var rejected *rejectedError
+	switch {
+	case err == nil:
+		s.m.delivered.Inc()
+		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
+		s.j.Ack(s.name, d.Seq)
+		s.queue.Done(*d)
+	case ctx.Err() != nil:
+		return true
+	case errors.As(err, &rejected):
+		s.dead.submit(*d, reasonRejected, err)
+		s.queue.Done(*d)
+	default:
+		firstFailure := d.Deadline.IsZero()
+		at, ok := nextAttempt(d, err, st.cfg.Retry, s.now())
+		if !ok {
+			s.dead.submit(*d, reasonRetriesExhausted, err)
+			s.queue.Done(*d)
+			break
+		}
+		if firstFailure {
+			// Retrying has begun: neither a reload nor a restart gives it a new budget.
+			s.j.SetDeadline(s.name, d.Seq, d.Deadline)
+		}
+		s.log.Debug("delivery failed, retrying", "id", d.ID, "err", err, "at", at)
+		s.queue.Retry(*d, at)
+	}
+	return false
 }
 
 // attempt makes one request for d; after a 401 it reads the credential files again and, if
@@ -335,7 +350,7 @@ func (s *Sink) work(ctx context.Context) {
 // help, or a retriable error.
 func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 	if d.Body == nil {
-		d.Body = Payload(d.Event)
+		d.Body = journal.Payload(d.Event)
 	}
 	err := s.send(ctx, st, d)
 	var unauthorized *unauthorizedError
@@ -451,38 +466,4 @@ func resourcePath(gvr schema.GroupVersionResource) string {
 		return "/api/" + gvr.Version + "/" + gvr.Resource
 	}
 	return "/apis/" + gvr.Group + "/" + gvr.Version + "/" + gvr.Resource
-}
-
-// Payload is the request body for an event:
-// {"type","resource":{"group","version","resource"},"object","oldObject"}.
-func Payload(e dynamicinformer.Event) []byte {
-	return appendPayload(make([]byte, 0, 2048), e, nil, nil)
-}
-
-// appendPayload appends e's request body to buf. objJSON and oldJSON are e.Object and
-// e.OldObject already encoded, or nil.
-func appendPayload(buf []byte, e dynamicinformer.Event, objJSON, oldJSON []byte) []byte {
-	buf = append(buf, `{"type":`...)
-	buf = dynamicinformer.AppendString(buf, string(e.Type))
-	buf = append(buf, `,"resource":{"group":`...)
-	buf = dynamicinformer.AppendString(buf, e.Resource.Group)
-	buf = append(buf, `,"version":`...)
-	buf = dynamicinformer.AppendString(buf, e.Resource.Version)
-	buf = append(buf, `,"resource":`...)
-	buf = dynamicinformer.AppendString(buf, e.Resource.Resource)
-	buf = append(buf, `},"object":`...)
-	if objJSON != nil {
-		buf = append(buf, objJSON...)
-	} else {
-		buf = dynamicinformer.AppendJSON(buf, e.Object.Object)
-	}
-	if e.OldObject != nil {
-		buf = append(buf, `,"oldObject":`...)
-		if oldJSON != nil {
-			buf = append(buf, oldJSON...)
-		} else {
-			buf = dynamicinformer.AppendJSON(buf, e.OldObject.Object)
-		}
-	}
-	return append(buf, '}')
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // TestARestartKeepsTheRetryDeadline: an event retried against a failing receiver is still in
@@ -42,7 +43,7 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(now func() time.Time) (*Dispatcher, func()) {
-		store, err := OpenStore(filepath.Join(dir, "state.db"))
+		store, err := journal.OpenStore(filepath.Join(dir, "state.db"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,5 +88,5 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 	if n := requests.Load(); n != tried {
 		t.Errorf("the receiver got %d more requests after the deadline had passed", n-tried)
 	}
-	waitUntil("an empty outbox", func() bool { return d.current()[0].outbox.Load() == 0 })
+	waitUntil("an empty outbox", func() bool { return d.journal.OutboxLen(d.current()[0].name) == 0 })
 }

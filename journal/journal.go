@@ -1,15 +1,15 @@
-package webhook
+package journal
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -17,7 +17,7 @@ import (
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
-// journal is the one path from the informers to the sinks' queues. OnEvent only appends to
+// Journal is the one path from the informers to the sinks' queues. Record only appends to
 // it; its goroutine takes everything pending at once and, in one store transaction (a group
 // commit), compares each event with the stored state of its object, filters it for every
 // sink, writes the outbox entries and the object's new state, and only after the commit
@@ -27,14 +27,13 @@ import (
 // operations wait, and are committed again, until one succeeds. An operation that fails on its
 // own (a corrupt entry) is counted and skipped; the rest of its batch commits. Without a store
 // it only filters and queues.
-type journal struct {
-	store *Store // nil: memory only
-	log   *slog.Logger
-	now   func() time.Time
-	sinks func() []*Sink
-	m     *metrics
-	// retired is called, after the commit, for each sink an opRemoveSink removed.
-	retired func(*Sink)
+type Journal struct {
+	store   *Store // nil: memory only
+	log     *slog.Logger
+	now     func() time.Time
+	targets func() []Target
+	m       *metrics
+	retired func(Target)
 
 	mu      sync.Mutex
 	pending []op
@@ -44,6 +43,36 @@ type journal struct {
 	// Owned by the goroutine that flushes.
 	seq   uint64
 	lists map[schema.GroupVersionResource]*listing
+	floor Checkpoints // the checkpoints Trim was given: what they cover is not recorded
+
+	// What is committed, read by Checkpoints and OutboxLen.
+	idx      sync.Mutex
+	outbox   map[string]map[uint64]indexed // sink → sequence → entry
+	progress map[schema.GroupVersionResource]*progress
+}
+
+// Target is a sink as the journal sees it.
+type Target interface {
+	// Name is the sink's name; its outbox is kept under it.
+	Name() string
+	// Selects reports whether the sink's filters select the event.
+	Selects(dynamicinformer.Event) bool
+	// Queue is handed each entry recorded for the sink once it is committed, in order, from
+	// the journal's goroutine; it must not block.
+	Queue(Entry)
+}
+
+// Options are a Journal's dependencies.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Store is the file; nil keeps nothing: no outbox, no comparison after a restart.
+	Store *Store
+	Now   func() time.Time
+	// Targets are the sinks, in configuration order; called from the journal's goroutine.
+	Targets func() []Target
+	// Retired is called, after the commit, for each target RemoveTarget removed.
+	Retired func(Target)
 }
 
 type opKind int
@@ -56,6 +85,7 @@ const (
 	opDeadline   // a delivery's retry deadline is set: keep it across restarts
 	opDropSink   // a sink's outbox is empty and the sink gone: remove the outbox
 	opRemoveSink // a sink is removed: hand it to retired once what was queued for it is committed
+	opTrim       // checkpoints: remove the outbox entries they acknowledge
 )
 
 type op struct {
@@ -66,7 +96,10 @@ type op struct {
 	sink     string
 	seq      uint64
 	deadline time.Time
-	target   *Sink // opRemoveSink
+	target   Target      // opRemoveSink
+	streams  []string    // opListStarted
+	revision uint64      // opListSynced
+	cp       Checkpoints // opTrim
 }
 
 // listing is a resource's initial list being compared with the stored state.
@@ -77,29 +110,107 @@ type listing struct {
 	count struct{ unchanged, modified, added, deleted int }
 }
 
-// queued is a delivery to queue once its transaction has committed.
+// queued is an entry to queue once its transaction has committed.
 type queued struct {
-	sink *Sink
-	d    Delivery
+	target Target
+	e      Entry
 }
 
 // batch is what one transaction produced, put into effect only once it commits.
 type batch struct {
 	out      []queued
-	outboxes map[*Sink]int64 // outbox entries added (acks subtract)
+	added    []added
+	removed  []removed
+	progress []step
 	finished []schema.GroupVersionResource
-	retired  []*Sink
+	retired  []Target
 }
 
-func newJournal(store *Store, log *slog.Logger, now func() time.Time, m *metrics, sinks func() []*Sink) *journal {
-	j := &journal{store: store, log: log, now: now, m: m, sinks: sinks, wake: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}}
-	if store != nil {
-		j.seq = store.lastSequence()
+type added struct {
+	sink string
+	seq  uint64
+	x    indexed
+}
+
+type removed struct {
+	sink string
+	seq  uint64
+}
+
+// New builds a journal over o.Store, reading the index of its outboxes, and registers its
+// metrics. Nothing is recorded until Run.
+func New(o Options) (*Journal, error) {
+	if o.Now == nil {
+		o.Now = time.Now
 	}
-	return j
+	j := &Journal{store: o.Store, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, m: newMetrics(o.Store),
+		wake: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
+		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{}}
+	if o.Store != nil {
+		j.seq = o.Store.lastSequence()
+		idx, err := o.Store.outboxIndex()
+		if err != nil {
+			return nil, fmt.Errorf("state: read the outboxes: %w", err)
+		}
+		j.outbox = idx
+	}
+	if err := o.Registerer.Register(j.m); err != nil {
+		return nil, err
+	}
+	return j, nil
 }
 
-func (j *journal) submit(o op) {
+// Durable reports whether the journal has a store: outboxes, acknowledgements, checkpoints.
+func (j *Journal) Durable() bool { return j.store != nil }
+
+// Store is the journal's file, or nil.
+func (j *Journal) Store() *Store { return j.store }
+
+// Record hands an informer's event to the journal. It never blocks.
+func (j *Journal) Record(e dynamicinformer.Event) { j.submit(op{kind: opEvent, event: e}) }
+
+// ListStarted implements dynamicinformer.ListObserver.
+func (j *Journal) ListStarted(gvr schema.GroupVersionResource, run uint64, streams []string) {
+	j.submit(op{kind: opListStarted, gvr: gvr, run: run, streams: streams})
+}
+
+// ListSynced implements dynamicinformer.ListObserver.
+func (j *Journal) ListSynced(gvr schema.GroupVersionResource, run uint64, revision uint64) {
+	j.submit(op{kind: opListSynced, gvr: gvr, run: run, revision: revision})
+}
+
+// SetDeadline keeps an entry's retry deadline across restarts.
+func (j *Journal) SetDeadline(sink string, seq uint64, deadline time.Time) {
+	if seq != 0 {
+		j.submit(op{kind: opDeadline, sink: sink, seq: seq, deadline: deadline})
+	}
+}
+
+// Corrupt counts an outbox entry that does not decode, and removes it.
+func (j *Journal) Corrupt(sink string, seq uint64) {
+	j.m.corrupt.Inc()
+	j.log.Error("corrupt outbox entry removed", "sink", sink, "seq", seq)
+	j.Ack(sink, seq)
+}
+
+// DropSink removes a sink's outbox if it is empty.
+func (j *Journal) DropSink(sink string) { j.submit(op{kind: opDropSink, sink: sink}) }
+
+// RemoveTarget hands t to Retired once everything recorded for it so far is committed.
+func (j *Journal) RemoveTarget(t Target) { j.submit(op{kind: opRemoveSink, target: t}) }
+
+// Trim removes, from every outbox, the entries cp acknowledges, and from now on does not
+// record what it covers.
+func (j *Journal) Trim(cp Checkpoints) { j.submit(op{kind: opTrim, cp: cp}) }
+
+// OutboxLen counts a sink's outbox entries.
+func (j *Journal) OutboxLen(sink string) int {
+	j.idx.Lock()
+	defer j.idx.Unlock()
+	return len(j.outbox[sink])
+}
+
+func (j *Journal) submit(o op) {
 	j.mu.Lock()
 	j.pending = append(j.pending, o)
 	j.mu.Unlock()
@@ -109,23 +220,24 @@ func (j *journal) submit(o op) {
 	}
 }
 
-func (j *journal) ack(sink string, seq uint64) {
+// Ack removes an outbox entry: its delivery is finished (made or dead-lettered).
+func (j *Journal) Ack(sink string, seq uint64) {
 	if seq != 0 {
 		j.submit(op{kind: opAck, sink: sink, seq: seq})
 	}
 }
 
-// healthy reports the last commit's failure, if the last commit failed.
-func (j *journal) healthy() error {
+// Healthy reports the last commit's failure, if the last commit failed.
+func (j *Journal) Healthy() error {
 	if msg := j.failure.Load(); msg != nil {
 		return errors.New(*msg)
 	}
 	return nil
 }
 
-// run flushes whenever something is pending, until ctx ends; then it flushes once more. After a
+// Run flushes whenever something is pending, until ctx ends; then it flushes once more. After a
 // failed commit it tries again with exponential backoff, from 100ms to 5s, not on every event.
-func (j *journal) run(ctx context.Context) {
+func (j *Journal) Run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	delay := time.Duration(0)
@@ -137,10 +249,10 @@ func (j *journal) run(ctx context.Context) {
 			}
 		case <-retry.C:
 		case <-ctx.Done():
-			_ = j.flush()
+			_ = j.Flush()
 			return
 		}
-		if err := j.flush(); err != nil {
+		if err := j.Flush(); err != nil {
 			delay = min(max(2*delay, 100*time.Millisecond), 5*time.Second)
 			retry.Reset(delay)
 		} else {
@@ -149,10 +261,10 @@ func (j *journal) run(ctx context.Context) {
 	}
 }
 
-// flush applies everything pending in one transaction and, once it commits, queues its
-// deliveries. If the commit fails, nothing is queued and the operations wait for the next
-// try, ahead of any that arrive meanwhile.
-func (j *journal) flush() error {
+// Flush applies everything pending in one transaction and, once it commits, queues its
+// entries. If the commit fails, nothing is queued and the operations wait for the next try,
+// ahead of any that arrive meanwhile.
+func (j *Journal) Flush() error {
 	j.mu.Lock()
 	ops := j.pending
 	j.pending = nil
@@ -164,10 +276,10 @@ func (j *journal) flush() error {
 	var b batch
 	apply := func(tx *bolt.Tx) error {
 		j.seq = seq
-		b = batch{outboxes: map[*Sink]int64{}}
-		sinks := j.sinks()
+		b = batch{}
+		targets := j.targets()
 		for _, o := range ops {
-			if err := j.apply(tx, sinks, o, &b); err != nil {
+			if err := j.apply(tx, targets, o, &b); err != nil {
 				j.m.writeErrors.Inc()
 				j.log.Error("state store operation failed: it is skipped, the rest of its batch commits", "op", o.String(), "err", err)
 				if o.kind == opEvent && tx != nil {
@@ -199,17 +311,15 @@ func (j *journal) flush() error {
 			j.log.Info("state store commits again", "path", j.store.Path)
 		}
 	}
-	for s, n := range b.outboxes {
-		s.outbox.Add(n)
-	}
+	j.committed(&b)
 	for _, gvr := range b.finished {
 		delete(j.lists, gvr)
 	}
 	for _, q := range b.out {
-		q.sink.enqueue(q.d)
+		q.target.Queue(q.e)
 	}
-	for _, s := range b.retired {
-		j.retired(s)
+	for _, t := range b.retired {
+		j.retired(t)
 	}
 	return nil
 }
@@ -217,29 +327,36 @@ func (j *journal) flush() error {
 func (o op) String() string {
 	switch o.kind {
 	case opEvent:
-		return fmt.Sprintf("%s %s %s", o.event.Type, resourceName(o.event.Resource), dynamicinformer.CacheKey(o.event.Object))
+		return fmt.Sprintf("%s %s %s", o.event.Type, ResourceName(o.event.Resource), dynamicinformer.CacheKey(o.event.Object))
 	case opListStarted, opListSynced:
-		return "list " + resourceName(o.gvr)
+		return "list " + ResourceName(o.gvr)
+	case opTrim:
+		return "trim to checkpoints"
 	default:
 		return fmt.Sprintf("outbox %s entry %d", o.sink, o.seq)
 	}
 }
 
 // apply applies one operation within tx (nil without a store).
-func (j *journal) apply(tx *bolt.Tx, sinks []*Sink, o op, b *batch) error {
-	if tx == nil && (o.kind == opAck || o.kind == opDeadline || o.kind == opDropSink) {
+func (j *Journal) apply(tx *bolt.Tx, targets []Target, o op, b *batch) error {
+	if tx == nil && (o.kind == opAck || o.kind == opDeadline || o.kind == opDropSink || o.kind == opTrim) {
 		return nil // without a store there is no outbox
 	}
 	var err error
 	switch o.kind {
 	case opEvent:
-		err = j.applyEvent(tx, sinks, o.event, b)
+		err = j.applyEvent(tx, targets, o.event, b)
+		b.advance(o.event)
 	case opListStarted:
 		j.listStarted(tx, o.gvr, o.run)
+		b.progress = append(b.progress, step{gvr: o.gvr, run: o.run, streams: o.streams})
 	case opListSynced:
-		err = j.listSynced(tx, sinks, o.gvr, o.run, b)
+		err = j.listSynced(tx, targets, o.gvr, o.run, o.revision, b)
+		b.progress = append(b.progress, step{gvr: o.gvr, run: o.run, synced: true})
 	case opAck:
 		err = j.applyAck(tx, o.sink, o.seq, b)
+	case opTrim:
+		err = j.trim(tx, o.cp, b)
 	case opDeadline:
 		if bk := tx.Bucket(outboxBucket).Bucket([]byte(o.sink)); bk != nil {
 			if v := bk.Get(sequenceKey(o.seq)); v != nil {
@@ -261,9 +378,9 @@ func (j *journal) apply(tx *bolt.Tx, sinks []*Sink, o op, b *batch) error {
 
 // applyEvent compares an informer's event with the stored state of its object, stores the
 // new state, and fans out what changed.
-func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event, bt *batch) error {
+func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, bt *batch) error {
 	if tx == nil {
-		return j.fanOut(nil, sinks, e, nil, nil, bt)
+		return j.fanOut(nil, targets, e, nil, nil, bt)
 	}
 	b, err := tx.Bucket(objectsBucket).CreateBucketIfNotExists([]byte(e.Resource.String()))
 	if err != nil {
@@ -286,7 +403,7 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 		if err := b.Delete(key); err != nil {
 			return err
 		}
-		return j.fanOut(tx, sinks, e, nil, nil, bt)
+		return j.fanOut(tx, targets, e, nil, nil, bt)
 	}
 	if l != nil {
 		l.seen[string(key)] = struct{}{}
@@ -326,7 +443,8 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 		}
 	case prev.uid != string(e.Object.GetUID()):
 		// Deleted and created again under the same name while nobody was looking.
-		if err := j.fanOut(tx, sinks, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed}, nil, nil, bt); err != nil {
+		gone := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision}
+		if err := j.fanOut(tx, targets, gone, nil, nil, bt); err != nil {
 			return err
 		}
 		e.Type, e.OldObject = dynamicinformer.Added, nil
@@ -339,60 +457,60 @@ func (j *journal) applyEvent(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event
 			l.count.modified++
 		}
 	}
-	return j.fanOut(tx, sinks, e, objJSON, oldJSON, bt)
+	return j.fanOut(tx, targets, e, objJSON, oldJSON, bt)
 }
 
 // corruptObject counts and logs a stored object that does not decode.
-func (j *journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err error) {
+func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err error) {
 	j.m.corrupt.Inc()
-	j.log.Error("corrupt stored object: its state is derived again from the cache", "resource", resourceName(gvr), "key", string(key), "err", err)
+	j.log.Error("corrupt stored object: its state is derived again from the cache", "resource", ResourceName(gvr), "key", string(key), "err", err)
 }
 
-// fanOut makes a delivery of e for every sink whose filters select it, and with a store writes
-// its outbox entry. objJSON and oldJSON are e.Object and e.OldObject encoded, or nil.
-func (j *journal) fanOut(tx *bolt.Tx, sinks []*Sink, e dynamicinformer.Event, objJSON, oldJSON []byte, bt *batch) error {
+// fanOut makes an entry of e for every target whose filters select it, and with a store
+// writes it to the target's outbox, unless a checkpoint Trim was given already covers it.
+// objJSON and oldJSON are e.Object and e.OldObject encoded, or nil.
+func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, objJSON, oldJSON []byte, bt *batch) error {
 	var body []byte
 	now := j.now()
-	for _, s := range sinks {
-		if !s.selects(e) {
+	for _, t := range targets {
+		if !t.Selects(e) {
 			continue
+		}
+		if tx != nil && e.Revision != 0 && e.Revision <= j.floor[t.Name()][e.Resource] {
+			continue // the leader has delivered it, or a later state of the object
 		}
 		if body == nil {
 			body = appendPayload(make([]byte, 0, len(objJSON)+len(oldJSON)+256), e, objJSON, oldJSON)
 		}
-		d := Delivery{Event: e, ID: EventID(e), Key: objectKey(e), Enqueued: now, Body: body}
+		d := Entry{Event: e, ID: EventID(e), Key: Key(e), Enqueued: now, Body: body, Revision: e.Revision}
 		if tx != nil {
 			j.seq++
 			d.Seq = j.seq
-			b, err := tx.Bucket(outboxBucket).CreateBucketIfNotExists([]byte(s.name))
+			b, err := tx.Bucket(outboxBucket).CreateBucketIfNotExists([]byte(t.Name()))
 			if err != nil {
 				return err
 			}
 			if err := b.Put(sequenceKey(d.Seq), encodeEntry(d)); err != nil {
 				return err
 			}
-			bt.outboxes[s]++
+			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision}})
 		}
-		bt.out = append(bt.out, queued{s, d})
+		bt.out = append(bt.out, queued{t, d})
 	}
 	return nil
 }
 
-func (j *journal) applyAck(tx *bolt.Tx, sink string, seq uint64, bt *batch) error {
+func (j *Journal) applyAck(tx *bolt.Tx, sink string, seq uint64, bt *batch) error {
 	b := tx.Bucket(outboxBucket).Bucket([]byte(sink))
 	if b == nil || b.Get(sequenceKey(seq)) == nil {
 		return nil
 	}
-	for _, s := range j.sinks() {
-		if s.name == sink {
-			bt.outboxes[s]--
-		}
-	}
+	bt.removed = append(bt.removed, removed{sink, seq})
 	return b.Delete(sequenceKey(seq))
 }
 
 // listStarted begins comparing a resource's initial list with what is stored.
-func (j *journal) listStarted(tx *bolt.Tx, gvr schema.GroupVersionResource, run uint64) {
+func (j *Journal) listStarted(tx *bolt.Tx, gvr schema.GroupVersionResource, run uint64) {
 	if tx == nil {
 		return
 	}
@@ -406,8 +524,9 @@ func (j *journal) listStarted(tx *bolt.Tx, gvr schema.GroupVersionResource, run 
 }
 
 // listSynced ends the comparison: every stored object the initial list did not have was deleted
-// while nobody was looking, and is delivered as DELETED with its stored state.
-func (j *journal) listSynced(tx *bolt.Tx, sinks []*Sink, gvr schema.GroupVersionResource, run uint64, bt *batch) error {
+// while nobody was looking, by the list's revision, and is delivered as DELETED with its
+// stored state.
+func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVersionResource, run, revision uint64, bt *batch) error {
 	l := j.lists[gvr]
 	if tx == nil || l == nil || l.run != run {
 		return nil
@@ -448,21 +567,16 @@ func (j *journal) listSynced(tx *bolt.Tx, sinks []*Sink, gvr schema.GroupVersion
 		if err := b.Delete(k); err != nil {
 			return err
 		}
-		if err := j.fanOut(tx, sinks, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now}, nil, nil, bt); err != nil {
+		if err := j.fanOut(tx, targets, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now, Revision: revision}, nil, nil, bt); err != nil {
 			return err
 		}
 	}
 	if l.fresh && len(l.seen) > 0 {
 		j.m.fullReplays.Inc()
-		j.log.Warn("no stored state for this resource: every object was delivered as ADDED", "resource", resourceName(gvr), "objects", len(l.seen))
+		j.log.Warn("no stored state for this resource: every object was delivered as ADDED", "resource", ResourceName(gvr), "objects", len(l.seen))
 		return nil
 	}
-	j.log.Info("initial list compared with the stored state", "resource", resourceName(gvr),
+	j.log.Info("initial list compared with the stored state", "resource", ResourceName(gvr),
 		"unchanged", l.count.unchanged, "modified", l.count.modified, "added", l.count.added, "deleted", l.count.deleted+len(gone))
 	return nil
-}
-
-// resourceName names gvr as logs and metrics do: resource.version.group.
-func resourceName(gvr schema.GroupVersionResource) string {
-	return strings.TrimSuffix(gvr.Resource+"."+gvr.Version+"."+gvr.Group, ".")
 }

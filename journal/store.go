@@ -1,4 +1,4 @@
-package webhook
+package journal
 
 import (
 	"encoding/binary"
@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -18,17 +19,23 @@ import (
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
-// The store's layout: objects/<group/version/resource>/<namespace/name> → stored object, and
-// outbox/<sink>/<sequence> → outbox entry. Sequences are big-endian, so a cursor walks an
-// outbox oldest first.
+// The store's layout: objects/<group/version/resource>/<namespace/name> → stored object,
+// outbox/<sink>/<sequence> → outbox entry, and meta/format → the entries' format. Sequences
+// are big-endian, so a cursor walks an outbox oldest first.
 var (
 	objectsBucket = []byte("objects")
 	outboxBucket  = []byte("outbox")
+	metaBucket    = []byte("meta")
+	formatKey     = []byte("format")
 )
 
-// Store is the on-disk state of delivery, a bbolt file: per resource the last state of every
-// object handed to the sinks, and per sink the outbox of events neither delivered nor
-// dead-lettered. Only the journal writes it, one transaction per batch.
+// format is the outbox entries' format: 2 added the revision. A store of format 1 (no meta
+// bucket) is converted when it is opened.
+const format = "2"
+
+// Store is the journal's file, a bbolt database: per resource the last state of every object
+// handed to the sinks, and per sink the outbox of events neither delivered nor dead-lettered
+// (nor acknowledged by a checkpoint). Only the Journal writes it, one transaction per batch.
 type Store struct {
 	db *bolt.DB
 	// Path is the file.
@@ -67,12 +74,18 @@ func OpenStore(path string) (*Store, error) {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{objectsBucket, outboxBucket} {
+		upgrade := tx.Bucket(metaBucket) == nil && tx.Bucket(outboxBucket) != nil
+		for _, b := range [][]byte{objectsBucket, outboxBucket, metaBucket} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return nil
+		if upgrade {
+			if err := upgradeEntries(tx); err != nil {
+				return fmt.Errorf("convert the outbox to format %s: %w", format, err)
+			}
+		}
+		return tx.Bucket(metaBucket).Put(formatKey, []byte(format))
 	})
 	if err != nil {
 		s.db.Close()
@@ -148,17 +161,51 @@ func (s *Store) Size() int64 {
 	return n
 }
 
-// page is a stretch of a sink's outbox, oldest first.
-type page struct {
-	deliveries []Delivery
-	corrupt    []uint64 // entries that do not decode
-	next       uint64   // the first sequence after those read
-	end        bool     // nothing follows
+// upgradeEntries converts format 1 outbox entries, which had no revision, taking it from the
+// event id (uid.resourceVersion.type).
+func upgradeEntries(tx *bolt.Tx) error {
+	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
+		b := tx.Bucket(outboxBucket).Bucket(name)
+		type kv struct{ k, v []byte }
+		var out []kv
+		err := b.ForEach(func(k, v []byte) error {
+			if len(v) < 3*8 {
+				return nil // corrupt: removed when it is read
+			}
+			id, _, err := readString(v[3*8:])
+			if err != nil {
+				return nil
+			}
+			rev := uint64(0)
+			if parts := strings.Split(id, "."); len(parts) == 3 {
+				rev = dynamicinformer.Revision(parts[1])
+			}
+			nv := make([]byte, 0, len(v)+8)
+			nv = append(nv, v[:3*8]...)
+			nv = binary.BigEndian.AppendUint64(nv, rev)
+			out = append(out, kv{append([]byte(nil), k...), append(nv, v[3*8:]...)})
+			return nil
+		})
+		for _, e := range out {
+			if err == nil {
+				err = b.Put(e.k, e.v)
+			}
+		}
+		return err
+	})
 }
 
-// outboxPage reads up to limit entries of a sink's outbox from sequence from on.
-func (s *Store) outboxPage(sink string, from uint64, limit int) (page, error) {
-	p := page{next: from, end: true}
+// Page is a stretch of a sink's outbox, oldest first.
+type Page struct {
+	Entries []Entry
+	Corrupt []uint64 // entries that do not decode
+	Next    uint64   // the first sequence after those read
+	End     bool     // nothing follows
+}
+
+// Page reads up to limit entries of a sink's outbox from sequence from on.
+func (s *Store) Page(sink string, from uint64, limit int) (Page, error) {
+	p := Page{Next: from, End: true}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(outboxBucket).Bucket([]byte(sink))
 		if b == nil {
@@ -166,39 +213,43 @@ func (s *Store) outboxPage(sink string, from uint64, limit int) (page, error) {
 		}
 		c := b.Cursor()
 		for k, v := c.Seek(sequenceKey(from)); k != nil; k, v = c.Next() {
-			if len(p.deliveries) == limit {
-				p.end = false
+			if len(p.Entries) == limit {
+				p.End = false
 				return nil
 			}
 			seq := binary.BigEndian.Uint64(k)
-			p.next = seq + 1
+			p.Next = seq + 1
 			d, err := decodeEntry(v)
 			if err != nil {
-				p.corrupt = append(p.corrupt, seq)
+				p.Corrupt = append(p.Corrupt, seq)
 				continue
 			}
 			d.Seq = seq
-			p.deliveries = append(p.deliveries, d)
+			p.Entries = append(p.Entries, d)
 		}
 		return nil
 	})
 	return p, err
 }
 
-// outboxLen counts a sink's outbox entries.
-func (s *Store) outboxLen(sink string) int {
-	n := 0
-	_ = s.db.View(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(outboxBucket).Bucket([]byte(sink)); b != nil {
-			n = b.Stats().KeyN
-		}
-		return nil
+// outboxIndex reads the revision and resource of every outbox entry, without their bodies.
+func (s *Store) outboxIndex() (map[string]map[uint64]indexed, error) {
+	idx := map[string]map[uint64]indexed{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
+			m := map[uint64]indexed{}
+			idx[string(name)] = m
+			return tx.Bucket(outboxBucket).Bucket(name).ForEach(func(k, v []byte) error {
+				m[binary.BigEndian.Uint64(k)] = indexEntry(v)
+				return nil
+			})
+		})
 	})
-	return n
+	return idx, err
 }
 
-// sinks lists the sinks that have an outbox.
-func (s *Store) sinks() ([]string, error) {
+// Sinks lists the sinks that have an outbox.
+func (s *Store) Sinks() ([]string, error) {
 	var names []string
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(outboxBucket).ForEachBucket(func(k []byte) error {
@@ -260,15 +311,16 @@ func (s stored) object() (*unstructured.Unstructured, error) {
 	return u, nil
 }
 
-// An outbox entry: deadline, enqueued and observed times (unix nanoseconds), the id and the
-// ordering key, then the request body, from which the event is restored.
-const entryTimes = 3 * 8
+// An outbox entry: deadline, enqueued and observed times (unix nanoseconds), the revision, the
+// id and the ordering key, then the request body, from which the event is restored.
+const entryHeader = 4 * 8
 
-func encodeEntry(d Delivery) []byte {
-	buf := make([]byte, entryTimes, entryTimes+2*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.Body))
+func encodeEntry(d Entry) []byte {
+	buf := make([]byte, entryHeader, entryHeader+2*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.Body))
 	binary.BigEndian.PutUint64(buf[0:], uint64(unixNano(d.Deadline)))
 	binary.BigEndian.PutUint64(buf[8:], uint64(unixNano(d.Enqueued)))
 	binary.BigEndian.PutUint64(buf[16:], uint64(unixNano(d.Event.Observed)))
+	binary.BigEndian.PutUint64(buf[24:], d.Revision)
 	buf = appendString(buf, d.ID)
 	buf = appendString(buf, d.Key)
 	return append(buf, d.Body...)
@@ -281,16 +333,48 @@ func setEntryDeadline(v []byte, deadline time.Time) []byte {
 	return out
 }
 
-func decodeEntry(v []byte) (Delivery, error) {
-	if len(v) < entryTimes {
-		return Delivery{}, errors.New("truncated")
+// indexed is what the journal keeps in memory of an outbox entry.
+type indexed struct {
+	resource schema.GroupVersionResource // from the ordering key
+	revision uint64
+}
+
+// indexEntry reads an entry's index fields; a corrupt entry has neither.
+func indexEntry(v []byte) indexed {
+	if len(v) < entryHeader {
+		return indexed{}
 	}
-	d := Delivery{
+	x := indexed{revision: binary.BigEndian.Uint64(v[24:])}
+	if _, rest, err := readString(v[entryHeader:]); err == nil {
+		if key, _, err := readString(rest); err == nil {
+			x.resource = keyResource(key)
+		}
+	}
+	return x
+}
+
+// keyResource is the resource of an ordering key (see Key): gvr.String() before the "|".
+func keyResource(key string) schema.GroupVersionResource {
+	r, _, _ := strings.Cut(key, "|")
+	gv, res, _ := strings.Cut(r, ", Resource=")
+	v, err := schema.ParseGroupVersion(gv)
+	if err != nil {
+		return schema.GroupVersionResource{}
+	}
+	return v.WithResource(res)
+}
+
+func decodeEntry(v []byte) (Entry, error) {
+	if len(v) < entryHeader {
+		return Entry{}, errors.New("truncated")
+	}
+	d := Entry{
 		Deadline: fromUnixNano(int64(binary.BigEndian.Uint64(v[0:]))),
 		Enqueued: fromUnixNano(int64(binary.BigEndian.Uint64(v[8:]))),
+		Revision: binary.BigEndian.Uint64(v[24:]),
 	}
 	observed := fromUnixNano(int64(binary.BigEndian.Uint64(v[16:])))
-	rest := v[entryTimes:]
+	rest := v[entryHeader:]
 	var err error
 	if d.ID, rest, err = readString(rest); err != nil {
 		return d, err
@@ -317,6 +401,7 @@ func decodeEntry(v []byte) (Delivery, error) {
 		Resource: schema.GroupVersionResource{Group: p.Resource.Group, Version: p.Resource.Version, Resource: p.Resource.Resource},
 		Object:   &unstructured.Unstructured{Object: p.Object},
 		Observed: observed,
+		Revision: d.Revision,
 	}
 	if p.OldObject != nil {
 		d.Event.OldObject = &unstructured.Unstructured{Object: p.OldObject}

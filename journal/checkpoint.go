@@ -1,0 +1,168 @@
+package journal
+
+import (
+	"maps"
+
+	bolt "go.etcd.io/bbolt"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+)
+
+// Checkpoints are, per sink and per resource, a revision through which every event is
+// acknowledged: delivered or dead-lettered by the replica that published them, or superseded
+// by a later state of its object that was. One resource's resourceVersions compare as
+// integers, so the revision means the same on every replica.
+type Checkpoints map[string]map[schema.GroupVersionResource]uint64
+
+// Merge raises c to every checkpoint of o that is higher, and reports whether any was.
+func (c Checkpoints) Merge(o Checkpoints) bool {
+	changed := false
+	for sink, byResource := range o {
+		if c[sink] == nil {
+			c[sink] = map[schema.GroupVersionResource]uint64{}
+		}
+		for gvr, rev := range byResource {
+			if rev > c[sink][gvr] {
+				c[sink][gvr] = rev
+				changed = true
+			}
+		}
+	}
+	return changed
+}
+
+// Clone copies c.
+func (c Checkpoints) Clone() Checkpoints {
+	out := Checkpoints{}
+	for sink, byResource := range c {
+		out[sink] = maps.Clone(byResource)
+	}
+	return out
+}
+
+// progress is how far a resource's committed events reach: per stream, a revision through
+// which every change has been recorded. It counts once the run's initial lists have synced.
+type progress struct {
+	run    uint64
+	synced bool
+	pos    map[string]uint64
+}
+
+// step is one change to the progress, put into effect when its transaction commits: a run
+// started (streams set), a run synced, or a stream advanced by an event.
+type step struct {
+	gvr     schema.GroupVersionResource
+	run     uint64
+	streams []string
+	synced  bool
+	stream  string
+	rev     uint64
+}
+
+// advance notes how far e moves its stream: an event seen on a watch, to its revision; an
+// object of the initial list, to at least its revision, which the list's own revision is at or
+// after. A relist's events are in no order and move nothing: what a relist finds is recorded
+// by the time the next watch event is.
+func (b *batch) advance(e dynamicinformer.Event) {
+	if e.Revision != 0 && (e.InOrder || e.InitialList) {
+		b.progress = append(b.progress, step{gvr: e.Resource, stream: e.Stream, rev: e.Revision})
+	}
+}
+
+// committed puts into effect what a committed transaction changed in the outboxes and the
+// progress.
+func (j *Journal) committed(b *batch) {
+	j.idx.Lock()
+	defer j.idx.Unlock()
+	for _, a := range b.added {
+		if j.outbox[a.sink] == nil {
+			j.outbox[a.sink] = map[uint64]indexed{}
+		}
+		j.outbox[a.sink][a.seq] = a.x
+	}
+	for _, r := range b.removed {
+		delete(j.outbox[r.sink], r.seq)
+	}
+	for _, s := range b.progress {
+		p := j.progress[s.gvr]
+		switch {
+		case s.streams != nil:
+			p = &progress{run: s.run, pos: map[string]uint64{}}
+			for _, st := range s.streams {
+				p.pos[st] = 0
+			}
+			j.progress[s.gvr] = p
+		case p == nil:
+		case s.synced:
+			p.synced = p.synced || p.run == s.run
+		default:
+			if _, ok := p.pos[s.stream]; ok {
+				p.pos[s.stream] = max(p.pos[s.stream], s.rev)
+			}
+		}
+	}
+}
+
+// Checkpoints computes what this journal's outboxes acknowledge, per target and per resource
+// whose initial lists have synced: the revision just below its oldest entry still in the
+// outbox, and no further than every stream of the resource has been recorded. They hold for
+// a replica that delivers: what it has not delivered is in its outboxes.
+func (j *Journal) Checkpoints() Checkpoints {
+	targets := j.targets()
+	j.idx.Lock()
+	defer j.idx.Unlock()
+	cp := Checkpoints{}
+	for _, t := range targets {
+		byResource := map[schema.GroupVersionResource]uint64{}
+		for gvr, p := range j.progress {
+			if !p.synced {
+				continue
+			}
+			reach, first := uint64(0), true
+			for _, pos := range p.pos {
+				if first || pos < reach {
+					reach, first = pos, false
+				}
+			}
+			if reach > 0 {
+				byResource[gvr] = reach
+			}
+		}
+		for _, x := range j.outbox[t.Name()] {
+			if c, ok := byResource[x.resource]; ok && x.revision != 0 && x.revision <= c {
+				byResource[x.resource] = x.revision - 1
+			}
+		}
+		cp[t.Name()] = byResource
+	}
+	return cp
+}
+
+// trim removes the outbox entries cp acknowledges and raises the floor below which nothing is
+// recorded.
+func (j *Journal) trim(tx *bolt.Tx, cp Checkpoints, b *batch) error {
+	if !j.floor.Merge(cp) {
+		return nil
+	}
+	j.idx.Lock()
+	var gone []removed
+	for sink, entries := range j.outbox {
+		floor := j.floor[sink]
+		for seq, x := range entries {
+			if x.revision != 0 && x.revision <= floor[x.resource] {
+				gone = append(gone, removed{sink, seq})
+			}
+		}
+	}
+	j.idx.Unlock()
+	for _, r := range gone {
+		if bk := tx.Bucket(outboxBucket).Bucket([]byte(r.sink)); bk != nil {
+			if err := bk.Delete(sequenceKey(r.seq)); err != nil {
+				return err
+			}
+		}
+	}
+	b.removed = append(b.removed, gone...)
+	return nil
+}

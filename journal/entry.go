@@ -1,0 +1,86 @@
+package journal
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+)
+
+// Entry is one event recorded for one sink: what the sink is to be sent, and where its outbox
+// entry is.
+type Entry struct {
+	Event dynamicinformer.Event
+	// ID identifies the event for idempotency: the same on every redelivery, after a restart,
+	// and on every replica (see EventID).
+	ID string
+	// Key orders a sink's entries: those with the same key (the same object by resource,
+	// namespace and name, whatever its uid) are delivered one at a time, in order (see Key).
+	Key      string
+	Enqueued time.Time
+	// Body is the request body (see Payload), or nil to build it from Event.
+	Body []byte
+	// Seq numbers the outbox entry; 0 when there is none (no state store).
+	Seq uint64
+	// Deadline ends retrying; zero until the first attempt fails, then kept across reloads and
+	// restarts.
+	Deadline time.Time
+	// Revision is the event's: a checkpoint at or past it acknowledges the entry.
+	Revision uint64
+}
+
+// EventID is the event's idempotency key: its object's uid and resourceVersion and its type.
+// It is the same on every redelivery, on a replay of the same change after a restart, and on
+// every replica that records the change.
+func EventID(e dynamicinformer.Event) string {
+	return fmt.Sprintf("%s.%s.%s", e.Object.GetUID(), e.Object.GetResourceVersion(), strings.ToLower(string(e.Type)))
+}
+
+// Key orders an event's deliveries: its object's resource, namespace and name, as the cache
+// keys it. An object deleted and created again under its name keeps its key, so the DELETED of
+// the old one is delivered before the ADDED of the new one.
+func Key(e dynamicinformer.Event) string {
+	return e.Resource.String() + "|" + dynamicinformer.CacheKey(e.Object)
+}
+
+// ResourceName names gvr as logs, metrics and dead letters do: resource.version.group.
+func ResourceName(gvr schema.GroupVersionResource) string {
+	return strings.TrimSuffix(gvr.Resource+"."+gvr.Version+"."+gvr.Group, ".")
+}
+
+// Payload is the request body for an event:
+// {"type","resource":{"group","version","resource"},"object","oldObject"}.
+func Payload(e dynamicinformer.Event) []byte {
+	return appendPayload(make([]byte, 0, 2048), e, nil, nil)
+}
+
+// appendPayload appends e's request body to buf. objJSON and oldJSON are e.Object and
+// e.OldObject already encoded, or nil.
+func appendPayload(buf []byte, e dynamicinformer.Event, objJSON, oldJSON []byte) []byte {
+	buf = append(buf, `{"type":`...)
+	buf = dynamicinformer.AppendString(buf, string(e.Type))
+	buf = append(buf, `,"resource":{"group":`...)
+	buf = dynamicinformer.AppendString(buf, e.Resource.Group)
+	buf = append(buf, `,"version":`...)
+	buf = dynamicinformer.AppendString(buf, e.Resource.Version)
+	buf = append(buf, `,"resource":`...)
+	buf = dynamicinformer.AppendString(buf, e.Resource.Resource)
+	buf = append(buf, `},"object":`...)
+	if objJSON != nil {
+		buf = append(buf, objJSON...)
+	} else {
+		buf = dynamicinformer.AppendJSON(buf, e.Object.Object)
+	}
+	if e.OldObject != nil {
+		buf = append(buf, `,"oldObject":`...)
+		if oldJSON != nil {
+			buf = append(buf, oldJSON...)
+		} else {
+			buf = dynamicinformer.AppendJSON(buf, e.OldObject.Object)
+		}
+	}
+	return append(buf, '}')
+}

@@ -1,0 +1,53 @@
+package journal
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the state store's metrics.
+type metrics struct {
+	store                                          *Store // nil: no store
+	storeSize                                      *prometheus.Desc
+	commits, commitErrors, suppressed, fullReplays prometheus.Counter
+	writeErrors, corrupt, damaged                  prometheus.Counter
+}
+
+func newMetrics(store *Store) *metrics {
+	m := &metrics{
+		store:        store,
+		storeSize:    prometheus.NewDesc("dynwatch_state_size_bytes", "Size of the state store's data.", nil, nil),
+		commits:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commits_total", Help: "Transactions committed to the state store; each carries every event and acknowledgement pending at its start."}),
+		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_commit_errors_total", Help: "State store transactions that failed to commit (a full disk); nothing in them is delivered until a later commit succeeds."}),
+		writeErrors:  prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_write_errors_total", Help: "Single operations the state store refused; each was skipped and the rest of its transaction committed."}),
+		corrupt:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_corrupt_entries_total", Help: "Stored objects or outbox entries that did not decode; objects are derived again from the cache, outbox entries removed."}),
+		damaged:      prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_damaged_total", Help: "State store files found damaged at start, set aside and replaced by a full replay."}),
+		suppressed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_suppressed_events_total", Help: "Events not delivered because the sinks already had that state of the object (an unchanged object in the initial list after a restart)."}),
+		fullReplays:  prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_state_full_replays_total", Help: "Initial lists delivered in full as ADDED because nothing was stored for the resource (a new resource, a first start, or a lost state volume)."}),
+	}
+	if store != nil && store.Damaged != "" {
+		m.damaged.Inc()
+	}
+	return m
+}
+
+func (m *metrics) counters() []prometheus.Collector {
+	return []prometheus.Collector{m.commits, m.commitErrors, m.suppressed, m.fullReplays, m.writeErrors, m.corrupt, m.damaged}
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.counters() {
+		c.Describe(ch)
+	}
+	ch <- m.storeSize
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.counters() {
+		c.Collect(ch)
+	}
+	var size int64
+	if m.store != nil {
+		size = m.store.Size()
+	}
+	ch <- prometheus.MustNewConstMetric(m.storeSize, prometheus.GaugeValue, float64(size))
+}
