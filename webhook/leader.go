@@ -233,10 +233,14 @@ func (el *elector) newLeader(identity string) {
 	}
 }
 
+// leaderStatus reports the election as this replica sees it; it leads only while its fence
+// holds.
 func (el *elector) leaderStatus() LeaderStatus {
+	_, held := el.fence.held()
 	el.mu.Lock()
 	defer el.mu.Unlock()
 	s := el.status
+	s.Leading = s.Leading && held
 	return s
 }
 

@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,10 +146,16 @@ func TestBadValuesAreRefused(t *testing.T) {
 			t.Errorf("helm template = %v; want the issuer message", err)
 		}
 	})
-	t.Run("persistence with two replicas", func(t *testing.T) {
-		_, err := helm(t, "template", "dw", chartDir, "--set", "replicaCount=2", "--set", "persistence.enabled=true")
-		if err == nil || !strings.Contains(err.Error(), "persistence.enabled needs replicaCount: 1") {
-			t.Errorf("helm template = %v; want the replica message", err)
+	t.Run("two replicas without leader election", func(t *testing.T) {
+		_, err := helm(t, "template", "dw", chartDir, "--set", "replicaCount=2", "--set", "config.leaderElection.enabled=false")
+		if err == nil || !strings.Contains(err.Error(), "replicaCount above 1 needs config.leaderElection.enabled") {
+			t.Errorf("helm template = %v; want the leader election message", err)
+		}
+	})
+	t.Run("a Lease in another namespace", func(t *testing.T) {
+		_, err := helm(t, "template", "dw", chartDir, "--set", "config.leaderElection.namespace=elsewhere")
+		if err == nil || !strings.Contains(err.Error(), "config.leaderElection.namespace must be the release's namespace") {
+			t.Errorf("helm template = %v; want the namespace message", err)
 		}
 	})
 	t.Run("a resource named by kind only", func(t *testing.T) {
@@ -249,19 +257,24 @@ func TestRenderedRBACIsEnoughAndNoMore(t *testing.T) {
 	if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer receiver.Close()
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	if err := os.WriteFile(values, []byte(fmt.Sprintf(`
 config:
   resources:
     - {version: v1, resource: configmaps, namespaces: [%s]}
     - {group: lp.example.com, version: v1, resource: gadgets}
-`, watched)), 0o600); err != nil {
+  webhooks:
+    - {name: receiver, url: %s}
+`, watched, receiver.URL)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	objs := objects(t, render(t, release, "-f", values))
 	var rbac []*unstructured.Unstructured
 	for _, o := range objs {
-		if slices.Contains([]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, o.GetKind()) {
+		if slices.Contains([]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}, o.GetKind()) ||
+			o.GetKind() == "ConfigMap" && o.GetName() == "dw-dynwatch-checkpoints" {
 			rbac = append(rbac, o)
 		}
 	}
@@ -269,8 +282,8 @@ config:
 	for _, o := range rbac {
 		kinds[o.GetKind()]++
 	}
-	if kinds["Role"] != 1 || kinds["RoleBinding"] != 1 || kinds["ClusterRole"] != 1 || kinds["ClusterRoleBinding"] != 2 || kinds["ServiceAccount"] != 1 {
-		t.Fatalf("rendered RBAC objects %v; want a Role and binding for %s, a ClusterRole and binding for gadgets, and the auth-delegator binding", kinds, watched)
+	if kinds["Role"] != 2 || kinds["RoleBinding"] != 2 || kinds["ClusterRole"] != 1 || kinds["ClusterRoleBinding"] != 2 || kinds["ServiceAccount"] != 1 {
+		t.Fatalf("rendered RBAC objects %v; want a Role and binding for %s and for leader election, a ClusterRole and binding for gadgets, and the auth-delegator binding", kinds, watched)
 	}
 	var manifest bytes.Buffer
 	for _, o := range rbac {
@@ -285,6 +298,11 @@ config:
 		t.Fatalf("%v\n%s", err, out)
 	}
 
+	// Something to checkpoint.
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	if _, err := cs.CoreV1().ConfigMaps(watched).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "one"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// dynwatch, as the ServiceAccount, with the rendered config: it must become ready.
 	sa := "system:serviceaccount:" + release + ":dw-dynwatch"
 	kubeconfig, err := cluster.KubeconfigAs(sa, "system:serviceaccounts", "system:serviceaccounts:"+release, "system:authenticated")
@@ -318,6 +336,24 @@ config:
 	if err := p.WaitReady(ctx); err != nil {
 		t.Fatalf("dynwatch as %s did not become ready: %v", sa, err)
 	}
+	// It leads, holding the release's Lease, and writes checkpoints to the release's ConfigMap.
+	testbed.Eventually(t, 30*time.Second, func() error {
+		lease, err := cs.CoordinationV1().Leases(release).Get(ctx, "dw-dynwatch", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+			return fmt.Errorf("lease dw-dynwatch has no holder")
+		}
+		cm, err := cs.CoreV1().ConfigMaps(release).Get(ctx, "dw-dynwatch-checkpoints", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cm.Data["checkpoints.json"] == "" {
+			return fmt.Errorf("no checkpoints written to dw-dynwatch-checkpoints")
+		}
+		return nil
+	})
 	// Its query API authenticates and authorizes callers through the cluster with only the
 	// rendered permissions: a TokenReview and a SubjectAccessReview behind every answer.
 	api, _, _ := p.WaitListening(ctx)
@@ -340,34 +376,39 @@ config:
 	}
 
 	// And no more than it needs.
-	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	tests := []struct {
-		verb, group, resource, namespace string
-		allowed                          bool
+		verb, group, resource, namespace, name string
+		allowed                                bool
 	}{
-		{"list", "", "configmaps", watched, true},
-		{"watch", "", "configmaps", watched, true},
-		{"list", "lp.example.com", "gadgets", "", true},
-		{"list", "", "configmaps", other, false},
-		{"list", "", "configmaps", "", false},
-		{"list", "", "secrets", "", false},
-		{"list", "", "secrets", watched, false},
-		{"get", "", "secrets", release, false},
-		{"create", "", "configmaps", watched, false},
-		{"delete", "lp.example.com", "gadgets", watched, false},
-		{"list", "apiextensions.k8s.io", "customresourcedefinitions", "", false},
-		{"create", "authentication.k8s.io", "tokenreviews", "", true},
-		{"create", "authorization.k8s.io", "subjectaccessreviews", "", true},
-		{"get", "", "configmaps", "kube-system", false},
-		{"create", "authentication.k8s.io", "tokenrequests", "", false},
-		{"impersonate", "", "users", "", false},
+		{"list", "", "configmaps", watched, "", true},
+		{"watch", "", "configmaps", watched, "", true},
+		{"list", "lp.example.com", "gadgets", "", "", true},
+		{"list", "", "configmaps", other, "", false},
+		{"list", "", "configmaps", "", "", false},
+		{"list", "", "secrets", "", "", false},
+		{"list", "", "secrets", watched, "", false},
+		{"get", "", "secrets", release, "", false},
+		{"create", "", "configmaps", watched, "", false},
+		{"delete", "lp.example.com", "gadgets", watched, "", false},
+		{"list", "apiextensions.k8s.io", "customresourcedefinitions", "", "", false},
+		{"create", "authentication.k8s.io", "tokenreviews", "", "", true},
+		{"create", "authorization.k8s.io", "subjectaccessreviews", "", "", true},
+		{"get", "", "configmaps", "kube-system", "", false},
+		{"create", "authentication.k8s.io", "tokenrequests", "", "", false},
+		{"impersonate", "", "users", "", "", false},
+		{"update", "coordination.k8s.io", "leases", release, "dw-dynwatch", true},
+		{"update", "coordination.k8s.io", "leases", release, "other", false},
+		{"create", "coordination.k8s.io", "leases", release, "", false},
+		{"update", "", "configmaps", release, "dw-dynwatch-checkpoints", true},
+		{"update", "", "configmaps", release, "dw-dynwatch", false},
+		{"delete", "", "configmaps", release, "dw-dynwatch-checkpoints", false},
 	}
 	for _, tt := range tests {
 		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User:   sa,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + release, "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Verb: tt.verb, Group: tt.group, Resource: tt.resource, Namespace: tt.namespace,
+				Verb: tt.verb, Group: tt.group, Resource: tt.resource, Namespace: tt.namespace, Name: tt.name,
 			},
 		}}
 		got, err := cs.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), review, metav1.CreateOptions{})
@@ -380,37 +421,53 @@ config:
 	}
 }
 
-func TestTheStateVolumeIsAnEmptyDirOrAClaim(t *testing.T) {
-	volume := func(objs []*unstructured.Unstructured) (map[string]any, string) {
+func TestTwoReplicasInAStatefulSetWithAVolumeEachAndOneAllowedDown(t *testing.T) {
+	find := func(objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
 		for _, o := range objs {
-			if o.GetKind() != "Deployment" {
-				continue
-			}
-			strategy, _, _ := unstructured.NestedString(o.Object, "spec", "strategy", "type")
-			volumes, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "volumes")
-			for _, v := range volumes {
-				if v := v.(map[string]any); v["name"] == "state" {
-					return v, strategy
-				}
+			if o.GetKind() == kind {
+				return o
 			}
 		}
-		t.Fatal("no Deployment with a state volume")
-		return nil, ""
+		t.Fatalf("no %s rendered", kind)
+		return nil
 	}
-	v, strategy := volume(objects(t, render(t, "dw")))
-	if _, ok := v["emptyDir"]; !ok || strategy != "" {
-		t.Errorf("by default the state volume is %v with strategy %q; want an emptyDir and the default strategy", v, strategy)
+	stateVolume := func(sts *unstructured.Unstructured) map[string]any {
+		volumes, _, _ := unstructured.NestedSlice(sts.Object, "spec", "template", "spec", "volumes")
+		for _, v := range volumes {
+			if v := v.(map[string]any); v["name"] == "state" {
+				return v
+			}
+		}
+		return nil
 	}
-	objs := objects(t, render(t, "dw", "-f", filepath.Join(chartDir, "ci", "persistence-values.yaml")))
-	v, strategy = volume(objs)
-	claim, _, _ := unstructured.NestedString(v, "persistentVolumeClaim", "claimName")
-	if claim != "dw-dynwatch-state" || strategy != "Recreate" {
-		t.Errorf("with persistence the state volume is %v with strategy %q; want claim dw-dynwatch-state and Recreate", v, strategy)
+	objs := objects(t, render(t, "dw"))
+	sts := find(objs, "StatefulSet")
+	replicas, _, _ := unstructured.NestedFieldNoCopy(sts.Object, "spec", "replicas")
+	if v := stateVolume(sts); fmt.Sprint(replicas) != "2" || v == nil || v["emptyDir"] == nil {
+		t.Errorf("by default: %d replicas with state volume %v; want 2 with an emptyDir", replicas, v)
 	}
-	if !slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool {
-		return o.GetKind() == "PersistentVolumeClaim" && o.GetName() == claim
-	}) {
-		t.Error("with persistence the chart renders no PersistentVolumeClaim")
+	pdb := find(objs, "PodDisruptionBudget")
+	if v, _, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "maxUnavailable"); fmt.Sprint(v) != "1" {
+		t.Errorf("PodDisruptionBudget maxUnavailable = %v; want 1", v)
+	}
+	spread, _, _ := unstructured.NestedSlice(sts.Object, "spec", "template", "spec", "topologySpreadConstraints")
+	if len(spread) != 1 || spread[0].(map[string]any)["topologyKey"] != "kubernetes.io/hostname" || spread[0].(map[string]any)["labelSelector"] == nil {
+		t.Errorf("topologySpreadConstraints = %v; want one across hostnames selecting the pods", spread)
+	}
+	lease := find(objs, "Lease")
+	cfg, err := loadRendered(t, objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if le := cfg.LeaderElection; !le.Enabled || le.Namespace != "dw" || le.LeaseName != lease.GetName() || le.CheckpointName != "dw-dynwatch-checkpoints" {
+		t.Errorf("rendered leaderElection = %+v; want it on, with Lease %s and ConfigMap dw-dynwatch-checkpoints in dw", le, lease.GetName())
+	}
+
+	objs = objects(t, render(t, "dw", "-f", filepath.Join(chartDir, "ci", "persistence-values.yaml")))
+	sts = find(objs, "StatefulSet")
+	claims, _, _ := unstructured.NestedSlice(sts.Object, "spec", "volumeClaimTemplates")
+	if len(claims) != 1 || claims[0].(map[string]any)["metadata"].(map[string]any)["name"] != "state" || stateVolume(sts) != nil {
+		t.Errorf("with persistence: claim templates %v and state volume %v; want one claim template named state, and no pod volume", claims, stateVolume(sts))
 	}
 }
 

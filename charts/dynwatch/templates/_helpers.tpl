@@ -96,7 +96,21 @@ names and its CA written to the state volume. Settings given in config.api.tls w
 {{- end }}
 {{- $_ := set $api "tls" $tls }}
 {{- $_ := set $config "api" $api }}
+{{- $_ := set $config "leaderElection" (include "dynwatch.leaderElection" . | fromJson) }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/*
+config.leaderElection with the release's defaults: on, in the release's namespace, with the
+Lease and checkpoint ConfigMap this chart creates. Settings given in config.leaderElection win.
+*/}}
+{{- define "dynwatch.leaderElection" -}}
+{{- $fullname := include "dynwatch.fullname" . }}
+{{- $le := dict "enabled" true "namespace" .Release.Namespace "leaseName" $fullname "checkpointName" (printf "%s-checkpoints" $fullname) }}
+{{- range $k, $v := .Values.config.leaderElection }}
+{{- $_ := set $le $k $v }}
+{{- end }}
+{{- toJson $le }}
 {{- end }}
 
 {{- define "dynwatch.metricsPort" -}}
