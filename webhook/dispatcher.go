@@ -130,7 +130,14 @@ func (d *Dispatcher) Ready() (bool, []string) {
 }
 
 // OnEvent implements dynamicinformer.Subscriber: it hands e to the journal, never blocking.
-func (d *Dispatcher) OnEvent(e dynamicinformer.Event) { d.journal.Record(e) }
+// Changes of the election's own Lease and checkpoint ConfigMap are not events to deliver: a
+// delivery would move the checkpoint, whose write would be another change, every second.
+func (d *Dispatcher) OnEvent(e dynamicinformer.Event) {
+	if d.elector != nil && d.elector.owns(e) {
+		return
+	}
+	d.journal.Record(e)
+}
 
 // ListStarted implements dynamicinformer.ListObserver.
 func (d *Dispatcher) ListStarted(gvr schema.GroupVersionResource, run uint64, streams []string) {

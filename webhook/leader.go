@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
 )
 
@@ -204,6 +205,20 @@ func (el *elector) run(ctx context.Context, lead func(context.Context), follow f
 		le.Run(ctx)
 	}
 	return nil
+}
+
+// owns reports whether e is a change of the election's Lease or checkpoint ConfigMap.
+func (el *elector) owns(e dynamicinformer.Event) bool {
+	if e.Object.GetNamespace() != el.cfg.Namespace {
+		return false
+	}
+	switch e.Resource {
+	case schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}:
+		return e.Object.GetName() == el.cfg.LeaseName
+	case schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}:
+		return e.Object.GetName() == el.cfg.CheckpointName
+	}
+	return false
 }
 
 // setLeading records whether this replica leads, and reports whether that changed.

@@ -252,12 +252,85 @@ func run(ctx context.Context) error {
 		step("Still running. Try: kubectl --kubeconfig " + filepath.Join(cluster.Dir, "kubeconfig-dynwatch-alice") + " get cm -n demo\n   curl " + metrics + "/metrics\n   kubectl --kubeconfig " + cluster.Kubeconfig + " get cm -n demo   (the apiserver)\n   Press Ctrl-C to stop.")
 		<-ctx.Done()
 	}
+	if dw, err = highAvailability(ctx, cluster, dw, dwOptions, vars, kubectl); err != nil {
+		return err
+	}
 	step("Stopping dynwatch with SIGTERM")
 	if err := dw.Stop(10 * time.Second); err != nil {
 		return err
 	}
 	fmt.Println("   dynwatch exited 0")
 	return nil
+}
+
+// highAvailability stops dw and runs two replicas with leader election in its place, kills the
+// leader, and shows the other take over and deliver. It returns the survivor.
+func highAvailability(ctx context.Context, cluster *testbed.Cluster, dw *runner.Process, o runner.Options, vars map[string]string, kubectl func(...string) error) (*runner.Process, error) {
+	step("High availability: two replicas with leader election (a 4s lease) in place of the one")
+	if err := dw.Stop(10 * time.Second); err != nil {
+		return nil, err
+	}
+	replicas := map[string]*runner.Process{}
+	for _, id := range []string{"a", "b"} {
+		state := vars["STATE_FILE"]
+		if id == "b" {
+			state = filepath.Join(cluster.Dir, "state-b.db")
+		}
+		cfg := os.Expand(demoConfig, func(k string) string {
+			if k == "STATE_FILE" {
+				return state
+			}
+			return vars[k]
+		}) + "leaderElection: {enabled: true, namespace: default, identity: " + id + ", leaseDuration: 4s, renewDeadline: 3s, retryPeriod: 500ms}\n"
+		o.Config = filepath.Join(cluster.Dir, "dynwatch-"+id+".yaml")
+		if err := os.WriteFile(o.Config, []byte(cfg), 0o600); err != nil {
+			return nil, err
+		}
+		p, err := runner.Start(o)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.WaitReady(ctx); err != nil {
+			return nil, fmt.Errorf("%w\n%s", err, p.Log())
+		}
+		replicas[id] = p
+	}
+	leaderOf := func() string {
+		for id, p := range replicas {
+			if st, err := p.Status(ctx); err == nil {
+				if le, ok := st.LeaderElection.(map[string]any); ok && le["leading"] == true {
+					return id
+				}
+			}
+		}
+		return ""
+	}
+	var leader string
+	for leader = leaderOf(); leader == ""; leader = leaderOf() {
+		time.Sleep(200 * time.Millisecond)
+	}
+	fmt.Println("   both replicas answer queries; replica", leader, "holds the Lease default/dynwatch and delivers")
+	if err := kubectl("-n", "demo", "patch", "configmap", "web", "-p", `{"data":{"color":"red"}}`); err != nil {
+		return nil, err
+	}
+	time.Sleep(2 * time.Second)
+	step("SIGKILL replica " + leader + ", then change the configmap again: the other takes over and delivers it")
+	killed := time.Now()
+	if err := replicas[leader].Signal(syscall.SIGKILL); err != nil {
+		return nil, err
+	}
+	<-replicas[leader].Done()
+	delete(replicas, leader)
+	if err := kubectl("-n", "demo", "patch", "configmap", "web", "-p", `{"data":{"color":"yellow"}}`); err != nil {
+		return nil, err
+	}
+	var next string
+	for next = leaderOf(); next == ""; next = leaderOf() {
+		time.Sleep(200 * time.Millisecond)
+	}
+	fmt.Printf("   replica %s leads %.1fs after the kill\n", next, time.Since(killed).Seconds())
+	time.Sleep(2 * time.Second) // let its delivery print
+	return replicas[next], nil
 }
 
 // out serialises the demo's output with the receiver's.
