@@ -53,6 +53,25 @@ func (r *replica) start(t *testing.T) {
 	r.mu.Unlock()
 }
 
+// haFixture is an HA group of haReplicas in a new namespace delivering to a receiver that
+// answers 200, its leader once elected, and an updater over objects configmaps.
+type haFixture struct {
+	ns     string
+	rc     *receiver
+	rs     []*replica
+	leader *replica
+	u      *updater
+}
+
+func newHAFixture(t *testing.T, objects int) haFixture {
+	f := haFixture{ns: namespace(t)}
+	f.rc = newJudge(t, func(received, int, http.Header) int { return http.StatusOK })
+	f.rs = haGroup(t, f.ns, f.rc.URL, haReplicas)
+	f.leader = waitLeader(t, f.rs)
+	f.u = newUpdater(t, f.ns, objects)
+	return f
+}
+
 // haGroup starts n replicas watching configmaps in ns and delivering to url.
 func haGroup(t *testing.T, ns, url string, n int) []*replica {
 	dir := t.TempDir()
@@ -189,11 +208,8 @@ func (u *updater) checkNothingLost(t *testing.T, rc *receiver, timeout time.Dura
 }
 
 func TestAKilledLeaderLosesNothingAndItsSuccessorTakesOverWithinTheLease(t *testing.T) {
-	ns := namespace(t)
-	rc := newJudge(t, func(received, int, http.Header) int { return http.StatusOK })
-	rs := haGroup(t, ns, rc.URL, haReplicas)
-	old := waitLeader(t, rs)
-	u := newUpdater(t, ns, 20)
+	f := newHAFixture(t, 20)
+	rc, old, u := f.rc, f.leader, f.u
 
 	var killed time.Time
 	u.run(t, 2000, 200, func(i int) {
@@ -238,11 +254,8 @@ func TestAKilledLeaderLosesNothingAndItsSuccessorTakesOverWithinTheLease(t *test
 }
 
 func TestAPausedLeaderDeliversNothingAfterItResumes(t *testing.T) {
-	ns := namespace(t)
-	rc := newJudge(t, func(received, int, http.Header) int { return http.StatusOK })
-	rs := haGroup(t, ns, rc.URL, haReplicas)
-	paused := waitLeader(t, rs)
-	u := newUpdater(t, ns, 10)
+	f := newHAFixture(t, 10)
+	rc, rs, paused, u := f.rc, f.rs, f.leader, f.u
 
 	var resumed time.Time
 	done := make(chan struct{})
@@ -280,11 +293,8 @@ func TestAPausedLeaderDeliversNothingAfterItResumes(t *testing.T) {
 }
 
 func TestARollingReplacementLosesNothingAndQueriesAreAnsweredThroughout(t *testing.T) {
-	ns := namespace(t)
-	rc := newJudge(t, func(received, int, http.Header) int { return http.StatusOK })
-	rs := haGroup(t, ns, rc.URL, haReplicas)
-	waitLeader(t, rs)
-	u := newUpdater(t, ns, 10)
+	f := newHAFixture(t, 10)
+	ns, rc, rs, u := f.ns, f.rc, f.rs, f.u
 
 	// Every 100 ms, some replica must answer a list.
 	stop := make(chan struct{})
