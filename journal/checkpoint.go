@@ -1,8 +1,6 @@
 package journal
 
 import (
-	"maps"
-
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -30,15 +28,6 @@ func (c Checkpoints) Merge(o Checkpoints) bool {
 		}
 	}
 	return changed
-}
-
-// Clone copies c.
-func (c Checkpoints) Clone() Checkpoints {
-	out := Checkpoints{}
-	for sink, byResource := range c {
-		out[sink] = maps.Clone(byResource)
-	}
-	return out
 }
 
 // progress is how far a resource's committed events reach: per stream, a revision through

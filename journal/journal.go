@@ -160,9 +160,6 @@ func New(o Options) (*Journal, error) {
 	return j, nil
 }
 
-// Durable reports whether the journal has a store: outboxes, acknowledgements, checkpoints.
-func (j *Journal) Durable() bool { return j.store != nil }
-
 // Store is the journal's file, or nil.
 func (j *Journal) Store() *Store { return j.store }
 
