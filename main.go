@@ -120,6 +120,8 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 		Logger: log, Informers: informers, Watches: watches, Registerer: reg, Reloads: reloader, LeaderElection: leaderStatus(webhooks),
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 		Authenticator: security.Authenticator, Authorizer: security.Authorizer, Limits: cfg.API.Limits,
+		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: clientset, Dynamic: dyn,
+		EventsFromAPIServer: cfg.API.Events == config.EventsFromAPIServer,
 	})
 	if err != nil {
 		return err

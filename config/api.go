@@ -17,10 +17,35 @@ type API struct {
 	RequestTimeout time.Duration `mapstructure:"requestTimeout"`
 	// MaxWatchTimeout bounds one watch; clients ask for less with timeoutSeconds.
 	MaxWatchTimeout time.Duration `mapstructure:"maxWatchTimeout"`
-	Auth            Auth          `mapstructure:"auth"`
-	TLS             ServingTLS    `mapstructure:"tls"`
-	Limits          Limits        `mapstructure:"limits"`
+	// FieldSelectors is strict (the fields the apiserver accepts for each resource, plus the
+	// paths of its jsonPath indexers) or any (every dot path of the object).
+	FieldSelectors FieldSelectorMode `mapstructure:"fieldSelectors"`
+	// Events is where a list of core v1 events comes from when events are not a watched
+	// resource (kubectl describe lists them): apiserver (read with dynwatch's identity after
+	// the caller is authorized to list them) or none (always empty).
+	Events EventsSource `mapstructure:"events"`
+	Auth   Auth         `mapstructure:"auth"`
+	TLS    ServingTLS   `mapstructure:"tls"`
+	Limits Limits       `mapstructure:"limits"`
 }
+
+// FieldSelectorMode says which fields a query's fieldSelector may name.
+type FieldSelectorMode string
+
+// The field selector modes.
+const (
+	FieldSelectorsStrict FieldSelectorMode = "strict"
+	FieldSelectorsAny    FieldSelectorMode = "any"
+)
+
+// EventsSource says where unwatched events come from.
+type EventsSource string
+
+// The events sources.
+const (
+	EventsFromAPIServer EventsSource = "apiserver"
+	EventsNone          EventsSource = "none"
+)
 
 // AuthMode says who may read through the query API.
 type AuthMode string
@@ -83,6 +108,8 @@ func setAPIDefaults(set func(key string, value any)) {
 	set("api.watchHistory", 1000)
 	set("api.requestTimeout", "60s")
 	set("api.maxWatchTimeout", "30m")
+	set("api.fieldSelectors", string(FieldSelectorsStrict))
+	set("api.events", string(EventsFromAPIServer))
 	set("api.auth.mode", string(AuthKubernetes))
 	set("api.auth.allowNoneOnNetwork", false)
 	set("api.auth.clientCAFile", "")
@@ -114,6 +141,12 @@ func (a *API) validate(p *problems) {
 	}
 	if a.MaxWatchTimeout < time.Second {
 		p.add("api.maxWatchTimeout", "must be at least 1s, got %s", a.MaxWatchTimeout)
+	}
+	if a.FieldSelectors != FieldSelectorsStrict && a.FieldSelectors != FieldSelectorsAny {
+		p.add("api.fieldSelectors", "must be %q or %q, got %q", FieldSelectorsStrict, FieldSelectorsAny, a.FieldSelectors)
+	}
+	if a.Events != EventsFromAPIServer && a.Events != EventsNone {
+		p.add("api.events", "must be %q or %q, got %q", EventsFromAPIServer, EventsNone, a.Events)
 	}
 	switch a.Auth.Mode {
 	case AuthKubernetes:

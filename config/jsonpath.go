@@ -66,3 +66,14 @@ func (p *JSONPath) Values(obj map[string]any) ([]string, error) {
 	}
 	return out, nil
 }
+
+// DotPath returns a simple JSONPath ("{.a.b}", ".a.b", "a.b") as the dot path a field
+// selector names ("a.b"); false for one with filters, wildcards, indexes or several
+// expressions.
+func DotPath(text string) (string, bool) {
+	p := strings.TrimSuffix(strings.TrimPrefix(relaxed(text), "{."), "}")
+	if p == "" || strings.ContainsAny(p, "[]*?@()${}'\" ") || strings.Contains(p, "..") {
+		return "", false
+	}
+	return p, true
+}

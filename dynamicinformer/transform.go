@@ -11,8 +11,8 @@ import (
 const LastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
 
 // NewTransform returns the cache transform for a configured resource: it strips managedFields
-// and the last-applied annotation (unless turned off), the data of core v1 secrets (unless
-// keepSecretData), and every removeFields path. A secret's last-applied annotation repeats its
+// and the last-applied annotation (unless turned off), the values of core v1 secrets' data
+// (unless keepSecretData; the keys stay, empty) and their stringData, and every removeFields path. A secret's last-applied annotation repeats its
 // data, so it goes with the data whatever stripLastAppliedConfiguration says: no secret value
 // reaches the cache, and so none reaches the API, the state store or a webhook. It modifies objects in place, is idempotent,
 // and passes anything that is not an *unstructured.Unstructured through unchanged.
@@ -40,7 +40,12 @@ func NewTransform(r *config.Resource) cache.TransformFunc {
 			}
 		}
 		if stripSecretData {
-			delete(u.Object, "data")
+			// The keys stay, so that the key count kubectl shows is right; no value does.
+			if data, ok := u.Object["data"].(map[string]any); ok {
+				for k := range data {
+					data[k] = ""
+				}
+			}
 			delete(u.Object, "stringData")
 		}
 		for _, p := range paths {

@@ -13,8 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -53,10 +56,21 @@ type APIOptions struct {
 	Authorizer    authorizer.Authorizer
 	// Limits bound what one request and one user can cost.
 	Limits config.Limits
+	// AnyFieldSelectors accepts field selectors on any dot path (api.fieldSelectors any);
+	// otherwise only the fields the apiserver accepts, and jsonPath indexers' paths.
+	AnyFieldSelectors bool
+	// Kubernetes and Dynamic read, with dynwatch's identity, what the caches do not hold:
+	// OpenAPI documents, CustomResourceDefinitions (printer columns, selectable fields) and,
+	// with EventsFromAPIServer, the events kubectl describe lists. nil reads none of them.
+	Kubernetes          kubernetes.Interface
+	Dynamic             dynamic.Interface
+	EventsFromAPIServer bool
 }
 
 type api struct {
 	APIOptions
+	crds     *crds
+	openAPI  *openAPI
 	gate     *gate
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -64,7 +78,7 @@ type api struct {
 }
 
 // routes are the values of the route label.
-var routes = []string{"discovery", "list", "get", "watch", "status", "version", "write", "other"}
+var routes = []string{"discovery", "openapi", "list", "get", "watch", "status", "version", "write", "other"}
 
 // routeKey is the gin context key under which handlers name their route for metrics.
 const routeKey = "dynwatch.route"
@@ -78,13 +92,15 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	a := &api{
 		APIOptions: o,
 		gate:       newGate(o.Authenticator, o.Authorizer, o.Limits),
+		crds:       newCRDs(o.Dynamic, o.Logger),
+		openAPI:    newOpenAPI(o.Kubernetes),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_rejected_requests_total",
 			Help: "API requests refused before they were answered, by reason: url_too_long, unauthenticated, forbidden, server_busy, user_busy (429), auth_error, timeout.",
 		}, []string{"reason"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_requests_total",
-			Help: "API requests, by route (discovery, list, get, watch, status, version, other) and HTTP status code.",
+			Help: "API requests, by route (discovery, openapi, list, get, watch, status, version, write, other) and HTTP status code.",
 		}, []string{"route", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dynwatch_api_request_duration_seconds",
@@ -106,6 +122,9 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	r.Use(a.instrument, recovery(o.Logger), a.guard)
 	r.GET("/status", a.status)
 	r.GET("/version", a.version)
+	r.GET("/openapi/v2", a.openAPIV2)
+	r.GET("/openapi/v3", a.openAPIV3)
+	r.GET("/openapi/v3/*path", a.openAPIV3)
 	r.NoRoute(a.serve) // every Kubernetes path: gin's router cannot express their overlaps
 	return r, nil
 }
@@ -178,19 +197,21 @@ func (a *api) serve(c *gin.Context) {
 		writeStatus(w, notServed())
 		return
 	}
+	c.Set(routeKey, routeOf(c.Request, t))
 	if c.Request.Method != http.MethodGet && c.Request.Method != http.MethodHead {
-		c.Set(routeKey, "write")
 		writeStatus(w, apierrors.NewMethodNotSupported(t.gv.WithResource(t.resource).GroupResource(), c.Request.Method))
 		return
 	}
 	if t.discovery != "" {
-		c.Set(routeKey, "discovery")
 		a.deadline(c, a.RequestTimeout)
 		a.discovery(w, t)
 		return
 	}
 	res, ok := a.Informers.Lookup(t.gv.WithResource(t.resource))
 	if !ok {
+		if a.eventsFromAPIServer(c, t) {
+			return
+		}
 		writeStatus(w, notServed())
 		return
 	}
@@ -204,6 +225,16 @@ func (a *api) serve(c *gin.Context) {
 		writeStatus(w, serr)
 		return
 	}
+	gk := schema.GroupKind{Group: gvr.Group, Kind: info.Kind}
+	table := wantsTable(c.Request)
+	var crd crdView
+	if table || !q.fields.Empty() {
+		crd = a.crds.view(c.Request.Context(), gvr)
+	}
+	if serr := q.selectFields(selectableFields(gk, crd.selectable, res.Config(), a.AnyFieldSelectors)); serr != nil {
+		writeStatus(w, serr)
+		return
+	}
 	switch res.State() {
 	case dynamicinformer.StateSynced:
 	case dynamicinformer.StateStale:
@@ -213,13 +244,11 @@ func (a *api) serve(c *gin.Context) {
 		writeStatus(w, apierrors.NewServiceUnavailable(res.Name()+" has not synced yet"))
 		return
 	}
-	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: wantsTable(c.Request), include: includeObject(c.Request)}
+	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd)}
 	switch {
 	case q.watch:
-		c.Set(routeKey, "watch")
 		a.watch(c, res, t, q, out)
 	case t.name != "":
-		c.Set(routeKey, "get")
 		a.deadline(c, a.RequestTimeout)
 		obj, found := res.Get(t.namespace, t.name)
 		if !found {
@@ -228,10 +257,39 @@ func (a *api) serve(c *gin.Context) {
 		}
 		out.object(w, obj)
 	default:
-		c.Set(routeKey, "list")
 		a.deadline(c, a.RequestTimeout)
 		a.list(c, res, t, q, out)
 	}
+}
+
+// routeOf names a Kubernetes API path's route for metrics, before anything about the request
+// is checked, so that refusals are counted under the route asked for.
+func routeOf(r *http.Request, t target) string {
+	switch {
+	case r.Method != http.MethodGet && r.Method != http.MethodHead:
+		return "write"
+	case t.discovery != "":
+		return "discovery"
+	}
+	if watch, _ := strconv.ParseBool(r.URL.Query().Get("watch")); watch {
+		return "watch"
+	}
+	if t.name != "" {
+		return "get"
+	}
+	return "list"
+}
+
+// printerFor is how kind gk is shown as a Table: its CRD's printer columns, the apiserver's
+// columns for the built-in kinds dynwatch knows, or Name and Age.
+func printerFor(gk schema.GroupKind, crd crdView) printer {
+	if p, ok := crd.printer(); ok {
+		return p
+	}
+	if p, ok := builtinPrinters[gk]; ok {
+		return p
+	}
+	return defaultPrinter
 }
 
 func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {

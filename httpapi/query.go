@@ -23,7 +23,7 @@ import (
 type query struct {
 	labels     labels.Selector
 	fields     fields.Selector
-	fieldPaths map[string][]string // fieldSelector field → its dot path, split
+	fieldPaths map[string][]string // fieldSelector field → its dot path, split (see selectFields)
 	name       string              // set for a watch of one object (a path with a name)
 	index      string              // explicit index=NAME
 	value      string              // and value=V
@@ -47,10 +47,6 @@ func parseQuery(v url.Values, maxPage int) (*query, *apierrors.StatusError) {
 	}
 	if q.fields, err = fields.ParseSelector(v.Get("fieldSelector")); err != nil {
 		return nil, badParameter("fieldSelector", "%v", err)
-	}
-	q.fieldPaths = map[string][]string{}
-	for _, r := range q.fields.Requirements() {
-		q.fieldPaths[r.Field] = strings.Split(r.Field, ".")
 	}
 	q.index, q.value = v.Get("index"), v.Get("value")
 	if (q.index == "") != (!v.Has("value")) {
@@ -102,6 +98,20 @@ func parseQuery(v url.Values, maxPage int) (*query, *apierrors.StatusError) {
 		}
 	}
 	return q, nil
+}
+
+// selectFields checks the field selector's fields against those the resource accepts and
+// notes where each is found in its objects.
+func (q *query) selectFields(s selectable) *apierrors.StatusError {
+	q.fieldPaths = map[string][]string{}
+	for _, r := range q.fields.Requirements() {
+		p, err := s.path(r.Field)
+		if err != nil {
+			return err
+		}
+		q.fieldPaths[r.Field] = p
+	}
+	return nil
 }
 
 type continueToken struct {
@@ -183,7 +193,7 @@ func (q *query) candidates(r *dynamicinformer.Resource, namespace string) (looku
 			continue
 		}
 		for _, ix := range cfg.Indexers {
-			if ix.Type == config.IndexJSONPath && samePath(ix.Path, req.Field) {
+			if p, ok := config.DotPath(ix.Path); ok && ix.Type == config.IndexJSONPath && p == req.Field {
 				return byIndex(r, ix.Name, req.Value)
 			}
 		}
@@ -208,13 +218,6 @@ func byIndex(r *dynamicinformer.Resource, index string, values ...string) (looku
 		l.objs = slices.CompactFunc(l.objs, func(a, b *unstructured.Unstructured) bool { return compareKeys(a, b) == 0 })
 	}
 	return l, nil
-}
-
-// samePath reports whether a jsonPath indexer's path is the field selector's dot path:
-// "{.spec.nodeName}" and ".spec.nodeName" match "spec.nodeName".
-func samePath(jsonPath, field string) bool {
-	p := strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(jsonPath), "{"), "}")
-	return strings.TrimPrefix(p, ".") == field
 }
 
 func key(o *unstructured.Unstructured) string {

@@ -5,22 +5,21 @@ import (
 	"mime"
 	"net/http"
 	"strings"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/duration"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // responder writes objects as the client asked: plain JSON, or a meta.k8s.io/v1 Table (what
-// kubectl's human-readable output asks for) with Name and Age columns.
+// kubectl's human-readable output asks for) with the kind's printer's columns.
 type responder struct {
 	gvk     schema.GroupVersionKind
 	table   bool
 	include metav1.IncludeObjectPolicy
+	printer printer
 }
 
 // wantsTable reports whether the Accept header asks for a Table (as=Table;g=meta.k8s.io).
@@ -43,17 +42,9 @@ func includeObject(r *http.Request) metav1.IncludeObjectPolicy {
 	}
 }
 
-var tableColumns = []metav1.TableColumnDefinition{
-	{Name: "Name", Type: "string", Format: "name", Description: "Name of the object."},
-	{Name: "Age", Type: "string", Description: "Time since the object was created."},
-}
-
 func (o responder) row(obj *unstructured.Unstructured) metav1.TableRow {
-	age := "<unknown>"
-	if ts := obj.GetCreationTimestamp(); !ts.IsZero() {
-		age = duration.HumanDuration(time.Since(ts.Time))
-	}
-	row := metav1.TableRow{Cells: []any{obj.GetName(), age}}
+	var row metav1.TableRow
+	row.Cells, row.Conditions = o.printer.cells(obj)
 	switch o.include {
 	case metav1.IncludeObject:
 		row.Object.Raw, _ = json.Marshal(o.withTypeMeta(obj))
@@ -69,7 +60,7 @@ func (o responder) row(obj *unstructured.Unstructured) metav1.TableRow {
 func (o responder) tableOf(objs []*unstructured.Unstructured, meta metav1.ListMeta, headers bool) *metav1.Table {
 	t := &metav1.Table{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "Table"}, ListMeta: meta, Rows: []metav1.TableRow{}}
 	if headers {
-		t.ColumnDefinitions = tableColumns
+		t.ColumnDefinitions = o.printer.columns
 	}
 	for _, obj := range objs {
 		t.Rows = append(t.Rows, o.row(obj))

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strconv"
@@ -218,11 +219,6 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	gvr, _, _ := res.API()
 	s := a.Watches.stream(gvr)
 	w, snapshot, snapRV, serr := s.subscribe(res, q.resourceVersion, q.resourceVersion == 0 || q.sendInitialEvents)
-	if serr != nil {
-		writeStatus(c.Writer, serr)
-		return
-	}
-	defer s.unsubscribe(w)
 	timeout := a.MaxWatchTimeout
 	if q.timeoutSeconds > 0 {
 		timeout = min(timeout, time.Duration(q.timeoutSeconds)*time.Second)
@@ -230,6 +226,13 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	streaming(c.Writer, timeout+a.RequestTimeout)
 	c.Header("Content-Type", "application/json")
 	c.Status(http.StatusOK)
+	if serr != nil {
+		// As the apiserver does: the watch starts, and its one event is the error (410 Expired
+		// for a resourceVersion older than the history), which clients answer with a relist.
+		_, _ = c.Writer.Write(errorEvent(serr))
+		return
+	}
+	defer s.unsubscribe(w)
 	c.Writer.Flush()
 
 	first := true
@@ -277,4 +280,15 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 			return
 		}
 	}
+}
+
+// errorEvent is a watch stream's ERROR event carrying err's Status.
+func errorEvent(err *apierrors.StatusError) []byte {
+	st := err.ErrStatus
+	st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
+	b, _ := json.Marshal(struct {
+		Type   string         `json:"type"`
+		Object *metav1.Status `json:"object"`
+	}{"ERROR", &st})
+	return append(b, '\n')
 }

@@ -132,6 +132,24 @@ with no namespaces), namespace → rules for that namespace. Each rule grants ge
 {{- range $ns := $namespaces }}
 {{- $_ := set $rules $ns (append (get $rules $ns | default list) $rule) }}
 {{- end }}
+{{- if contains "." (default "" $r.group) }}
+{{- /* A custom resource's printer columns and selectable fields are read from its CRD. */}}
+{{- $crd := dict "apiGroups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "resourceNames" (list (printf "%s.%s" $r.resource $r.group)) "verbs" (list "get") }}
+{{- $_ := set $rules "" (append (get $rules "" | default list) $crd) }}
+{{- end }}
+{{- end }}
+{{- $api := .Values.config.api | default dict }}
+{{- $watchesEvents := false }}
+{{- range .Values.config.resources }}{{ if and (eq (default "" .group) "") (eq .resource "events") }}{{ $watchesEvents = true }}{{ end }}{{ end }}
+{{- if and (eq (default "apiserver" $api.events) "apiserver") (not $watchesEvents) }}
+{{- /* kubectl describe lists events; unwatched ones are read from the apiserver where the watched objects are. */}}
+{{- $events := dict "apiGroups" (list "") "resources" (list "events") "verbs" (list "list") }}
+{{- $namespaces := list }}
+{{- range .Values.config.resources }}{{ $namespaces = concat $namespaces (default (list "") .namespaces) }}{{ end }}
+{{- if has "" $namespaces }}{{ $namespaces = list "" }}{{ end }}
+{{- range $ns := uniq $namespaces }}
+{{- $_ := set $rules $ns (append (get $rules $ns | default list) $events) }}
+{{- end }}
 {{- end }}
 {{- toJson $rules }}
 {{- end }}
