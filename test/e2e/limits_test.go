@@ -42,6 +42,7 @@ resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
 api:
   address: "127.0.0.1:0"
   requestTimeout: 1s
+  fieldSelectors: any # the costliest selectors are on annotations
   tls: {selfSignedCAFile: %s}
   limits: {maxInFlightPerUser: 2, maxWatchesPerUser: 20}
 metrics: {address: "127.0.0.1:0"}
