@@ -100,6 +100,10 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"resources[0].labelSelector:"}},
 		{"a bad field selector", "resources: [{version: v1, resource: pods, fieldSelector: 'spec.nodeName'}]\n",
 			[]string{"resources[0].fieldSelector:"}},
+		{"an unknown field selector mode", "resources: [{version: v1, resource: pods}]\napi: {fieldSelectors: loose}\n",
+			[]string{`api.fieldSelectors: must be "strict" or "any", got "loose"`}},
+		{"an unknown events source", "resources: [{version: v1, resource: pods}]\napi: {events: cluster}\n",
+			[]string{`api.events: must be "apiserver" or "none", got "cluster"`}},
 		{"a bad JSONPath", "resources: [{version: v1, resource: pods, indexers: [{name: x, type: jsonPath, path: '{.spec[}'}]}]\n",
 			[]string{"resources[0].indexers[0].path: invalid JSONPath"}},
 		{"a bad duration", "resources: [{version: v1, resource: pods, resync: 5parsecs}]\n",
@@ -283,6 +287,29 @@ func TestJSONPathYieldsEveryScalar(t *testing.T) {
 	}
 	if got, _ := jp.Values(map[string]any{}); len(got) != 0 {
 		t.Fatalf("values of an object without the path = %v, want none", got)
+	}
+}
+
+func TestDotPathIsTheFieldSelectorASimpleJSONPathNames(t *testing.T) {
+	for _, tt := range []struct {
+		path, want string
+		ok         bool
+	}{
+		{"{.spec.nodeName}", "spec.nodeName", true},
+		{".spec.nodeName", "spec.nodeName", true},
+		{"spec.nodeName", "spec.nodeName", true},
+		{" {.status.phase} ", "status.phase", true},
+		{"{.spec.containers[*].image}", "", false},
+		{"{.spec.containers[0].image}", "", false},
+		{"{..image}", "", false},
+		{"{.metadata.labels['app']}", "", false},
+		{"{.a}{.b}", "", false},
+		{"", "", false},
+	} {
+		got, ok := DotPath(tt.path)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("DotPath(%q) = %q, %v; want %q, %v", tt.path, got, ok, tt.want, tt.ok)
+		}
 	}
 }
 

@@ -72,7 +72,7 @@ func (p *JSONPath) Values(obj map[string]any) ([]string, error) {
 // expressions.
 func DotPath(text string) (string, bool) {
 	p := strings.TrimSuffix(strings.TrimPrefix(relaxed(text), "{."), "}")
-	if p == "" || strings.ContainsAny(p, "[]*?@()${}'\" ") || strings.Contains(p, "..") {
+	if p == "" || strings.ContainsAny(p, "[]*?@()${}'\" ") || strings.HasPrefix(p, ".") || strings.HasSuffix(p, ".") || strings.Contains(p, "..") {
 		return "", false
 	}
 	return p, true
