@@ -391,6 +391,11 @@ config:
 		{"create", "", "configmaps", watched, "", false},
 		{"delete", "lp.example.com", "gadgets", watched, "", false},
 		{"list", "apiextensions.k8s.io", "customresourcedefinitions", "", "", false},
+		{"get", "apiextensions.k8s.io", "customresourcedefinitions", "", "gadgets.lp.example.com", true},
+		{"get", "apiextensions.k8s.io", "customresourcedefinitions", "", "other.lp.example.com", false},
+		{"list", "", "events", other, "", true}, // gadgets are watched in every namespace: describe lists their events
+		{"watch", "", "events", other, "", false},
+		{"get", "", "events", other, "", false},
 		{"create", "authentication.k8s.io", "tokenreviews", "", "", true},
 		{"create", "authorization.k8s.io", "subjectaccessreviews", "", "", true},
 		{"get", "", "configmaps", "kube-system", "", false},
