@@ -589,3 +589,47 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 		})
 	}
 }
+
+// TestDescribeShowsTheObjectWhenEventsCannotBeRead: with api.events none, or when the
+// apiserver refuses dynwatch the events, describe still prints the object, with no events.
+func TestDescribeShowsTheObjectWhenEventsCannotBeRead(t *testing.T) {
+	ns := namespace(t)
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	cm, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "quiet"}, Data: map[string]string{"k": "v"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	makeEvent(t, ns, "quiet.1", corev1.ObjectReference{Kind: "ConfigMap", Namespace: ns, Name: "quiet", UID: cm.UID, APIVersion: "v1"}, "Touched", "someone touched it")
+	// carol may read configmaps in ns and nothing else: as dynwatch's identity, she cannot list events.
+	grantConfigMapReads(t, ns, "carol")
+	asCarol, err := cluster.KubeconfigAs("carol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, kubeconfig, events, warning string
+	}{
+		{"api.events none", cluster.Kubeconfig, "none", ""},
+		{"the apiserver refuses dynwatch", asCarol, "apiserver", "events could not be read from the apiserver"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			caFile := filepath.Join(t.TempDir(), "ca.crt")
+			p := start(t, tt.kubeconfig, `
+api: {address: "127.0.0.1:0", events: `+tt.events+`, auth: {mode: none}, tls: {selfSignedCAFile: `+caFile+`}}
+metrics: {address: "127.0.0.1:0"}
+resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
+`)
+			if err := p.WaitReady(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			url, _, _ := p.WaitListening(t.Context())
+			out, err := runKubectl(t, dynwatchAPI{url: url, caFile: caFile}.kubeconfig(t, "unchecked"), "describe", "configmap", "quiet", "-n", ns)
+			if err != nil || !strings.Contains(out, "Name:         quiet") || !strings.Contains(out, "Events:  <none>") || strings.Contains(out, "someone touched it") {
+				t.Fatalf("describe (err %v) printed:\n%s\nwant the object, and no events", err, out)
+			}
+			if !strings.Contains(out, tt.warning) {
+				t.Fatalf("describe printed no warning %q:\n%s", tt.warning, out)
+			}
+		})
+	}
+}
