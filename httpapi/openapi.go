@@ -222,28 +222,52 @@ func keepServed(resources map[string]map[string]bool) func(string) bool {
 	}
 }
 
-func (a *api) openAPIUnavailable(c *gin.Context, err error) {
-	a.Logger.Warn("cannot read OpenAPI from the apiserver", "path", c.Request.URL.Path, "err", err)
-	writeStatus(c.Writer, apierrors.NewServiceUnavailable("the OpenAPI document could not be read from the apiserver"))
+// serveDocument answers with the document at path, cut by cut (see openAPI.document): in
+// protobuf when the document has that form and the client asks for it, else JSON.
+func (a *api) serveDocument(c *gin.Context, path, served string, cut func([]byte) (openAPIDoc, error)) {
+	d, err := a.openAPI.document(c.Request.Context(), path, served, cut)
+	if err != nil {
+		a.Logger.Warn("cannot read OpenAPI from the apiserver", "path", path, "err", err)
+		writeStatus(c.Writer, apierrors.NewServiceUnavailable("the OpenAPI document could not be read from the apiserver"))
+		return
+	}
+	if d.proto != nil && accepts(c.Request, openAPIV2Proto) {
+		c.Data(http.StatusOK, openAPIV2ProtoResponse, d.proto)
+		return
+	}
+	c.Data(http.StatusOK, "application/json", d.json)
 }
 
-// openAPIV2 answers /openapi/v2, in protobuf when the client asks for it (as client-go does).
-func (a *api) openAPIV2(c *gin.Context) {
+// cutJSON decodes an OpenAPI document, cuts it (cutDocument) and encodes it again.
+func cutJSON(raw []byte, served map[schema.GroupVersion][]metav1.APIResource, schemasAt []string, refPrefix string) ([]byte, error) {
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return nil, err
+	}
+	kinds, resources := kindsOf(served)
+	cutDocument(doc, keepServed(resources), kinds, schemasAt, refPrefix)
+	return json.Marshal(doc)
+}
+
+// openAPIServed reports whether OpenAPI can be served, answering 404 when it cannot.
+func (a *api) openAPIServed(c *gin.Context) bool {
 	c.Set(routeKey, "openapi")
 	a.deadline(c, a.RequestTimeout)
 	if a.openAPI.client == nil {
 		writeStatus(c.Writer, notServed())
+		return false
+	}
+	return true
+}
+
+// openAPIV2 answers /openapi/v2, in protobuf when the client asks for it (as client-go does).
+func (a *api) openAPIV2(c *gin.Context) {
+	if !a.openAPIServed(c) {
 		return
 	}
 	served := a.served()
-	kinds, resources := kindsOf(served)
-	d, err := a.openAPI.document(c.Request.Context(), "/openapi/v2", servedSet(served), func(raw []byte) (openAPIDoc, error) {
-		var doc map[string]any
-		if err := json.Unmarshal(raw, &doc); err != nil {
-			return openAPIDoc{}, err
-		}
-		cutDocument(doc, keepServed(resources), kinds, []string{"definitions"}, "#/definitions/")
-		j, err := json.Marshal(doc)
+	a.serveDocument(c, "/openapi/v2", servedSet(served), func(raw []byte) (openAPIDoc, error) {
+		j, err := cutJSON(raw, served, []string{"definitions"}, "#/definitions/")
 		if err != nil {
 			return openAPIDoc{}, err
 		}
@@ -254,24 +278,12 @@ func (a *api) openAPIV2(c *gin.Context) {
 		pb, err := proto.Marshal(parsed)
 		return openAPIDoc{json: j, proto: pb}, err
 	})
-	if err != nil {
-		a.openAPIUnavailable(c, err)
-		return
-	}
-	if accepts(c.Request, openAPIV2Proto) {
-		c.Data(http.StatusOK, openAPIV2ProtoResponse, d.proto)
-		return
-	}
-	c.Data(http.StatusOK, "application/json", d.json)
 }
 
 // openAPIV3 answers /openapi/v3 (the index of group versions) and /openapi/v3/{gv path} (one
 // group version's document) for the served group versions. Documents are JSON only.
 func (a *api) openAPIV3(c *gin.Context) {
-	c.Set(routeKey, "openapi")
-	a.deadline(c, a.RequestTimeout)
-	if a.openAPI.client == nil {
-		writeStatus(c.Writer, notServed())
+	if !a.openAPIServed(c) {
 		return
 	}
 	if accepts(c.Request, openAPIV3Proto) && !accepts(c.Request, "application/json") {
@@ -280,72 +292,47 @@ func (a *api) openAPIV3(c *gin.Context) {
 	}
 	served := a.served()
 	set := servedSet(served)
-	gvPathRequested := strings.Trim(strings.TrimPrefix(c.Request.URL.Path, "/openapi/v3"), "/")
-	if gvPathRequested == "" {
-		a.openAPIV3Index(c, served, set)
+	requested := strings.Trim(strings.TrimPrefix(c.Request.URL.Path, "/openapi/v3"), "/")
+	if requested == "" {
+		a.serveDocument(c, "/openapi/v3", set, func(raw []byte) (openAPIDoc, error) {
+			j, err := v3Index(raw, served, set)
+			return openAPIDoc{json: j}, err
+		})
 		return
 	}
-	var gv schema.GroupVersion
-	found := false
-	for g := range served {
-		if gvPath(g) == gvPathRequested {
-			gv, found = g, true
+	for gv, resources := range served {
+		if gvPath(gv) == requested {
+			a.serveDocument(c, "/openapi/v3/"+requested, set, func(raw []byte) (openAPIDoc, error) {
+				j, err := cutJSON(raw, map[schema.GroupVersion][]metav1.APIResource{gv: resources}, []string{"components", "schemas"}, "#/components/schemas/")
+				return openAPIDoc{json: j}, err
+			})
+			return
 		}
 	}
-	if !found {
-		writeStatus(c.Writer, notServed())
-		return
-	}
-	kinds, resources := kindsOf(map[schema.GroupVersion][]metav1.APIResource{gv: served[gv]})
-	d, err := a.openAPI.document(c.Request.Context(), "/openapi/v3/"+gvPathRequested, set, func(raw []byte) (openAPIDoc, error) {
-		var doc map[string]any
-		if err := json.Unmarshal(raw, &doc); err != nil {
-			return openAPIDoc{}, err
-		}
-		cutDocument(doc, keepServed(resources), kinds, []string{"components", "schemas"}, "#/components/schemas/")
-		j, err := json.Marshal(doc)
-		return openAPIDoc{json: j}, err
-	})
-	if err != nil {
-		a.openAPIUnavailable(c, err)
-		return
-	}
-	c.Data(http.StatusOK, "application/json", d.json)
+	writeStatus(c.Writer, notServed())
 }
 
-// openAPIV3Index lists the served group versions that the apiserver documents, each with a
+// v3Index lists, of the apiserver's /openapi/v3 index, the served group versions, each with a
 // URL whose hash changes when the apiserver's document or what dynwatch serves of it does.
-func (a *api) openAPIV3Index(c *gin.Context, served map[schema.GroupVersion][]metav1.APIResource, set string) {
-	d, err := a.openAPI.document(c.Request.Context(), "/openapi/v3", set, func(raw []byte) (openAPIDoc, error) {
-		var index struct {
-			Paths map[string]struct {
-				URL string `json:"serverRelativeURL"`
-			} `json:"paths"`
-		}
-		if err := json.Unmarshal(raw, &index); err != nil {
-			return openAPIDoc{}, err
-		}
-		type entry struct {
-			URL string `json:"serverRelativeURL"`
-		}
-		out := map[string]map[string]entry{"paths": {}}
-		for gv := range served {
-			p := gvPath(gv)
-			upstream, ok := index.Paths[p]
-			if !ok {
-				continue
-			}
+func v3Index(raw []byte, served map[schema.GroupVersion][]metav1.APIResource, set string) ([]byte, error) {
+	type entry struct {
+		URL string `json:"serverRelativeURL"`
+	}
+	var index struct {
+		Paths map[string]entry `json:"paths"`
+	}
+	if err := json.Unmarshal(raw, &index); err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]entry{"paths": {}}
+	for gv := range served {
+		p := gvPath(gv)
+		if upstream, ok := index.Paths[p]; ok {
 			sum := sha512.Sum512([]byte(upstream.URL + "\x00" + set))
 			out["paths"][p] = entry{URL: "/openapi/v3/" + p + "?hash=" + strings.ToUpper(hex.EncodeToString(sum[:]))}
 		}
-		j, err := json.Marshal(out)
-		return openAPIDoc{json: j}, err
-	})
-	if err != nil {
-		a.openAPIUnavailable(c, err)
-		return
 	}
-	c.Data(http.StatusOK, "application/json", d.json)
+	return json.Marshal(out)
 }
 
 // accepts reports whether the Accept header names mediaType.

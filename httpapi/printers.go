@@ -26,10 +26,13 @@ type printer struct {
 }
 
 var (
-	objectMetaDoc  = metav1.ObjectMeta{}.SwaggerDoc()
-	nameColumn     = metav1.TableColumnDefinition{Name: "Name", Type: "string", Format: "name", Description: objectMetaDoc["name"]}
-	ageColumn      = metav1.TableColumnDefinition{Name: "Age", Type: "string", Description: objectMetaDoc["creationTimestamp"]}
-	defaultPrinter = printer{
+	objectMetaDoc = metav1.ObjectMeta{}.SwaggerDoc()
+	nameColumn    = metav1.TableColumnDefinition{Name: "Name", Type: "string", Format: "name", Description: objectMetaDoc["name"]}
+	ageColumn     = metav1.TableColumnDefinition{Name: "Age", Type: "string", Description: objectMetaDoc["creationTimestamp"]}
+	// The pod template's containers, shown with -o wide for workloads.
+	containersColumn = col("Containers", "string", 1, "Names of each container in the template.")
+	imagesColumn     = col("Images", "string", 1, "Images referenced by each container in the template.")
+	defaultPrinter   = printer{
 		columns: []metav1.TableColumnDefinition{nameColumn, ageColumn},
 		row: func(obj *unstructured.Unstructured) ([]any, []metav1.TableRowCondition) {
 			return []any{obj.GetName(), age(obj.GetCreationTimestamp())}, nil
@@ -86,9 +89,7 @@ var builtinPrinters = map[schema.GroupKind]printer{
 		col("Ready", "string", 0, "Number of the pod with ready state"),
 		col("Up-to-date", "string", 0, appsv1.DeploymentStatus{}.SwaggerDoc()["updatedReplicas"]),
 		col("Available", "string", 0, appsv1.DeploymentStatus{}.SwaggerDoc()["availableReplicas"]),
-		ageColumn,
-		col("Containers", "string", 1, "Names of each container in the template."),
-		col("Images", "string", 1, "Images referenced by each container in the template."),
+		ageColumn, containersColumn, imagesColumn,
 		col("Selector", "string", 1, appsv1.DeploymentSpec{}.SwaggerDoc()["selector"])),
 
 	{Group: "apps", Kind: "ReplicaSet"}: typedPrinter(func(rs *appsv1.ReplicaSet) []any {
@@ -99,9 +100,7 @@ var builtinPrinters = map[schema.GroupKind]printer{
 		col("Desired", "integer", 0, appsv1.ReplicaSetSpec{}.SwaggerDoc()["replicas"]),
 		col("Current", "integer", 0, appsv1.ReplicaSetStatus{}.SwaggerDoc()["replicas"]),
 		col("Ready", "integer", 0, appsv1.ReplicaSetStatus{}.SwaggerDoc()["readyReplicas"]),
-		ageColumn,
-		col("Containers", "string", 1, "Names of each container in the template."),
-		col("Images", "string", 1, "Images referenced by each container in the template."),
+		ageColumn, containersColumn, imagesColumn,
 		col("Selector", "string", 1, appsv1.ReplicaSetSpec{}.SwaggerDoc()["selector"])),
 
 	{Kind: "Node"}: typedPrinter(nodeRow, nameColumn,
