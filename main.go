@@ -116,11 +116,23 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
+	// What the query API reads from the apiserver for its callers (events, OpenAPI, CRDs) has
+	// a rate limit of its own: callers cannot starve the informers or the leader's renewals.
+	upstream := rest.CopyConfig(restConfig)
+	upstream.QPS, upstream.Burst = 20, 40
+	upstreamClient, err := kubernetes.NewForConfig(upstream)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	upstreamDynamic, err := dynamic.NewForConfig(upstream)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
 	api, err := httpapi.NewAPI(httpapi.APIOptions{
 		Logger: log, Informers: informers, Watches: watches, Registerer: reg, Reloads: reloader, LeaderElection: leaderStatus(webhooks),
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 		Authenticator: security.Authenticator, Authorizer: security.Authorizer, Limits: cfg.API.Limits,
-		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: clientset, Dynamic: dyn,
+		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: upstreamClient, Dynamic: upstreamDynamic,
 		EventsFromAPIServer: cfg.API.Events == config.EventsFromAPIServer,
 	})
 	if err != nil {

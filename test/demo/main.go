@@ -178,6 +178,8 @@ func run(ctx context.Context) error {
 		{"get", "configmaps", "-n", "demo", "-l", "app=web"},
 		{"get", "widgets", "-A"},
 		{"get", "configmap", "web", "-n", "demo", "-o", "jsonpath={.data}"},
+		{"describe", "configmap", "web", "-n", "demo"},
+		{"explain", "configmap.data"},
 	} {
 		out, err := dwKubectl("admin", args...)
 		if err != nil {

@@ -300,6 +300,7 @@ func sameAsAPIServer(t *testing.T, kubeconfig, apiserverKubeconfig string, args 
 		}
 		return nil
 	})
+	t.Logf("kubectl %s: the same against both:\n%s", strings.Join(args, " "), want)
 	return want
 }
 
