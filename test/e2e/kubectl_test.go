@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
@@ -570,6 +572,38 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 				t.Fatalf("%s: no event in 10s", name)
 			}
 		})
+		t.Run(name+" through an informer", func(t *testing.T) {
+			cms := dynamic.NewForConfigOrDie(config).Resource(cmGVR).Namespace(ns)
+			lw := &expiringListWatch{}
+			lw.ListWithContextFunc = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				list, err := cms.List(ctx, o)
+				if err == nil && lw.lists.Add(1) == 1 {
+					list.SetResourceVersion(expired) // the informer's first watch starts there
+				}
+				return list, err
+			}
+			lw.WatchFuncWithContext = func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return cms.Watch(ctx, o) }
+			informer := cache.NewSharedIndexInformer(lw, &unstructured.Unstructured{}, 0, cache.Indexers{})
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			go informer.RunWithContext(ctx)
+			testbed.Eventually(t, 15*time.Second, func() error {
+				if n := lw.lists.Load(); n < 2 {
+					return fmt.Errorf("%s: the informer listed %d times; after its watch expired it must list again", name, n)
+				}
+				return nil
+			})
+			late := "after-" + name
+			if _, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: late}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			testbed.Eventually(t, 15*time.Second, func() error {
+				if _, ok, _ := informer.GetStore().GetByKey(ns + "/" + late); !ok {
+					return fmt.Errorf("%s: the informer, relisted, has not seen %s", name, late)
+				}
+				return nil
+			})
+		})
 		t.Run(name+" through a retrying watcher", func(t *testing.T) {
 			cms := dynamic.NewForConfigOrDie(config).Resource(cmGVR).Namespace(ns)
 			rw, err := watchtools.NewRetryWatcherWithContext(t.Context(), expired, &cache.ListWatch{
@@ -634,3 +668,14 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 		})
 	}
 }
+
+// expiringListWatch is a list and watch (not a watch-list) whose list function the test sets,
+// and which counts its lists.
+type expiringListWatch struct {
+	cache.ListWatch
+	lists atomic.Int32
+}
+
+// IsWatchListSemanticsUnSupported makes the reflector list, then watch from the list's
+// resourceVersion, rather than stream its initial list.
+func (*expiringListWatch) IsWatchListSemanticsUnSupported() bool { return true }
