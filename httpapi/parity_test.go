@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -117,5 +118,38 @@ func TestOpenAPIIsCutToTheServedReads(t *testing.T) {
 	}
 	if want := []string{"io.k8s.api.core.v1.ConfigMap", "io.k8s.api.core.v1.ConfigMapList", "io.k8s.apimachinery.pkg.apis.meta.v1.ManagedFieldsEntry", "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}; !slices.Equal(defs, want) {
 		t.Errorf("definitions %v; want %v (what the served kind and paths reach)", defs, want)
+	}
+}
+
+// BenchmarkTableRow is the cost of one table row per kind: the typed conversion and cells.
+func BenchmarkTableRow(b *testing.B) {
+	pod := map[string]any{"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": "web-0", "namespace": "a", "creationTimestamp": "2026-11-22T10:00:00Z", "labels": map[string]any{"app": "web"}},
+		"spec": map[string]any{"nodeName": "n1", "containers": []any{map[string]any{"name": "app", "image": "nginx:1.27"}, map[string]any{"name": "log", "image": "fluent-bit:3"}}},
+		"status": map[string]any{"phase": "Running", "podIPs": []any{map[string]any{"ip": "10.0.0.5"}},
+			"conditions": []any{map[string]any{"type": "Ready", "status": "True"}},
+			"containerStatuses": []any{
+				map[string]any{"name": "app", "ready": true, "restartCount": int64(2), "state": map[string]any{"running": map[string]any{"startedAt": "2026-11-22T10:00:05Z"}},
+					"lastState": map[string]any{"terminated": map[string]any{"exitCode": int64(1), "finishedAt": "2026-11-22T10:00:04Z"}}},
+				map[string]any{"name": "log", "ready": true, "state": map[string]any{"running": map[string]any{}}},
+			}}}
+	cm := map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "settings", "namespace": "a", "creationTimestamp": "2026-11-22T10:00:00Z"},
+		"data":     map[string]any{"a": "1", "b": "2"}}
+	for _, bb := range []struct {
+		name string
+		gk   schema.GroupKind
+		obj  map[string]any
+	}{{"pod", schema.GroupKind{Kind: "Pod"}, pod}, {"configmap", schema.GroupKind{Kind: "ConfigMap"}, cm}, {"name and age", schema.GroupKind{Kind: "Lease"}, cm}} {
+		p := printerFor(bb.gk, crdView{})
+		u := &unstructured.Unstructured{Object: bb.obj}
+		b.Run(bb.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if cells, _ := p.cells(u); cells[0] == nil {
+					b.Fatal("no name")
+				}
+			}
+		})
 	}
 }
