@@ -125,7 +125,7 @@ func TestOpenAPIIsCutToTheServedReads(t *testing.T) {
 func BenchmarkTableRow(b *testing.B) {
 	pod := map[string]any{"apiVersion": "v1", "kind": "Pod",
 		"metadata": map[string]any{"name": "web-0", "namespace": "a", "creationTimestamp": "2026-11-22T10:00:00Z", "labels": map[string]any{"app": "web"}},
-		"spec": map[string]any{"nodeName": "n1", "containers": []any{map[string]any{"name": "app", "image": "nginx:1.27"}, map[string]any{"name": "log", "image": "fluent-bit:3"}}},
+		"spec":     map[string]any{"nodeName": "n1", "containers": []any{map[string]any{"name": "app", "image": "nginx:1.27"}, map[string]any{"name": "log", "image": "fluent-bit:3"}}},
 		"status": map[string]any{"phase": "Running", "podIPs": []any{map[string]any{"ip": "10.0.0.5"}},
 			"conditions": []any{map[string]any{"type": "Ready", "status": "True"}},
 			"containerStatuses": []any{
