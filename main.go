@@ -64,9 +64,9 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
-	dyn, err := dynamic.NewForConfig(restConfig)
+	clientset, dyn, err := clients(restConfig)
 	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
+		return err
 	}
 	disco, err := discovery.NewDiscoveryClientForConfig(restConfig)
 	if err != nil {
@@ -78,10 +78,6 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	store, err := openStore(log, cfg.State)
 	if err != nil {
 		return err
-	}
-	clientset, err := kubernetes.NewForConfig(restConfig)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
 	}
 	var election *webhook.Election
 	if cfg.LeaderElection.Enabled {
@@ -120,13 +116,9 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	// a rate limit of its own: callers cannot starve the informers or the leader's renewals.
 	upstream := rest.CopyConfig(restConfig)
 	upstream.QPS, upstream.Burst = 20, 40
-	upstreamClient, err := kubernetes.NewForConfig(upstream)
+	upstreamClient, upstreamDynamic, err := clients(upstream)
 	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-	upstreamDynamic, err := dynamic.NewForConfig(upstream)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
+		return err
 	}
 	api, err := httpapi.NewAPI(httpapi.APIOptions{
 		Logger: log, Informers: informers, Watches: watches, Registerer: reg, Reloads: reloader, LeaderElection: leaderStatus(webhooks),
@@ -190,6 +182,19 @@ func newLogger(c config.Log) *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, opts))
 	}
 	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+// clients returns a typed and a dynamic client for c, sharing nothing with other clients.
+func clients(c *rest.Config) (*kubernetes.Clientset, *dynamic.DynamicClient, error) {
+	typed, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(c)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	return typed, dyn, nil
 }
 
 // clientConfig resolves the apiserver connection as client-go tools do: the --kubeconfig flag,

@@ -12,9 +12,15 @@ import (
 
 // writeStatus answers with a metav1.Status, as the apiserver does for errors.
 func writeStatus(w http.ResponseWriter, err *apierrors.StatusError) {
+	st := statusOf(err)
+	writeJSON(w, int(st.Code), &st)
+}
+
+// statusOf is err's Status as the apiserver sends it, with its kind and apiVersion.
+func statusOf(err *apierrors.StatusError) metav1.Status {
 	st := err.ErrStatus
 	st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
-	writeJSON(w, int(st.Code), &st)
+	return st
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

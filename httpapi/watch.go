@@ -284,8 +284,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 
 // errorEvent is a watch stream's ERROR event carrying err's Status.
 func errorEvent(err *apierrors.StatusError) []byte {
-	st := err.ErrStatus
-	st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
+	st := statusOf(err)
 	b, _ := json.Marshal(struct {
 		Type   string         `json:"type"`
 		Object *metav1.Status `json:"object"`
