@@ -352,7 +352,7 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 			continue
 		}
 		if !prev.cfg().Same(cfg) {
-			st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret)
+			st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret, d.fence())
 			if err != nil {
 				d.mu.Unlock()
 				return err

@@ -3,8 +3,10 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -91,6 +93,43 @@ func (f *fence) bound(ctx context.Context) (context.Context, context.CancelFunc,
 	t = time.AfterFunc(time.Until(until), check)
 	mu.Unlock()
 	return c, func() { t.Stop(); cancel() }, true
+}
+
+// lapsed reports whether the fence exists and does not hold now.
+func (f *fence) lapsed() bool {
+	if f == nil {
+		return false
+	}
+	_, held := f.held()
+	return !held
+}
+
+// errFenceLapsed is what a fenced connection's Write returns once the fence has lapsed.
+var errFenceLapsed = errors.New("the leader election fence has lapsed: not sending")
+
+// dialer wraps dial so that its connections refuse to write once the fence has lapsed. It is
+// the last check before a request's bytes reach the network: a worker paused between its own
+// check and its write (before the fence's timer cuts its context) sends nothing on resuming.
+func (f *fence) dialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return fencedConn{Conn: c, fence: f}, nil
+	}
+}
+
+type fencedConn struct {
+	net.Conn
+	fence *fence
+}
+
+func (c fencedConn) Write(b []byte) (int, error) {
+	if c.fence.lapsed() {
+		return 0, errFenceLapsed
+	}
+	return c.Conn.Write(b)
 }
 
 // wait returns once the fence is granted again, or ctx ends.

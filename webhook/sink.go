@@ -63,7 +63,7 @@ type settings struct {
 	signer   *standardwebhooks.Webhook // nil without a signing secret
 }
 
-func newSettings(cfg *config.Webhook, token, signingSecret config.Secret) (*settings, error) {
+func newSettings(cfg *config.Webhook, token, signingSecret config.Secret, f *fence) (*settings, error) {
 	st := &settings{cfg: cfg, endpoint: config.Redacted(cfg.Endpoint), token: token}
 	if len(signingSecret) > 0 {
 		signer, err := standardwebhooks.NewWebhookRaw(signingSecret)
@@ -72,12 +72,12 @@ func newSettings(cfg *config.Webhook, token, signingSecret config.Secret) (*sett
 		}
 		st.signer = signer
 	}
-	st.client = newClient(cfg.TLSConfig, cfg.Workers, cfg.Timeout)
+	st.client = newClient(cfg.TLSConfig, cfg.Workers, cfg.Timeout, f)
 	return st, nil
 }
 
 func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f *fence) (*Sink, error) {
-	st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret)
+	st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret, f)
 	if err != nil {
 		return nil, err
 	}
@@ -92,11 +92,16 @@ func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func
 }
 
 // newClient returns an HTTP client with its own transport, keeping one idle connection per
-// worker. It does not follow redirects: a POST must not turn into a GET.
-func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration) *http.Client {
+// worker. It does not follow redirects: a POST must not turn into a GET. With a fence (leader
+// election), its connections write nothing once the fence has lapsed.
+func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f *fence) *http.Client {
+	dial := (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	if f != nil {
+		dial = f.dialer(dial)
+	}
 	t := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dial,
 		TLSHandshakeTimeout:   10 * time.Second,
 		MaxIdleConns:          workers,
 		MaxIdleConnsPerHost:   workers,
@@ -322,8 +327,8 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
 		s.j.Ack(s.name, d.Seq)
 		s.queue.Done(*d)
-	case ctx.Err() != nil:
-		return true
+	case ctx.Err() != nil || s.fence.lapsed():
+		return true // stopped, or no longer certainly the leader: not a failed attempt
 	case errors.As(err, &rejected):
 		s.dead.submit(*d, reasonRejected, err)
 		s.queue.Done(*d)
@@ -387,7 +392,7 @@ func (s *Sink) rereadCredentials(st *settings) *settings {
 	if bytes.Equal(token, st.token) && (c.SigningSecretFile == "" || bytes.Equal(secret, c.SigningSecret)) {
 		return nil
 	}
-	fresh, err := newSettings(c, token, secret)
+	fresh, err := newSettings(c, token, secret, s.fence)
 	if err != nil {
 		return nil
 	}
