@@ -231,9 +231,11 @@ func (a *api) serve(c *gin.Context) {
 	if table || !q.fields.Empty() {
 		crd = a.crds.view(c.Request.Context(), gvr)
 	}
-	if serr := q.selectFields(selectableFields(gk, crd.selectable, res.Config(), a.AnyFieldSelectors)); serr != nil {
-		writeStatus(w, serr)
-		return
+	if !q.fields.Empty() {
+		if serr := q.selectFields(selectableFields(gk, crd.selectable, res.Config(), a.AnyFieldSelectors)); serr != nil {
+			writeStatus(w, serr)
+			return
+		}
 	}
 	switch res.State() {
 	case dynamicinformer.StateSynced:

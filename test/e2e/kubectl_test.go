@@ -563,14 +563,7 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 				t.Fatalf("%s: the watch failed to start (%v); the apiserver's starts and ends with an ERROR event", name, err)
 			}
 			defer w.Stop()
-			select {
-			case ev := <-w.ResultChan():
-				if ev.Type != watch.Error || !apierrors.IsResourceExpired(apierrors.FromObject(ev.Object)) {
-					t.Fatalf("%s: first event %s %v; want ERROR with 410 Expired", name, ev.Type, ev.Object)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("%s: no event in 10s", name)
-			}
+			firstIsExpired(t, name, w)
 		})
 		t.Run(name+" through an informer", func(t *testing.T) {
 			cms := dynamic.NewForConfigOrDie(config).Resource(cmGVR).Namespace(ns)
@@ -613,14 +606,7 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 				t.Fatal(err)
 			}
 			defer rw.Stop()
-			select {
-			case ev := <-rw.ResultChan():
-				if ev.Type != watch.Error || !apierrors.IsResourceExpired(apierrors.FromObject(ev.Object)) {
-					t.Fatalf("%s: %s %v; want ERROR 410 Expired, after which a retrying watcher stops", name, ev.Type, ev.Object)
-				}
-			case <-time.After(15 * time.Second):
-				t.Fatalf("%s: the retrying watcher reported nothing in 15s", name)
-			}
+			firstIsExpired(t, name, rw)
 		})
 	}
 }
@@ -666,6 +652,19 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 				t.Fatalf("describe printed no warning %q:\n%s", tt.warning, out)
 			}
 		})
+	}
+}
+
+// firstIsExpired fails unless w's first event, within 15 s, is an ERROR with 410 Expired.
+func firstIsExpired(t *testing.T, server string, w watch.Interface) {
+	t.Helper()
+	select {
+	case ev := <-w.ResultChan():
+		if ev.Type != watch.Error || !apierrors.IsResourceExpired(apierrors.FromObject(ev.Object)) {
+			t.Fatalf("%s: first event %s %v; want ERROR with 410 Expired", server, ev.Type, ev.Object)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("%s: no event in 15s", server)
 	}
 }
 
