@@ -66,6 +66,17 @@ func (r *Resource) List() []*unstructured.Unstructured {
 	return out
 }
 
+// Ordered returns a snapshot of the cached objects in list order, taken in O(1). It is empty
+// while the informers do not run.
+func (r *Resource) Ordered() Ordered {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.order == nil {
+		return Ordered{}
+	}
+	return r.order.snapshot()
+}
+
 // ByIndex returns the cached objects whose index named index has value, in no particular
 // order. The "namespace" index always exists.
 func (r *Resource) ByIndex(index, value string) ([]*unstructured.Unstructured, error) {

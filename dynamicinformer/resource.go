@@ -64,6 +64,7 @@ type Resource struct {
 	gvr       schema.GroupVersionResource
 	api       metav1.APIResource // as discovery serves it
 	informers []namespaceInformer
+	order     *order // the informers' objects in list order, kept by their handlers
 	stop      context.CancelFunc
 	done      sync.WaitGroup
 }
@@ -182,6 +183,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		o.FieldSelector = fieldSelector
 	}
 	informers := make([]namespaceInformer, 0, len(namespaces))
+	ord := newOrder()
 	for _, ns := range namespaces {
 		h := &health{}
 		inf, relist := r.newInformer(client.Resource(gvr).Namespace(ns), tweak, h)
@@ -191,7 +193,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		if err := inf.SetWatchErrorHandlerWithContext(r.onWatchError); err != nil {
 			return fmt.Errorf("set watch error handler: %w", err)
 		}
-		reg, err := inf.AddEventHandler(r.handler(gvr, ns, relist))
+		reg, err := inf.AddEventHandler(r.handler(gvr, ns, relist, ord))
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
@@ -207,7 +209,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gvr, r.api = gvr, api
-	r.informers, r.stop, r.lastError = informers, cancel, ""
+	r.informers, r.order, r.stop, r.lastError = informers, ord, cancel, ""
 	r.state, r.reason = StateSyncing, ""
 	synced := make([]cache.InformerSynced, 0, len(informers))
 	for _, ni := range informers {
@@ -358,7 +360,7 @@ func (r *Resource) stopInformers() {
 	stop()
 	r.done.Wait()
 	r.mu.Lock()
-	r.informers = nil
+	r.informers, r.order = nil, nil
 	r.mu.Unlock()
 	r.objects.Store(0)
 	r.m.log.Info("resource informers stopped", "resource", r.name)
@@ -376,13 +378,14 @@ func (r *Resource) onWatchError(ctx context.Context, reflector *cache.Reflector,
 	}
 }
 
-// handler turns the notifications of stream's informer into Events. It never blocks on I/O.
-// Events a relist produced (the object noted by relist, or a delete known only from a
-// tombstone) are counted, and are not in order.
-func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relist *relisted) cache.ResourceEventHandler {
+// handler turns the notifications of stream's informer into Events, keeping ord up to date
+// first. It never blocks on I/O. Events a relist produced (the object noted by relist, or a
+// delete known only from a tombstone) are counted, and are not in order.
+func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relist *relisted, ord *order) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, isInInitialList bool) {
 			if u, ok := obj.(*unstructured.Unstructured); ok {
+				ord.set(u)
 				r.objects.Add(1)
 				inOrder := !isInInitialList
 				if inOrder && relist.take(u) {
@@ -395,6 +398,9 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*unstructured.Unstructured)
 			n, ok2 := newObj.(*unstructured.Unstructured)
+			if ok2 {
+				ord.set(n) // also when unchanged: a relist's copy replaced the cached one
+			}
 			if !ok1 || !ok2 || o.GetResourceVersion() == n.GetResourceVersion() {
 				return // a resync or relist of an unchanged object
 			}
@@ -411,6 +417,7 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 				obj = tombstone.Obj
 			}
 			if u, ok := obj.(*unstructured.Unstructured); ok {
+				ord.delete(u)
 				r.objects.Add(-1)
 				// A watch's delete carries the deletion's resourceVersion; a tombstone the
 				// object's last known one, and the deletion happened by the relist's.

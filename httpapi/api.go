@@ -297,7 +297,7 @@ func printerFor(gk schema.GroupKind, crd crdView) printer {
 func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.RequestTimeout)
 	defer cancel()
-	l, serr := q.candidates(res, t.namespace)
+	l, serr := q.candidates(res)
 	if serr != nil {
 		writeStatus(c.Writer, serr)
 		return
@@ -306,7 +306,7 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	if rv == "" {
 		rv = strconv.FormatUint(res.ResourceVersion(), 10)
 	}
-	p, err := q.paginate(ctx, l.objs, t.namespace, rv)
+	p, err := q.paginate(ctx, l, t.namespace, rv)
 	if err != nil {
 		a.interrupted(c, err)
 		return

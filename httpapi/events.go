@@ -51,10 +51,7 @@ func (a *api) eventsFromAPIServer(c *gin.Context, t target) bool {
 		}
 		items = append(items, &unstructured.Unstructured{Object: m})
 	}
-	p := page{items: items, next: list.Continue}
-	if list.RemainingItemCount != nil {
-		p.remaining = *list.RemainingItemCount
-	}
+	p := page{items: items, next: list.Continue, remaining: list.RemainingItemCount}
 	out.list(c.Writer, p, list.ResourceVersion)
 	return true
 }

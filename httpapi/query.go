@@ -158,17 +158,20 @@ func fieldValue(obj map[string]any, path []string) string {
 	return ""
 }
 
-// lookup is how candidates were found: an index name or "scan".
+// lookup is how candidates were found: through an index (strategy "index/NAME"), whose
+// objects come in no order, or by a scan of the cache in key order, within a namespace when
+// the query has one.
 type lookup struct {
 	strategy string
-	objs     []*unstructured.Unstructured
+	objs     []*unstructured.Unstructured // through an index
+	ordered  dynamicinformer.Ordered      // a scan
 }
 
 // candidates returns a superset of the objects the query selects, through an index when one
 // applies: the explicit index, a label indexer for an equality or set requirement of the
-// label selector, a jsonPath indexer for an equality of the field selector, the namespace
-// index; a full scan only when none does.
-func (q *query) candidates(r *dynamicinformer.Resource, namespace string) (lookup, *apierrors.StatusError) {
+// label selector, a jsonPath indexer for an equality of the field selector; otherwise the
+// cache in key order, which a page reads only as far as it needs.
+func (q *query) candidates(r *dynamicinformer.Resource) (lookup, *apierrors.StatusError) {
 	cfg := r.Config()
 	if q.index != "" {
 		if q.index != config.NamespaceIndex && !slices.ContainsFunc(cfg.Indexers, func(ix config.Indexer) bool { return ix.Name == q.index }) {
@@ -198,10 +201,7 @@ func (q *query) candidates(r *dynamicinformer.Resource, namespace string) (looku
 			}
 		}
 	}
-	if namespace != "" {
-		return byIndex(r, config.NamespaceIndex, namespace)
-	}
-	return lookup{strategy: "scan", objs: r.List()}, nil
+	return lookup{strategy: "scan", ordered: r.Ordered()}, nil
 }
 
 func byIndex(r *dynamicinformer.Resource, index string, values ...string) (lookup, *apierrors.StatusError) {
@@ -233,7 +233,7 @@ func compareKeys(a, b *unstructured.Unstructured) int { return compareKey(key(a)
 type page struct {
 	items     []*unstructured.Unstructured
 	next      string // the continue token, "" on the last page
-	remaining int64  // objects after this page
+	remaining *int64 // objects after this page, counted only for a list without selectors
 }
 
 type keyed struct {
@@ -245,12 +245,22 @@ type keyed struct {
 // or timed-out request stops within a fraction of a millisecond of matching.
 const checkEvery = 256
 
-// paginate filters candidates, orders them by namespace/name and cuts the page after the
-// cursor. Ordering by key makes paging stable while objects change: an object that exists
-// throughout a paged list is returned exactly once. It stops with ctx's error when ctx ends.
-func (q *query) paginate(ctx context.Context, candidates []*unstructured.Unstructured, namespace, rv string) (page, error) {
-	selected := make([]keyed, 0, len(candidates))
-	for i, o := range candidates {
+// unselected reports whether the query selects every object of its scope, so that a page
+// can say how many objects follow it, as the apiserver does only then.
+func (q *query) unselected() bool { return q.labels.Empty() && q.fields.Empty() && q.name == "" }
+
+// paginate cuts the page after the cursor from the candidates, in key order: by namespace,
+// then name. Ordering by key makes paging stable while objects change: an object that exists
+// throughout a paged list is returned exactly once. A scan reads the cache in key order from
+// the cursor and stops at the page's last match, as the apiserver reads etcd: a page that
+// ends before the last object has a continue token even when nothing after it matches. It
+// stops with ctx's error when ctx ends.
+func (q *query) paginate(ctx context.Context, l lookup, namespace, rv string) (page, error) {
+	if l.objs == nil && l.strategy == "scan" {
+		return q.scan(ctx, l.ordered, namespace, rv)
+	}
+	selected := make([]keyed, 0, len(l.objs))
+	for i, o := range l.objs {
 		if i%checkEvery == 0 && ctx.Err() != nil {
 			return page{}, ctx.Err()
 		}
@@ -271,8 +281,51 @@ func (q *query) paginate(ctx context.Context, candidates []*unstructured.Unstruc
 		p.items[i] = selected[i].obj
 	}
 	if len(selected) > n {
-		p.remaining = int64(len(selected) - n)
 		p.next = encodeContinue(rv, selected[n-1].key)
+		if q.unselected() {
+			rest := int64(len(selected) - n)
+			p.remaining = &rest
+		}
+	}
+	return p, nil
+}
+
+// scan reads a page from the cache in key order.
+func (q *query) scan(ctx context.Context, ordered dynamicinformer.Ordered, namespace, rv string) (page, error) {
+	var after dynamicinformer.Key
+	if q.after != "" {
+		after.Namespace, after.Name, _ = cutKey(q.after)
+	}
+	var p page
+	var err error
+	var rest int64
+	more, seen := false, 0
+	ordered.Scan(namespace, after, func(o *unstructured.Unstructured) bool {
+		if seen++; seen%checkEvery == 0 && ctx.Err() != nil {
+			err = ctx.Err()
+			return false
+		}
+		if len(p.items) == q.limit {
+			more = true
+			if !q.unselected() {
+				return false
+			}
+			rest++
+			return true
+		}
+		if q.matches(o, namespace) {
+			p.items = append(p.items, o)
+		}
+		return true
+	})
+	if err != nil {
+		return page{}, err
+	}
+	if more {
+		p.next = encodeContinue(rv, key(p.items[len(p.items)-1]))
+		if q.unselected() {
+			p.remaining = &rest
+		}
 	}
 	return p, nil
 }

@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 func TestParsePathNamesWhatTheKubernetesAPIDoes(t *testing.T) {
@@ -49,48 +51,115 @@ func obj(ns, name string) *unstructured.Unstructured {
 	return u
 }
 
+// sources are the two ways a page finds its candidates: an index's objects, in no order, and
+// a scan of the cache in key order.
+var sources = map[string]func(objs []*unstructured.Unstructured) lookup{
+	"index": func(objs []*unstructured.Unstructured) lookup {
+		return lookup{strategy: "index/test", objs: slices.Clone(objs)}
+	},
+	"scan": func(objs []*unstructured.Unstructured) lookup {
+		return lookup{strategy: "scan", ordered: dynamicinformer.NewOrdered(objs...)}
+	},
+}
+
 // TestPagingIsStableWhileObjectsChange lists in pages of 3 while objects are created and
 // deleted between pages: every object that exists throughout is returned exactly once.
 func TestPagingIsStableWhileObjectsChange(t *testing.T) {
+	for name, source := range sources {
+		t.Run(name, func(t *testing.T) {
+			var objs []*unstructured.Unstructured
+			for i := range 10 {
+				objs = append(objs, obj("ns", fmt.Sprintf("obj-%02d", i)))
+			}
+			seen := map[string]int{}
+			q, serr := parseQuery(url.Values{"limit": {"3"}}, 500)
+			if serr != nil {
+				t.Fatal(serr)
+			}
+			for page := 0; ; page++ {
+				p, err := q.paginate(t.Context(), source(objs), "", "42")
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, o := range p.items {
+					seen[o.GetName()]++
+				}
+				if p.next == "" {
+					break
+				}
+				if want := int64(len(objs)) - int64(len(p.items)) - int64(countBefore(objs, q.after)); p.remaining == nil || *p.remaining != want {
+					t.Errorf("page %d: remainingItemCount %v does not count the %d objects after it", page, p.remaining, want)
+				}
+				// Between pages: one object before the cursor goes, two arrive on both sides of it.
+				objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetName() == fmt.Sprintf("obj-%02d", page) })
+				objs = append(objs, obj("ns", fmt.Sprintf("new-a%d", page)), obj("ns", fmt.Sprintf("obj-%02d-new", 9-page)))
+				if q, serr = parseQuery(url.Values{"limit": {"3"}, "continue": {p.next}}, 500); serr != nil {
+					t.Fatal(serr)
+				}
+			}
+			for i := 3; i < 10; i++ { // obj-00..02 were deleted after being listed; the rest stayed
+				if name := fmt.Sprintf("obj-%02d", i); seen[name] != 1 {
+					t.Errorf("%s was listed %d times, want exactly once", name, seen[name])
+				}
+			}
+			for name, n := range seen {
+				if n != 1 {
+					t.Errorf("%s was listed %d times", name, n)
+				}
+			}
+		})
+	}
+}
+
+// TestPagesOfASelectorAreCutAsTheApiserverCutsThem: in key order, across namespaces, with no
+// remainingItemCount (the apiserver counts only lists without selectors), and every match
+// listed once over the pages, whatever the source.
+func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 	var objs []*unstructured.Unstructured
-	for i := range 10 {
-		objs = append(objs, obj("ns", fmt.Sprintf("obj-%02d", i)))
+	var want []string
+	for i := range 30 {
+		ns := []string{"b", "a-x", "a"}[i%3] // "a-x" sorts after "a" as a namespace, before it as a key prefix
+		o := obj(ns, fmt.Sprintf("o%02d", 29-i))
+		if i%2 == 0 {
+			o.SetLabels(map[string]string{"pick": "yes"})
+		}
+		objs = append(objs, o)
 	}
-	seen := map[string]int{}
-	q, serr := parseQuery(url.Values{"limit": {"3"}}, 500)
-	if serr != nil {
-		t.Fatal(serr)
-	}
-	for page := 0; ; page++ {
-		p, err := q.paginate(t.Context(), objs, "", "42")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range p.items {
-			seen[o.GetName()]++
-		}
-		if p.next == "" {
-			break
-		}
-		if p.remaining != int64(len(objs))-int64(len(p.items))-int64(countBefore(objs, q.after)) {
-			t.Errorf("page %d: remainingItemCount %d does not count the objects after it", page, p.remaining)
-		}
-		// Between pages: one object before the cursor goes, two arrive on both sides of it.
-		objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetName() == fmt.Sprintf("obj-%02d", page) })
-		objs = append(objs, obj("ns", fmt.Sprintf("new-a%d", page)), obj("ns", fmt.Sprintf("obj-%02d-new", 9-page)))
-		if q, serr = parseQuery(url.Values{"limit": {"3"}, "continue": {p.next}}, 500); serr != nil {
-			t.Fatal(serr)
+	sorted := slices.Clone(objs)
+	slices.SortFunc(sorted, compareKeys)
+	for _, o := range sorted {
+		if o.GetLabels()["pick"] == "yes" {
+			want = append(want, key(o))
 		}
 	}
-	for i := 3; i < 10; i++ { // obj-00..02 were deleted after being listed; the rest stayed
-		if name := fmt.Sprintf("obj-%02d", i); seen[name] != 1 {
-			t.Errorf("%s was listed %d times, want exactly once", name, seen[name])
-		}
-	}
-	for name, n := range seen {
-		if n != 1 {
-			t.Errorf("%s was listed %d times", name, n)
-		}
+	for name, source := range sources {
+		t.Run(name, func(t *testing.T) {
+			var got []string
+			v := url.Values{"limit": {"4"}, "labelSelector": {"pick=yes"}}
+			for range 20 {
+				q, serr := parseQuery(v, 500)
+				if serr != nil {
+					t.Fatal(serr)
+				}
+				p, err := q.paginate(t.Context(), source(objs), "", "7")
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, o := range p.items {
+					got = append(got, key(o))
+				}
+				if p.remaining != nil {
+					t.Errorf("a page of a selected list has remainingItemCount %d", *p.remaining)
+				}
+				if p.next == "" {
+					break
+				}
+				v.Set("continue", p.next)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("pages listed\n%v\nwant\n%v", got, want)
+			}
+		})
 	}
 }
 
@@ -114,8 +183,10 @@ func TestPageSizeIsCapped(t *testing.T) {
 		if serr != nil {
 			t.Fatal(serr)
 		}
-		if p, _ := q.paginate(t.Context(), objs, "", "1"); len(p.items) != 7 || p.next == "" || p.remaining != 13 {
-			t.Errorf("limit=%q with a cap of 7: %d items, remaining %d, continue %q", limit, len(p.items), p.remaining, p.next)
+		for name, source := range sources {
+			if p, _ := q.paginate(t.Context(), source(objs), "", "1"); len(p.items) != 7 || p.next == "" || p.remaining == nil || *p.remaining != 13 {
+				t.Errorf("%s, limit=%q with a cap of 7: %d items, remaining %v, continue %q", name, limit, len(p.items), p.remaining, p.next)
+			}
 		}
 	}
 }
@@ -131,7 +202,9 @@ func TestAScanStopsWhenItsRequestEnds(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := q.paginate(ctx, objs, "", "1"); !errors.Is(err, context.Canceled) {
-		t.Fatalf("paginate with an ended context = %v, want context.Canceled", err)
+	for name, source := range sources {
+		if _, err := q.paginate(ctx, source(objs), "", "1"); !errors.Is(err, context.Canceled) {
+			t.Errorf("%s: paginate with an ended context = %v, want context.Canceled", name, err)
+		}
 	}
 }

@@ -83,7 +83,7 @@ func (o responder) object(w http.ResponseWriter, obj *unstructured.Unstructured)
 func (o responder) list(w http.ResponseWriter, p page, rv string) {
 	meta := metav1.ListMeta{ResourceVersion: rv, Continue: p.next}
 	if p.next != "" {
-		meta.RemainingItemCount = &p.remaining
+		meta.RemainingItemCount = p.remaining
 	}
 	if o.table {
 		writeJSON(w, http.StatusOK, o.tableOf(p.items, meta, true))

@@ -1,0 +1,110 @@
+package dynamicinformer
+
+import (
+	"sync"
+
+	"github.com/google/btree"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// orderDegree is the B-tree's degree: nodes of up to 63 items, a few cache lines of pointers.
+const orderDegree = 32
+
+// entry is one cached object in list order.
+type entry struct {
+	namespace, name string
+	obj             *unstructured.Unstructured
+}
+
+// lessEntry orders by namespace, then name, as etcd orders keys: cluster-scoped objects (no
+// namespace) first.
+func lessEntry(a, b entry) bool {
+	if a.namespace != b.namespace {
+		return a.namespace < b.namespace
+	}
+	return a.name < b.name
+}
+
+// order keeps a resource's cached objects sorted by namespace and name, so that a page or a
+// watch's initial events are read in order instead of sorted per request. The handlers update
+// it before they emit an event: whoever has seen an event finds the object in order.
+type order struct {
+	mu sync.Mutex
+	t  *btree.BTreeG[entry]
+}
+
+func newOrder() *order { return &order{t: btree.NewG(orderDegree, lessEntry)} }
+
+func (o *order) set(u *unstructured.Unstructured) {
+	e := entry{namespace: u.GetNamespace(), name: u.GetName(), obj: u}
+	o.mu.Lock()
+	o.t.ReplaceOrInsert(e)
+	o.mu.Unlock()
+}
+
+func (o *order) delete(u *unstructured.Unstructured) {
+	e := entry{namespace: u.GetNamespace(), name: u.GetName()}
+	o.mu.Lock()
+	o.t.Delete(e)
+	o.mu.Unlock()
+}
+
+// snapshot is the order as it is now, in O(1): the tree is shared copy-on-write, so later
+// changes copy the few nodes they touch and do not show in the snapshot.
+func (o *order) snapshot() Ordered {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return Ordered{t: o.t.Clone()}
+}
+
+// Ordered is a snapshot of a resource's cached objects in list order: by namespace, then name,
+// cluster-scoped objects first. Its objects are shared with the cache: callers must not modify
+// them.
+type Ordered struct {
+	t *btree.BTreeG[entry]
+}
+
+// Len is the number of objects in the snapshot.
+func (s Ordered) Len() int {
+	if s.t == nil {
+		return 0
+	}
+	return s.t.Len()
+}
+
+// Scan calls fn with the objects of namespace ("" for every namespace) that come after the
+// object namespace/name of after ("" for none; a cluster-scoped object's is its name), in
+// order, until fn returns false.
+func (s Ordered) Scan(namespace string, after Key, fn func(*unstructured.Unstructured) bool) {
+	if s.t == nil {
+		return
+	}
+	from := entry{namespace: namespace}
+	if after != (Key{}) && !lessEntry(entry{namespace: after.Namespace, name: after.Name}, from) {
+		from = entry{namespace: after.Namespace, name: after.Name}
+	}
+	s.t.AscendGreaterOrEqual(from, func(e entry) bool {
+		if namespace != "" && e.namespace != namespace {
+			return false
+		}
+		if after != (Key{}) && e.namespace == after.Namespace && e.name == after.Name {
+			return true
+		}
+		return fn(e.obj)
+	})
+}
+
+// Key names an object of a resource: its namespace ("" when cluster-scoped) and name.
+type Key struct {
+	Namespace, Name string
+}
+
+// NewOrdered builds a snapshot of objects held outside a cache, for code that pages them the
+// way it pages a cache's.
+func NewOrdered(objs ...*unstructured.Unstructured) Ordered {
+	o := newOrder()
+	for _, u := range objs {
+		o.set(u)
+	}
+	return Ordered{t: o.t}
+}

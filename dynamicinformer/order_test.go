@@ -1,0 +1,142 @@
+package dynamicinformer
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+// orderChecker checks, on every event, that the resource's order already shows it: whoever has
+// seen an event finds the object (this very object) in a page, or no longer finds it.
+type orderChecker struct {
+	r    func() *Resource
+	mu   sync.Mutex
+	errs []string
+}
+
+func (c *orderChecker) OnEvent(e Event) {
+	r := c.r()
+	if r == nil {
+		return
+	}
+	var found *unstructured.Unstructured
+	r.Ordered().Scan(e.Object.GetNamespace(), Key{}, func(o *unstructured.Unstructured) bool {
+		if o.GetName() == e.Object.GetName() {
+			found = o
+			return false
+		}
+		return true
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.Type == Deleted && found != nil {
+		c.errs = append(c.errs, fmt.Sprintf("%s is still in order after its DELETED event", CacheKey(e.Object)))
+	} else if e.Type != Deleted && found != e.Object {
+		c.errs = append(c.errs, fmt.Sprintf("%s in order is %p, not the %s event's object %p", CacheKey(e.Object), found, e.Type, e.Object))
+	}
+}
+
+func orderedKeys(s Ordered, namespace string, after Key) []string {
+	var keys []string
+	s.Scan(namespace, after, func(o *unstructured.Unstructured) bool {
+		keys = append(keys, CacheKey(o))
+		return true
+	})
+	return keys
+}
+
+// TestOrderFollowsTheCacheAndSnapshotsStayPut runs a resource over two namespaces through
+// creates, updates and deletes: each event finds the order already updated, the order holds
+// exactly what the cache holds sorted by namespace and name, a snapshot does not change when
+// the cache does, and a scan resumes after any key, within a namespace or across all.
+func TestOrderFollowsTheCacheAndSnapshotsStayPut(t *testing.T) {
+	ns := namespaces(t, 2)
+	var res sync.Map
+	check := &orderChecker{r: func() *Resource {
+		if r, ok := res.Load("r"); ok {
+			return r.(*Resource)
+		}
+		return nil
+	}}
+	m := startManager(t, cluster.Config, fmt.Sprintf("resources: [{version: v1, resource: configmaps, namespaces: [%s, %s]}]\n", ns[1], ns[0]), check)
+	r := resource(t, m, "configmaps.v1")
+	res.Store("r", r)
+	waitReady(t, m)
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	for i := range 20 {
+		create(t, configMap(ns[i%2], fmt.Sprintf("cm-%02d", 19-i), nil))
+	}
+	for i := 0; i < 20; i += 3 {
+		cm := configMap(ns[(19-i)%2], fmt.Sprintf("cm-%02d", i), map[string]string{"touched": "yes"})
+		if _, err := cs.CoreV1().ConfigMaps(cm.Namespace).Update(t.Context(), cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want []string
+	for i := range 20 {
+		if i%4 == 0 {
+			if err := cs.CoreV1().ConfigMaps(ns[(19-i)%2]).Delete(t.Context(), fmt.Sprintf("cm-%02d", i), metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want = append(want, fmt.Sprintf("%s/cm-%02d", ns[(19-i)%2], i))
+	}
+	slices.SortFunc(want, func(a, b string) int {
+		an, aname, _ := strings.Cut(a, "/")
+		bn, bname, _ := strings.Cut(b, "/")
+		return strings.Compare(an, bn)*2 + strings.Compare(aname, bname)
+	})
+	testbed.Eventually(t, 20*time.Second, func() error {
+		if got := orderedKeys(r.Ordered(), "", Key{}); !slices.Equal(got, want) {
+			return fmt.Errorf("order holds %v, want %v", got, want)
+		}
+		return nil
+	})
+	check.mu.Lock()
+	if len(check.errs) > 0 {
+		t.Errorf("events seen before the order showed them:\n%s", strings.Join(check.errs, "\n"))
+	}
+	check.mu.Unlock()
+	if got := names(r.List()); got != strings.Join(slices.Sorted(slices.Values(want)), " ") {
+		t.Errorf("cache holds %s, order %v", got, want)
+	}
+
+	snap := r.Ordered()
+	if err := cs.CoreV1().ConfigMaps(ns[0]).DeleteCollection(t.Context(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 20*time.Second, func() error {
+		if n, left := r.Ordered().Len(), len(orderedKeys(snap, ns[1], Key{})); n != left {
+			return fmt.Errorf("order holds %d objects after %s was emptied, want %d", n, ns[0], left)
+		}
+		return nil
+	})
+	if got := orderedKeys(snap, "", Key{}); !slices.Equal(got, want) || snap.Len() != len(want) {
+		t.Errorf("a snapshot changed with the cache: %v, want %v", got, want)
+	}
+	for i, k := range want {
+		namespace, name, _ := strings.Cut(k, "/")
+		if got := orderedKeys(snap, "", Key{namespace, name}); !slices.Equal(got, want[i+1:]) {
+			t.Errorf("scan after %s = %v, want %v", k, got, want[i+1:])
+		}
+		var inNS []string
+		for _, w := range want[i+1:] {
+			if strings.HasPrefix(w, ns[1]+"/") {
+				inNS = append(inNS, w)
+			}
+		}
+		if got := orderedKeys(snap, ns[1], Key{namespace, name}); !slices.Equal(got, inNS) {
+			t.Errorf("scan of %s after %s = %v, want %v", ns[1], k, got, inNS)
+		}
+	}
+}
