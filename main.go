@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -60,6 +61,8 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	klog.SetSlogLogger(log)
 	gin.SetMode(gin.ReleaseMode)
 
+	// Before any client exists: client-go reads its feature gates as it builds them.
+	clientfeatures.ReplaceFeatureGates(clientGates{base: clientfeatures.FeatureGates(), cbor: cfg.Client.CBOR})
 	restConfig, err := clientConfig(*kubeconfig)
 	if err != nil {
 		return err
@@ -182,6 +185,21 @@ func newLogger(c config.Log) *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, opts))
 	}
 	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+// clientGates are client-go's feature gates with ClientsAllowCBOR as configured. With it, the
+// dynamic clients send Accept: application/json;q=0.9,application/cbor;q=1 and decode whichever
+// the apiserver chose; requests they send stay JSON (ClientsPreferCBOR stays off).
+type clientGates struct {
+	base clientfeatures.Gates
+	cbor bool
+}
+
+func (g clientGates) Enabled(f clientfeatures.Feature) bool {
+	if f == clientfeatures.ClientsAllowCBOR {
+		return g.cbor
+	}
+	return g.base.Enabled(f)
 }
 
 // clients returns a typed and a dynamic client for c, sharing nothing with other clients.

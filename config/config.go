@@ -28,6 +28,7 @@ type Config struct {
 	API       API        `mapstructure:"api"`
 	Metrics   Metrics    `mapstructure:"metrics"`
 	Discovery Discovery  `mapstructure:"discovery"`
+	Client    Client     `mapstructure:"client"`
 	Log       Log        `mapstructure:"log"`
 	State     State      `mapstructure:"state"`
 	// LeaderElection lets several replicas run, one of which delivers.
@@ -91,6 +92,15 @@ type Discovery struct {
 	// is picked up or stopped within about this long. A watch that fails with NotFound triggers
 	// discovery at once.
 	Interval time.Duration `mapstructure:"interval"`
+}
+
+// Client configures how dynwatch reads the apiserver.
+type Client struct {
+	// CBOR asks the apiserver for CBOR before JSON in lists and watches. An apiserver that
+	// serves it (Kubernetes 1.32 and later with the CBORServingAndStorage feature gate) answers
+	// in CBOR, which decodes in a fraction of JSON's time; any other answers in JSON, as
+	// before. It sets client-go's ClientsAllowCBOR feature gate for the whole process.
+	CBOR bool `mapstructure:"cbor"`
 }
 
 // Log configures the process's structured log.
@@ -189,6 +199,7 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("metrics.address", ":9090")
 	v.SetDefault("metrics.pprof", false)
 	v.SetDefault("discovery.interval", "5s")
+	v.SetDefault("client.cbor", true)
 	v.SetDefault("log.level", "info")
 	v.SetDefault("log.format", "json")
 	v.SetDefault("shutdownTimeout", DefaultShutdownTimeout.String())
@@ -295,6 +306,7 @@ func (c *Config) Unreloadable(next *Config) []string {
 		"api":             reflect.DeepEqual(c.API, next.API),
 		"metrics":         c.Metrics == next.Metrics,
 		"discovery":       c.Discovery == next.Discovery,
+		"client":          c.Client == next.Client,
 		"log":             c.Log == next.Log,
 		"state":           c.State == next.State,
 		"shutdownTimeout": c.ShutdownTimeout == next.ShutdownTimeout,

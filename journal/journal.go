@@ -258,13 +258,34 @@ func (j *Journal) Run(ctx context.Context) {
 	}
 }
 
-// Flush applies everything pending in one transaction and, once it commits, queues its
-// entries. If the commit fails, nothing is queued and the operations wait for the next try,
-// ahead of any that arrive meanwhile.
+// maxBatch bounds the operations of one transaction. A transaction holds every page it
+// changes in memory until it commits: an initial list of 20,000 objects committed at once took
+// the process's resident memory from 275 MB to 799 MB, where batches of this size keep it at
+// the level of the cache.
+const maxBatch = 256
+
+// Flush applies everything pending, in transactions of up to maxBatch operations, and queues
+// each transaction's entries once it commits. If a commit fails, nothing of it is queued and its
+// operations wait for the next try, ahead of any that arrive meanwhile.
 func (j *Journal) Flush() error {
+	for {
+		j.mu.Lock()
+		n := len(j.pending)
+		j.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		if err := j.flushBatch(); err != nil {
+			return err
+		}
+	}
+}
+
+// flushBatch applies up to maxBatch pending operations in one transaction.
+func (j *Journal) flushBatch() error {
 	j.mu.Lock()
-	ops := j.pending
-	j.pending = nil
+	ops := j.pending[:min(len(j.pending), maxBatch)]
+	j.pending = j.pending[len(ops):]
 	j.mu.Unlock()
 	if len(ops) == 0 {
 		return nil

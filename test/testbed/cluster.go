@@ -38,6 +38,9 @@ type Options struct {
 	// NoWatchCache turns the apiserver's watch cache off, so watches are served by etcd and a
 	// compaction makes older resourceVersions unwatchable at once.
 	NoWatchCache bool
+	// CBOR turns the apiserver's CBORServingAndStorage feature gate on: clients that ask for
+	// CBOR get it. Without it, as in clusters by default, they get JSON.
+	CBOR bool
 }
 
 // Cluster is a running etcd and kube-apiserver on loopback.
@@ -251,6 +254,9 @@ func (c *Cluster) prepareAPIServer(o Options) error {
 	}
 	if o.NoWatchCache {
 		c.apiArgs = append(c.apiArgs, "--watch-cache=false")
+	}
+	if o.CBOR {
+		c.apiArgs = append(c.apiArgs, "--feature-gates=CBORServingAndStorage=true")
 	}
 	c.Config = &rest.Config{Host: c.apiURL, BearerToken: adminToken, QPS: 200, Burst: 400}
 	return nil
