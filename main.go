@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"mime"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -67,6 +69,8 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
+	encodings := newEncodings()
+	restConfig.Wrap(encodings.wrap)
 	clientset, dyn, err := clients(restConfig)
 	if err != nil {
 		return err
@@ -76,7 +80,7 @@ func run(ctx context.Context, args []string, hup <-chan os.Signal) error {
 		return fmt.Errorf("discovery client: %w", err)
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), encodings.responses)
 	watches := httpapi.NewHub(cfg.API.WatchHistory)
 	store, err := openStore(log, cfg.State)
 	if err != nil {
@@ -201,6 +205,45 @@ func (g clientGates) Enabled(f clientfeatures.Feature) bool {
 	}
 	return g.base.Enabled(f)
 }
+
+// encodings counts the apiserver's responses by the encoding it chose, so that an operator (and
+// a test) can see whether client.cbor is in effect.
+type encodings struct{ responses *prometheus.CounterVec }
+
+func newEncodings() encodings {
+	e := encodings{responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dynwatch_apiserver_responses_total",
+		Help: "Responses from the apiserver to dynwatch's own requests, by encoding (cbor, json, protobuf, other).",
+	}, []string{"encoding"})}
+	for _, enc := range []string{"cbor", "json", "protobuf", "other"} {
+		e.responses.WithLabelValues(enc)
+	}
+	return e
+}
+
+func (e encodings) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			media, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+			enc := "other"
+			switch media {
+			case "application/cbor", "application/cbor-seq":
+				enc = "cbor"
+			case "application/json":
+				enc = "json"
+			case "application/vnd.kubernetes.protobuf":
+				enc = "protobuf"
+			}
+			e.responses.WithLabelValues(enc).Inc()
+		}
+		return resp, err
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 // clients returns a typed and a dynamic client for c, sharing nothing with other clients.
 func clients(c *rest.Config) (*kubernetes.Clientset, *dynamic.DynamicClient, error) {

@@ -616,12 +616,14 @@ type target struct {
 	url, token string
 }
 
-// timeRequests makes n requests to each of a and b, alternating, so that whatever else the
-// machine does meanwhile falls on both alike, and returns each one's latencies, sorted.
+// timeRequests makes n requests to a, then n to b, and returns each one's latencies, sorted.
+// Not alternated: the apiserver's work after a LIST (its garbage collection above all) would
+// fall on dynwatch's next request.
 func timeRequests(ctx context.Context, n int, a, b target) ([]time.Duration, []time.Duration, error) {
-	out := [2][]time.Duration{make([]time.Duration, 0, n), make([]time.Duration, 0, n)}
-	for range n {
-		for i, t := range []target{a, b} {
+	var out [2][]time.Duration
+	for i, t := range []target{a, b} {
+		out[i] = make([]time.Duration, 0, n)
+		for range n {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
 			req.Header.Set("Accept", "application/json")
 			if t.token != "" {
@@ -639,9 +641,8 @@ func timeRequests(ctx context.Context, n int, a, b target) ([]time.Duration, []t
 			}
 			out[i] = append(out[i], time.Since(t0))
 		}
+		slices.Sort(out[i])
 	}
-	slices.Sort(out[0])
-	slices.Sort(out[1])
 	return out[0], out[1], nil
 }
 
