@@ -37,13 +37,15 @@ type Journal struct {
 
 	mu      sync.Mutex
 	pending []op
-	wake    chan struct{}
+	wake    chan struct{}          // something is pending that should commit now
+	lazy    chan struct{}          // an acknowledgement is pending: it may wait up to ackDelay
 	failure atomic.Pointer[string] // the last commit's error, nil once one succeeds
 
 	// Owned by the goroutine that flushes.
-	seq   uint64
-	lists map[schema.GroupVersionResource]*listing
-	floor Checkpoints // the checkpoints Trim was given: what they cover is not recorded
+	released time.Time // when the store's pages were last dropped from resident memory
+	seq      uint64
+	lists    map[schema.GroupVersionResource]*listing
+	floor    Checkpoints // the checkpoints Trim was given: what they cover is not recorded
 
 	// What is committed, read by Checkpoints and OutboxLen.
 	idx      sync.Mutex
@@ -144,7 +146,7 @@ func New(o Options) (*Journal, error) {
 		o.Now = time.Now
 	}
 	j := &Journal{store: o.Store, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, m: newMetrics(o.Store),
-		wake: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
+		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{}}
 	if o.Store != nil {
 		j.seq = o.Store.lastSequence()
@@ -217,10 +219,24 @@ func (j *Journal) submit(o op) {
 	}
 }
 
+// ackDelay bounds how long an acknowledgement waits for a transaction. Acknowledgements do
+// not start transactions of their own: they go with the next one that events start, and only
+// when none has started for this long with one of their own. Under a steady stream of events
+// that removes a transaction (two fsyncs) per delivery; an acknowledgement lost in a crash is a
+// delivery repeated with the same id, never one lost.
+const ackDelay = time.Second
+
 // Ack removes an outbox entry: its delivery is finished (made or dead-lettered).
 func (j *Journal) Ack(sink string, seq uint64) {
-	if seq != 0 {
-		j.submit(op{kind: opAck, sink: sink, seq: seq})
+	if seq == 0 {
+		return
+	}
+	j.mu.Lock()
+	j.pending = append(j.pending, op{kind: opAck, sink: sink, seq: seq})
+	j.mu.Unlock()
+	select {
+	case j.lazy <- struct{}{}:
+	default:
 	}
 }
 
@@ -232,17 +248,32 @@ func (j *Journal) Healthy() error {
 	return nil
 }
 
-// Run flushes whenever something is pending, until ctx ends; then it flushes once more. After a
-// failed commit it tries again with exponential backoff, from 100ms to 5s, not on every event.
+// Run flushes whenever something is pending that should commit now, and acknowledgements
+// within ackDelay, until ctx ends; then it flushes once more. After a failed commit it tries
+// again with exponential backoff, from 100ms to 5s, not on every event.
 func (j *Journal) Run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
+	acks := time.NewTimer(time.Hour)
+	acks.Stop()
+	acksArmed := false
 	delay := time.Duration(0)
 	for {
 		select {
 		case <-j.wake:
 			if delay > 0 {
 				continue // failing: the timer decides when to try again
+			}
+		case <-j.lazy:
+			if !acksArmed {
+				acks.Reset(ackDelay)
+				acksArmed = true
+			}
+			continue
+		case <-acks.C:
+			acksArmed = false
+			if delay > 0 {
+				continue
 			}
 		case <-retry.C:
 		case <-ctx.Done():
@@ -257,6 +288,10 @@ func (j *Journal) Run(ctx context.Context) {
 		}
 	}
 }
+
+// releaseEvery is how often, at most, the store's pages are dropped from resident memory after
+// a commit: what counts as resident of the file is what one interval touched.
+const releaseEvery = time.Second
 
 // maxBatch bounds the operations of one transaction. A transaction holds every page it
 // changes in memory until it commits: an initial list of 20,000 objects committed at once took
@@ -330,6 +365,12 @@ func (j *Journal) flushBatch() error {
 		}
 	}
 	j.committed(&b)
+	if j.store != nil && j.now().Sub(j.released) >= releaseEvery {
+		if err := j.store.release(); err != nil {
+			j.log.Warn("state store: could not drop its pages from resident memory", "err", err)
+		}
+		j.released = j.now()
+	}
 	for _, gvr := range b.finished {
 		delete(j.lists, gvr)
 	}

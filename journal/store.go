@@ -151,6 +151,15 @@ func walk(c *bolt.Cursor, depth int) error {
 	return nil
 }
 
+// release drops the file's pages from the process's resident memory. bbolt reads the file
+// through a memory map, and every page a read or a write touched stays mapped, so the whole
+// file came to count as resident (193 MB for 20,000 configmaps after their initial deliveries)
+// although the kernel may reclaim it at any time. The View holds bbolt's map lock, so the
+// mapping cannot move while its pages are dropped.
+func (s *Store) release() error {
+	return s.db.View(func(tx *bolt.Tx) error { return dropMapped(s.db.Info().Data, tx.Size()) })
+}
+
 // Close closes the file.
 func (s *Store) Close() error { return s.db.Close() }
 

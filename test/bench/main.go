@@ -147,6 +147,7 @@ func run(ctx context.Context, o options) error {
 
 	// The storm, both running: CPU per update and event latency.
 	b0CPU0, dwCPU0 := cpuSeconds(b0.pid), cpuSeconds(dw.pid)
+	commits0 := counter(ctx, dw.metrics, "dynwatch_state_commits_total")
 	profiled := make(chan error, 1)
 	if o.profile != "" {
 		seconds := max(1, o.updates/o.rate)
@@ -167,11 +168,12 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("storm events not all seen (B0 %d, dynwatch %d of %d): %w", len(b0Arrivals), recv.count()-o.objects, len(written), err)
 	}
 	b0CPU, dwCPU := cpuSeconds(b0.pid)-b0CPU0, cpuSeconds(dw.pid)-dwCPU0
+	commits := counter(ctx, dw.metrics, "dynwatch_state_commits_total") - commits0
 	if err := <-profiled; err != nil {
 		return err
 	}
 	b0Lat, dwLat := latencies(written, b0Arrivals), latencies(written, recv.arrivals())
-	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs", len(written), b0CPU, dwCPU)
+	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs; %.0f state store commits", len(written), b0CPU, dwCPU, commits)
 
 	// Queries for the same label selector: dynwatch (indexed) against the apiserver's LIST.
 	api, _, _ := dw.rp.WaitListening(ctx)
@@ -193,6 +195,7 @@ func run(ctx context.Context, o options) error {
 		row("live heap after sync and GC", "MB", mb(dwHeap), mb(b0Heap), "B0", "", always),
 		row("resident memory per object after sync", "KiB", perObj(dwRSS.now), perObj(b0RSS.now), "B0", "", always),
 		row("CPU per update (dynwatch incl. webhook delivery)", "µs", dwCPU/n*1e6, b0CPU/n*1e6, "B0", "≤ 1.3x", func(r float64) bool { return r <= 1.3 }),
+		row("state store commits per update", "", commits/n, 0, "", "", always),
 		row("update → receipt p50 (dynwatch: webhook; B0: handler)", "ms", pct(dwLat, 50), pct(b0Lat, 50), "B0", "", always),
 		row("update → receipt p99 (dynwatch: webhook; B0: handler)", "ms", pct(dwLat, 99), pct(b0Lat, 99), "B0", "≤ B0 + 2 ms", func(float64) bool { return pct(dwLat, 99) <= pct(b0Lat, 99)+2 }),
 	)
@@ -230,6 +233,10 @@ func run(ctx context.Context, o options) error {
 		row("watch from 0, request → first event p99", "ms", pct(dwW.first, 99), pct(apiW.first, 99), "apiserver watch", "dynwatch ≤ 100 ms", func(float64) bool { return pct(dwW.first, 99) <= 100 }),
 		row("watch from 0, request → all initial events p50", "ms", pct(dwW.all, 50), pct(apiW.all, 50), "apiserver watch", "", always),
 	)
+	// Steady: after the storm and the queries, both processes idle.
+	b0End, dwEnd := residentMemory(b0.pid), residentMemory(dw.pid)
+	rows = append(rows, row("resident memory at the end (steady, idle)", "MB", mb(dwEnd.now), mb(b0End.now), "B0", "", always))
+	logf("at the end: dynwatch resident %d MB of which %d MB file-backed; B0 %d MB", dwEnd.now>>20, dwEnd.file>>20, b0End.now>>20)
 	print(o, objBytes, rows, time.Since(start))
 	if o.jsonPath != "" {
 		b, _ := json.MarshalIndent(map[string]any{
@@ -343,8 +350,8 @@ webhooks:
   - {name: bench, url: %s, workers: 4}  # the default queue: what it cannot hold waits in the outbox
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0", pprof: true}
-state: {path: %s}  # as the chart runs it: every event through the state store
-`, namespace, receiver, filepath.Join(cluster.Dir, "bench-state.db"))
+state: {path: %s}  # as the chart runs it: every event through the state store, in a directory of its own
+`, namespace, receiver, filepath.Join(cluster.Dir, "state", "bench-state.db"))
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		return nil, err
 	}
@@ -595,6 +602,25 @@ func timeFirstEvents(ctx context.Context, c *http.Client, url, token string, obj
 	slices.Sort(out.first)
 	slices.Sort(out.all)
 	return out, nil
+}
+
+// counter reads an unlabelled counter from a process's /metrics, 0 if it cannot.
+func counter(ctx context.Context, base, name string) float64 {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
 }
 
 // cpuSeconds is the user+system CPU time the process has used.
