@@ -204,7 +204,8 @@ func upgradeEntries(tx *bolt.Tx) error {
 	})
 }
 
-// Page is a stretch of a sink's outbox, oldest first.
+// Page is a stretch of a sink's outbox, oldest first. Its entries' events carry their objects'
+// names, uids and resourceVersions only; each entry's Body is its whole request.
 type Page struct {
 	Entries []Entry
 	Corrupt []uint64 // entries that do not decode
@@ -392,6 +393,8 @@ func decodeEntry(v []byte) (Entry, error) {
 		return d, err
 	}
 	d.Body = append([]byte(nil), rest...)
+	// The body is the request; of the event, only what names it is decoded: a queue refilled
+	// from the outbox would otherwise hold every object twice, as bytes and as maps.
 	var p struct {
 		Type     dynamicinformer.EventType `json:"type"`
 		Resource struct {
@@ -399,21 +402,29 @@ func decodeEntry(v []byte) (Entry, error) {
 			Version  string `json:"version"`
 			Resource string `json:"resource"`
 		} `json:"resource"`
-		Object    map[string]any `json:"object"`
-		OldObject map[string]any `json:"oldObject"`
+		Object struct {
+			Metadata struct {
+				Name            string `json:"name"`
+				Namespace       string `json:"namespace"`
+				UID             string `json:"uid"`
+				ResourceVersion string `json:"resourceVersion"`
+			} `json:"metadata"`
+		} `json:"object"`
 	}
 	if err := utiljson.Unmarshal(d.Body, &p); err != nil {
 		return d, fmt.Errorf("body: %w", err)
 	}
+	m := p.Object.Metadata
+	meta := map[string]any{"name": m.Name, "uid": m.UID, "resourceVersion": m.ResourceVersion}
+	if m.Namespace != "" {
+		meta["namespace"] = m.Namespace
+	}
 	d.Event = dynamicinformer.Event{
 		Type:     p.Type,
 		Resource: schema.GroupVersionResource{Group: p.Resource.Group, Version: p.Resource.Version, Resource: p.Resource.Resource},
-		Object:   &unstructured.Unstructured{Object: p.Object},
+		Object:   &unstructured.Unstructured{Object: map[string]any{"metadata": meta}},
 		Observed: observed,
 		Revision: d.Revision,
-	}
-	if p.OldObject != nil {
-		d.Event.OldObject = &unstructured.Unstructured{Object: p.OldObject}
 	}
 	return d, nil
 }

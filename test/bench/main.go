@@ -43,7 +43,7 @@ const namespace = "bench"
 
 type options struct {
 	objects, updates, rate, queries int
-	jsonPath, profile               string
+	jsonPath, profile, heapProfile  string
 	json                            bool
 }
 
@@ -55,6 +55,7 @@ func main() {
 	flag.IntVar(&o.queries, "queries", 200, "requests per query measurement")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
 	flag.StringVar(&o.profile, "profile", "", "write dynwatch's CPU profile during the storm to this file")
+	flag.StringVar(&o.heapProfile, "heap-profile", "", "write dynwatch's heap profile, taken after the storm, to this file")
 	flag.BoolVar(&o.json, "json-only", false, "run the apiserver without CBOR (its CBORServingAndStorage feature gate off), so that dynwatch reads JSON as B0 does")
 	flag.Parse()
 	ctx := context.Background()
@@ -171,6 +172,11 @@ func run(ctx context.Context, o options) error {
 	commits := counter(ctx, dw.metrics, "dynwatch_state_commits_total") - commits0
 	if err := <-profiled; err != nil {
 		return err
+	}
+	if o.heapProfile != "" {
+		if err := saveURL(ctx, dw.metrics+"/debug/pprof/heap?gc=1", o.heapProfile); err != nil {
+			return err
+		}
 	}
 	b0Lat, dwLat := latencies(written, b0Arrivals), latencies(written, recv.arrivals())
 	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs; %.0f state store commits", len(written), b0CPU, dwCPU, commits)
@@ -524,7 +530,12 @@ func liveHeap(ctx context.Context, base string) (uint64, error) {
 
 // saveProfile writes a CPU profile of the process over the next seconds to path.
 func saveProfile(ctx context.Context, base string, seconds int, path string) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), nil)
+	return saveURL(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), path)
+}
+
+// saveURL writes what url answers to path.
+func saveURL(ctx context.Context, url, path string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err
