@@ -42,10 +42,9 @@ type Journal struct {
 	failure atomic.Pointer[string] // the last commit's error, nil once one succeeds
 
 	// Owned by the goroutine that flushes.
-	released time.Time // when the store's pages were last dropped from resident memory
-	seq      uint64
-	lists    map[schema.GroupVersionResource]*listing
-	floor    Checkpoints // the checkpoints Trim was given: what they cover is not recorded
+	seq   uint64
+	lists map[schema.GroupVersionResource]*listing
+	floor Checkpoints // the checkpoints Trim was given: what they cover is not recorded
 
 	// What is committed, read by Checkpoints and OutboxLen.
 	idx      sync.Mutex
@@ -249,7 +248,8 @@ func (j *Journal) Healthy() error {
 }
 
 // Run flushes whenever something is pending that should commit now, and acknowledgements
-// within ackDelay, until ctx ends; then it flushes once more. After a failed commit it tries
+// within ackDelay, until ctx ends; then it flushes once more. Every releaseEvery it drops the
+// store's pages from resident memory. After a failed commit it tries
 // again with exponential backoff, from 100ms to 5s, not on every event.
 func (j *Journal) Run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
@@ -257,9 +257,20 @@ func (j *Journal) Run(ctx context.Context) {
 	acks := time.NewTimer(time.Hour)
 	acks.Stop()
 	acksArmed := false
+	var release <-chan time.Time
+	if j.store != nil {
+		t := time.NewTicker(releaseEvery)
+		defer t.Stop()
+		release = t.C
+	}
 	delay := time.Duration(0)
 	for {
 		select {
+		case <-release:
+			if err := j.store.release(); err != nil {
+				j.log.Warn("state store: could not drop its pages from resident memory", "err", err)
+			}
+			continue
 		case <-j.wake:
 			if delay > 0 {
 				continue // failing: the timer decides when to try again
@@ -289,8 +300,8 @@ func (j *Journal) Run(ctx context.Context) {
 	}
 }
 
-// releaseEvery is how often, at most, the store's pages are dropped from resident memory after
-// a commit: what counts as resident of the file is what one interval touched.
+// releaseEvery is how often the store's pages are dropped from resident memory: what counts as
+// resident of the file is what one interval's reads and writes touched.
 const releaseEvery = time.Second
 
 // maxBatch bounds the operations of one transaction. A transaction holds every page it
@@ -365,12 +376,6 @@ func (j *Journal) flushBatch() error {
 		}
 	}
 	j.committed(&b)
-	if j.store != nil && j.now().Sub(j.released) >= releaseEvery {
-		if err := j.store.release(); err != nil {
-			j.log.Warn("state store: could not drop its pages from resident memory", "err", err)
-		}
-		j.released = j.now()
-	}
 	for _, gvr := range b.finished {
 		delete(j.lists, gvr)
 	}

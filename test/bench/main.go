@@ -45,6 +45,7 @@ type options struct {
 	objects, updates, rate, queries int
 	jsonPath, profile, heapProfile  string
 	json                            bool
+	env                             []string
 }
 
 func main() {
@@ -56,6 +57,10 @@ func main() {
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
 	flag.StringVar(&o.profile, "profile", "", "write dynwatch's CPU profile during the storm to this file")
 	flag.StringVar(&o.heapProfile, "heap-profile", "", "write dynwatch's heap profile, taken after the storm, to this file")
+	flag.Func("env", "KEY=VALUE added to dynwatch's environment (GOGC=50, for one); may be repeated", func(v string) error {
+		o.env = append(o.env, v)
+		return nil
+	})
 	flag.BoolVar(&o.json, "json-only", false, "run the apiserver without CBOR (its CBORServingAndStorage feature gate off), so that dynwatch reads JSON as B0 does")
 	flag.Parse()
 	ctx := context.Background()
@@ -130,7 +135,7 @@ func run(ctx context.Context, o options) error {
 	// dynwatch, alone: time to synced, then the initial-list deliveries drain, then heap.
 	recv := newReceiver()
 	defer recv.close()
-	dw, err := startDynwatch(ctx, dwBin, cluster, recv.url)
+	dw, err := startDynwatch(ctx, dwBin, cluster, recv.url, o.env)
 	if err != nil {
 		return err
 	}
@@ -341,7 +346,7 @@ type dwProc struct {
 	metrics string
 }
 
-func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, receiver string) (*dwProc, error) {
+func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, receiver string, env []string) (*dwProc, error) {
 	cfg := filepath.Join(cluster.Dir, "bench-dynwatch.yaml")
 	yaml := fmt.Sprintf(`
 resources:
@@ -362,7 +367,7 @@ state: {path: %s}  # as the chart runs it: every event through the state store, 
 		return nil, err
 	}
 	t0 := time.Now()
-	p, err := runner.Start(runner.Options{Binary: bin, Config: cfg, Kubeconfig: cluster.Kubeconfig, Log: io.Discard})
+	p, err := runner.Start(runner.Options{Binary: bin, Config: cfg, Kubeconfig: cluster.Kubeconfig, Log: io.Discard, Env: env})
 	if err != nil {
 		return nil, err
 	}
