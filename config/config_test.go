@@ -53,8 +53,8 @@ func TestLoadAppliesDefaults(t *testing.T) {
 	tr := c.Resources[0].Transform
 	got := []any{c.API.Address, c.Metrics.Address, c.Discovery.Interval, c.Log.Level, c.Log.Format,
 		*tr.StripManagedFields, *tr.StripLastAppliedConfiguration, c.Resources[0].Labels.Empty(),
-		c.API.Auth.Mode, c.API.TLS.Enabled, c.API.Limits.MaxURLLength}
-	want := []any{":8443", ":9090", 5 * time.Second, "info", "json", true, true, true, AuthKubernetes, true, 8192}
+		c.API.Auth.Mode, c.API.TLS.Enabled, c.API.Limits.MaxURLLength, c.Client.CBOR}
+	want := []any{":8443", ":9090", 5 * time.Second, "info", "json", true, true, true, AuthKubernetes, true, 8192, true}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("default %d = %v, want %v", i, got[i], want[i])
