@@ -28,7 +28,7 @@ demo: testbed
 test: testbed vet fmt-check
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-## bench: dynwatch side by side with a bare informer and the apiserver (about 5 minutes)
+## bench: dynwatch side by side with a bare informer and the apiserver (about 3 minutes)
 bench: testbed
 	$(GO) run ./test/bench -json bench.json
 

@@ -297,14 +297,16 @@ func printerFor(gk schema.GroupKind, crd crdView) printer {
 func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.RequestTimeout)
 	defer cancel()
+	// The resourceVersion before the snapshot: the list holds every change up to it that the
+	// informers' handlers have applied (see README, What is not there yet).
+	rv := q.listRV
+	if rv == "" {
+		rv = strconv.FormatUint(res.ResourceVersion(), 10)
+	}
 	l, serr := q.candidates(res)
 	if serr != nil {
 		writeStatus(c.Writer, serr)
 		return
-	}
-	rv := q.listRV
-	if rv == "" {
-		rv = strconv.FormatUint(res.ResourceVersion(), 10)
 	}
 	p, err := q.paginate(ctx, l, t.namespace, rv)
 	if err != nil {

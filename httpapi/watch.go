@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -146,27 +147,28 @@ func (w *watcher) wants(e dynamicinformer.Event, rv uint64) bool {
 // subscribe registers a watcher. With initial, it returns the current objects of res, to be
 // sent first; without, the watch resumes after resourceVersion rv from the history, or fails
 // with 410 Gone when the history no longer reaches back that far.
-func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial bool) (*watcher, dynamicinformer.Ordered, uint64, *apierrors.StatusError) {
+func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial bool) (*watcher, []*unstructured.Unstructured, uint64, *apierrors.StatusError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if initial {
 		// The resourceVersion first: every change up to it is in the snapshot that follows.
+		// The snapshot is the cache's (the informer's indexer), not the handlers' order, which
+		// may not yet show a change the resourceVersion covers.
 		w := &watcher{wake: make(chan struct{}, 1), minRV: res.ResourceVersion()}
-		snapshot := res.Ordered()
-		snapshot.Scan("", dynamicinformer.Key{}, func(o *unstructured.Unstructured) bool {
+		snapshot := res.List()
+		for _, o := range snapshot {
 			if orv := rvOf(o); orv > w.minRV {
 				if w.fresh == nil {
 					w.fresh = map[string]uint64{}
 				}
 				w.fresh[key(o)] = orv
 			}
-			return true
-		})
+		}
 		s.watchers[w] = struct{}{}
 		return w, snapshot, w.minRV, nil
 	}
 	if rv < s.floor {
-		return nil, dynamicinformer.Ordered{}, 0, apierrors.NewResourceExpired("too old resource version: " + strconv.FormatUint(rv, 10) + " (" + strconv.FormatUint(s.floor, 10) + ")")
+		return nil, nil, 0, apierrors.NewResourceExpired("too old resource version: " + strconv.FormatUint(rv, 10) + " (" + strconv.FormatUint(s.floor, 10) + ")")
 	}
 	var replay []dynamicinformer.Event
 	for i := range s.n {
@@ -178,7 +180,7 @@ func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial boo
 	w := &watcher{wake: make(chan struct{}, 1), minRV: rv, pending: replay}
 	w.signal()
 	s.watchers[w] = struct{}{}
-	return w, dynamicinformer.Ordered{}, rv, nil
+	return w, nil, rv, nil
 }
 
 func (s *stream) unsubscribe(w *watcher) {
@@ -242,17 +244,19 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		c.Writer.Flush()
 		return err == nil
 	}
-	ended, seen := false, 0
-	snapshot.Scan(t.namespace, dynamicinformer.Key{}, func(o *unstructured.Unstructured) bool {
-		if seen++; seen%checkEvery == 0 && c.Request.Context().Err() != nil {
-			ended = true
-		} else if q.matches(o, t.namespace) && !send(string(dynamicinformer.Added), o) {
-			ended = true
+	// Sorted here, outside the stream's lock, each key computed once.
+	ordered := make([]keyed, len(snapshot))
+	for i, o := range snapshot {
+		ordered[i] = keyed{key(o), o}
+	}
+	slices.SortFunc(ordered, func(a, b keyed) int { return compareKey(a.key, b.key) })
+	for i, o := range ordered {
+		if i%checkEvery == 0 && c.Request.Context().Err() != nil {
+			return
 		}
-		return !ended
-	})
-	if ended {
-		return
+		if q.matches(o.obj, t.namespace) && !send(string(dynamicinformer.Added), o.obj) {
+			return
+		}
 	}
 	if q.sendInitialEvents && q.allowWatchBookmarks {
 		bookmark := &unstructured.Unstructured{}

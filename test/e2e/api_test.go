@@ -365,7 +365,7 @@ func TestIndexesServeSelectorsAndExplicitQueries(t *testing.T) {
 	}{
 		{"a label equality uses the label indexer", "labelSelector=app%3Dweb", "index/byApp", []string{"web-0", "web-1"}},
 		{"a label set uses the label indexer", "labelSelector=app+in+(db,cache)", "index/byApp", []string{"cache-3", "db-2"}},
-		{"a label inequality scans the namespace", "labelSelector=app!%3Dweb", "index/namespace", []string{"cache-3", "db-2"}},
+		{"a label inequality scans the namespace in key order", "labelSelector=app!%3Dweb", "scan", []string{"cache-3", "db-2"}},
 		{"an explicit index query", "index=byApp&value=db", "index/byApp", []string{"db-2"}},
 		{"an explicit index query with a selector", "index=byApp&value=web&fieldSelector=metadata.name%3Dweb-1", "index/byApp", []string{"web-1"}},
 	}
