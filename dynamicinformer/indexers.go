@@ -19,6 +19,13 @@ func NewIndexers(r *config.Resource) cache.Indexers {
 	return indexers
 }
 
+// configuredIndexers are the resource's configured indexers, without the namespace index.
+func configuredIndexers(r *config.Resource) cache.Indexers {
+	indexers := NewIndexers(r)
+	delete(indexers, config.NamespaceIndex)
+	return indexers
+}
+
 // OwnerKey is the owner index value for an owner reference of the given kind and name; an
 // owner is also indexed by its uid.
 func OwnerKey(kind, name string) string { return kind + "/" + name }

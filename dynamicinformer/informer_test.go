@@ -389,7 +389,7 @@ func TestHandlerUnwrapsTombstonesDatedByTheRelistAndSkipsResyncs(t *testing.T) {
 	m := startManager(t, cluster.Config, "resources: [{version: v1, resource: configmaps, namespaces: [none]}]\n", rec)
 	r := resource(t, m, "configmaps.v1")
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	h := r.handler(gvr, "ns", &relisted{revision: 42}, newOrder())
+	h := r.handler(gvr, "ns", &relisted{revision: 42}, newOrder(nil))
 	obj := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
 	}}}

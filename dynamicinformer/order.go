@@ -1,10 +1,12 @@
 package dynamicinformer
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/google/btree"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/cache"
 )
 
 // orderDegree is the B-tree's degree: nodes of up to 63 items, a few cache lines of pointers.
@@ -25,28 +27,89 @@ func lessEntry(a, b entry) bool {
 	return a.name < b.name
 }
 
-// order keeps a resource's cached objects sorted by namespace and name, so that a page or a
-// watch's initial events are read in order instead of sorted per request. The handlers update
-// it before they emit an event: whoever has seen an event finds the object in order.
+// order keeps a resource's cached objects sorted by namespace and name, and the objects of
+// each value of each configured indexer too, so that a page is read in order instead of sorted
+// per request. The handlers update it before they emit an event: whoever has seen an event
+// finds the object in order.
 type order struct {
-	mu sync.Mutex
-	t  *btree.BTreeG[entry]
+	mu      sync.Mutex
+	t       *btree.BTreeG[entry]
+	indexes cache.Indexers                             // the configured indexers
+	byValue map[string]map[string]*btree.BTreeG[entry] // index → value → its objects in order
 }
 
-func newOrder() *order { return &order{t: btree.NewG(orderDegree, lessEntry)} }
+// newOrder keeps objects in order, and by the values of indexes.
+func newOrder(indexes cache.Indexers) *order {
+	return &order{t: btree.NewG(orderDegree, lessEntry), indexes: indexes, byValue: map[string]map[string]*btree.BTreeG[entry]{}}
+}
 
 func (o *order) set(u *unstructured.Unstructured) {
 	e := entry{namespace: u.GetNamespace(), name: u.GetName(), obj: u}
 	o.mu.Lock()
-	o.t.ReplaceOrInsert(e)
-	o.mu.Unlock()
+	defer o.mu.Unlock()
+	if old, had := o.t.ReplaceOrInsert(e); had {
+		o.unindex(old)
+	}
+	o.index(e)
 }
 
 func (o *order) delete(u *unstructured.Unstructured) {
-	e := entry{namespace: u.GetNamespace(), name: u.GetName()}
 	o.mu.Lock()
-	o.t.Delete(e)
-	o.mu.Unlock()
+	defer o.mu.Unlock()
+	if old, had := o.t.Delete(entry{namespace: u.GetNamespace(), name: u.GetName()}); had {
+		o.unindex(old)
+	}
+}
+
+// values are e's values for the index f; an object the index function fails on is in none.
+func values(f cache.IndexFunc, e entry) []string {
+	vs, err := f(e.obj)
+	if err != nil {
+		return nil
+	}
+	slices.Sort(vs)
+	return slices.Compact(vs)
+}
+
+func (o *order) index(e entry) {
+	for name, f := range o.indexes {
+		for _, v := range values(f, e) {
+			trees := o.byValue[name]
+			if trees == nil {
+				trees = map[string]*btree.BTreeG[entry]{}
+				o.byValue[name] = trees
+			}
+			t := trees[v]
+			if t == nil {
+				t = btree.NewG(orderDegree, lessEntry)
+				trees[v] = t
+			}
+			t.ReplaceOrInsert(e)
+		}
+	}
+}
+
+func (o *order) unindex(e entry) {
+	for name, f := range o.indexes {
+		for _, v := range values(f, e) {
+			if t := o.byValue[name][v]; t != nil {
+				t.Delete(e)
+				if t.Len() == 0 {
+					delete(o.byValue[name], v)
+				}
+			}
+		}
+	}
+}
+
+// snapshotIndex is, in O(1), the objects whose index has value, in order.
+func (o *order) snapshotIndex(index, value string) Ordered {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if t := o.byValue[index][value]; t != nil {
+		return Ordered{t: t.Clone()}
+	}
+	return Ordered{}
 }
 
 // snapshot is the order as it is now, in O(1): the tree is shared copy-on-write, so later
@@ -102,7 +165,7 @@ type Key struct {
 // NewOrdered builds a snapshot of objects held outside a cache, for code that pages them the
 // way it pages a cache's.
 func NewOrdered(objs ...*unstructured.Unstructured) Ordered {
-	o := newOrder()
+	o := newOrder(nil)
 	for _, u := range objs {
 		o.set(u)
 	}

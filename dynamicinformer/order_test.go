@@ -56,8 +56,9 @@ func orderedKeys(s Ordered, namespace string, after Key) []string {
 
 // TestOrderFollowsTheCacheAndSnapshotsStayPut runs a resource over two namespaces through
 // creates, updates and deletes: each event finds the order already updated, the order holds
-// exactly what the cache holds sorted by namespace and name, a snapshot does not change when
-// the cache does, and a scan resumes after any key, within a namespace or across all.
+// exactly what the cache holds sorted by namespace and name, and so does each value of an
+// indexer (an object whose label changes moves between values), a snapshot does not change
+// when the cache does, and a scan resumes after any key, within a namespace or across all.
 func TestOrderFollowsTheCacheAndSnapshotsStayPut(t *testing.T) {
 	ns := namespaces(t, 2)
 	var res sync.Map
@@ -67,7 +68,13 @@ func TestOrderFollowsTheCacheAndSnapshotsStayPut(t *testing.T) {
 		}
 		return nil
 	}}
-	m := startManager(t, cluster.Config, fmt.Sprintf("resources: [{version: v1, resource: configmaps, namespaces: [%s, %s]}]\n", ns[1], ns[0]), check)
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - version: v1
+    resource: configmaps
+    namespaces: [%s, %s]
+    indexers: [{name: byTouched, type: label, key: touched}]
+`, ns[1], ns[0]), check)
 	r := resource(t, m, "configmaps.v1")
 	res.Store("r", r)
 	waitReady(t, m)
@@ -81,8 +88,15 @@ func TestOrderFollowsTheCacheAndSnapshotsStayPut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var want []string
+	moved := configMap(ns[(19-3)%2], "cm-03", map[string]string{"touched": "no"}) // from "yes" to "no"
+	if _, err := cs.CoreV1().ConfigMaps(moved.Namespace).Update(t.Context(), moved, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var want, touched []string
 	for i := range 20 {
+		if i%3 == 0 && i%4 != 0 && i != 3 {
+			touched = append(touched, fmt.Sprintf("%s/cm-%02d", ns[(19-i)%2], i))
+		}
 		if i%4 == 0 {
 			if err := cs.CoreV1().ConfigMaps(ns[(19-i)%2]).Delete(t.Context(), fmt.Sprintf("cm-%02d", i), metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
@@ -91,14 +105,24 @@ func TestOrderFollowsTheCacheAndSnapshotsStayPut(t *testing.T) {
 		}
 		want = append(want, fmt.Sprintf("%s/cm-%02d", ns[(19-i)%2], i))
 	}
-	slices.SortFunc(want, func(a, b string) int {
+	byKey := func(a, b string) int {
 		an, aname, _ := strings.Cut(a, "/")
 		bn, bname, _ := strings.Cut(b, "/")
 		return strings.Compare(an, bn)*2 + strings.Compare(aname, bname)
-	})
+	}
+	slices.SortFunc(want, byKey)
+	slices.SortFunc(touched, byKey)
 	testbed.Eventually(t, 20*time.Second, func() error {
 		if got := orderedKeys(r.Ordered(), "", Key{}); !slices.Equal(got, want) {
 			return fmt.Errorf("order holds %v, want %v", got, want)
+		}
+		yes, _ := r.OrderedByIndex("byTouched", "yes")
+		if got := orderedKeys(yes, "", Key{}); !slices.Equal(got, touched) {
+			return fmt.Errorf("byTouched=yes holds %v, want %v", got, touched)
+		}
+		no, _ := r.OrderedByIndex("byTouched", "no")
+		if got := orderedKeys(no, "", Key{}); len(got) != 1 || got[0] != moved.Namespace+"/cm-03" {
+			return fmt.Errorf("byTouched=no holds %v, want only cm-03", got)
 		}
 		return nil
 	})

@@ -7,6 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/config"
 )
 
 // API returns the resource's GroupVersionResource and its discovery entry (kind, scope,
@@ -75,6 +77,20 @@ func (r *Resource) Ordered() Ordered {
 		return Ordered{}
 	}
 	return r.order.snapshot()
+}
+
+// OrderedByIndex returns, in O(1), a snapshot of the cached objects whose configured indexer
+// index has value, in list order; false for the namespace index, which Ordered's Scan serves.
+func (r *Resource) OrderedByIndex(index, value string) (Ordered, bool) {
+	if index == config.NamespaceIndex {
+		return Ordered{}, false
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.order == nil {
+		return Ordered{}, true
+	}
+	return r.order.snapshotIndex(index, value), true
 }
 
 // ByIndex returns the cached objects whose index named index has value, in no particular

@@ -183,7 +183,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		o.FieldSelector = fieldSelector
 	}
 	informers := make([]namespaceInformer, 0, len(namespaces))
-	ord := newOrder()
+	ord := newOrder(configuredIndexers(r.cfg))
 	for _, ns := range namespaces {
 		h := &health{}
 		inf, relist := r.newInformer(client.Resource(gvr).Namespace(ns), tweak, h)

@@ -158,19 +158,21 @@ func fieldValue(obj map[string]any, path []string) string {
 	return ""
 }
 
-// lookup is how candidates were found: through an index (strategy "index/NAME"), whose
-// objects come in no order, or by a scan of the cache in key order, within a namespace when
-// the query has one.
+// lookup is how candidates were found (strategy: "index/NAME" or "scan"): in key order
+// (inOrder: a configured index's objects of one value, or the whole cache, within a namespace
+// when the query has one), which a page reads only as far as it needs; or, for several values
+// of an index or the namespace index, as objs in no order.
 type lookup struct {
 	strategy string
-	objs     []*unstructured.Unstructured // through an index
-	ordered  dynamicinformer.Ordered      // a scan
+	inOrder  bool
+	ordered  dynamicinformer.Ordered
+	objs     []*unstructured.Unstructured
 }
 
 // candidates returns a superset of the objects the query selects, through an index when one
 // applies: the explicit index, a label indexer for an equality or set requirement of the
 // label selector, a jsonPath indexer for an equality of the field selector; otherwise the
-// cache in key order, which a page reads only as far as it needs.
+// cache in key order.
 func (q *query) candidates(r *dynamicinformer.Resource) (lookup, *apierrors.StatusError) {
 	cfg := r.Config()
 	if q.index != "" {
@@ -201,11 +203,19 @@ func (q *query) candidates(r *dynamicinformer.Resource) (lookup, *apierrors.Stat
 			}
 		}
 	}
-	return lookup{strategy: "scan", ordered: r.Ordered()}, nil
+	return lookup{strategy: "scan", inOrder: true, ordered: r.Ordered()}, nil
 }
 
+// byIndex looks objects up by index: one value of a configured index in order, anything
+// else (several values, the namespace index) as objects in no order.
 func byIndex(r *dynamicinformer.Resource, index string, values ...string) (lookup, *apierrors.StatusError) {
 	l := lookup{strategy: "index/" + index}
+	if len(values) == 1 {
+		if ordered, ok := r.OrderedByIndex(index, values[0]); ok {
+			l.inOrder, l.ordered = true, ordered
+			return l, nil
+		}
+	}
 	for _, v := range values {
 		objs, err := r.ByIndex(index, v)
 		if err != nil {
@@ -256,7 +266,7 @@ func (q *query) unselected() bool { return q.labels.Empty() && q.fields.Empty() 
 // ends before the last object has a continue token even when nothing after it matches. It
 // stops with ctx's error when ctx ends.
 func (q *query) paginate(ctx context.Context, l lookup, namespace, rv string) (page, error) {
-	if l.objs == nil && l.strategy == "scan" {
+	if l.inOrder {
 		return q.scan(ctx, l.ordered, namespace, rv)
 	}
 	selected := make([]keyed, 0, len(l.objs))

@@ -58,7 +58,7 @@ var sources = map[string]func(objs []*unstructured.Unstructured) lookup{
 		return lookup{strategy: "index/test", objs: slices.Clone(objs)}
 	},
 	"scan": func(objs []*unstructured.Unstructured) lookup {
-		return lookup{strategy: "scan", ordered: dynamicinformer.NewOrdered(objs...)}
+		return lookup{strategy: "scan", inOrder: true, ordered: dynamicinformer.NewOrdered(objs...)}
 	},
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -244,12 +245,21 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		c.Writer.Flush()
 		return err == nil
 	}
-	// Sorted here, outside the stream's lock, each key computed once.
-	ordered := make([]keyed, len(snapshot))
-	for i, o := range snapshot {
-		ordered[i] = keyed{key(o), o}
+	// Sorted here, outside the stream's lock, by namespace and name read once per object.
+	type named struct {
+		namespace, name string
+		obj             *unstructured.Unstructured
 	}
-	slices.SortFunc(ordered, func(a, b keyed) int { return compareKey(a.key, b.key) })
+	ordered := make([]named, len(snapshot))
+	for i, o := range snapshot {
+		ordered[i] = named{o.GetNamespace(), o.GetName(), o}
+	}
+	slices.SortFunc(ordered, func(a, b named) int {
+		if c := strings.Compare(a.namespace, b.namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(a.name, b.name)
+	})
 	for i, o := range ordered {
 		if i%checkEvery == 0 && c.Request.Context().Err() != nil {
 			return
