@@ -127,14 +127,6 @@ type Ordered struct {
 	t *btree.BTreeG[entry]
 }
 
-// Len is the number of objects in the snapshot.
-func (s Ordered) Len() int {
-	if s.t == nil {
-		return 0
-	}
-	return s.t.Len()
-}
-
 // Scan calls fn with the objects of namespace ("" for every namespace) that come after the
 // object namespace/name of after ("" for none; a cluster-scoped object's is its name), in
 // order, until fn returns false.
