@@ -17,7 +17,9 @@
 //     the initial list with the stored state: a changed object is recorded as MODIFIED (or as
 //     DELETED and ADDED when its uid changed), an object gone as DELETED.
 //   - An entry leaves its outbox only when it is acknowledged: by Ack (delivered or
-//     dead-lettered), or by a checkpoint at or past its revision (Trim).
+//     dead-lettered), or by a checkpoint at or past its revision (Trim). An acknowledgement
+//     commits with the next transaction events start, or alone within ackDelay: a crash
+//     repeats at most that much of what was delivered, with the same ids.
 //   - A failed commit queues nothing and loses nothing: its operations are committed again,
 //     ahead of later ones, until a commit succeeds. An operation that fails on its own (a
 //     corrupt entry) is counted and skipped.
