@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,7 +15,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -75,27 +72,14 @@ func TestCBORFromTheApiserverGivesWhatJSONGives(t *testing.T) {
 	})
 
 	rc := newReceiver(t, nil, false)
-	cfg := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
+	p := start(t, c.Kubeconfig, fmt.Sprintf(`
 resources:
   - {group: cbor.example.com, version: v1, resource: samples}
   - {version: v1, resource: configmaps, namespaces: [default]}
 webhooks: [{name: cbor, url: %s}]
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
-`, rc.URL)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: cfg, Kubeconfig: c.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = p.Stop(10 * time.Second)
-		if t.Failed() {
-			t.Logf("dynwatch log:\n%s", p.Log())
-		}
-	})
+`, rc.URL))
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
