@@ -2,7 +2,11 @@
 // comparison of an initial list with what was stored before a restart, and the checkpoints
 // that let several replicas share the work of one leader.
 //
-// Vocabulary: the Store is a bbolt file holding, per resource, the last state of every object
+// The journal alone opens, reads and closes the store: New opens it (setting aside a damaged
+// file, upgrading an older format), ReadOutbox is the one way an outbox is read back, Close
+// closes it.
+//
+// Vocabulary: the store is a bbolt file holding, per resource, the last state of every object
 // handed to the sinks and, per sink, the outbox: the entries recorded for it and not yet
 // acknowledged. A Target is a sink as the journal sees it: a name, a filter and a queue. An
 // Entry is one event recorded for one target, with its stable id and its ordering key. A
@@ -32,5 +36,5 @@
 //
 // Concurrency: Record, Ack and the other operations never block and do no I/O; one goroutine
 // (Run) applies them in order, a batch per transaction. Targets' Queue is called from that
-// goroutine. Checkpoints and OutboxLen may be called from any goroutine.
+// goroutine. Checkpoints, OutboxLen, ReadOutbox and Sinks may be called from any goroutine.
 package journal

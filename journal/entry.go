@@ -13,7 +13,7 @@ import (
 // Entry is one event recorded for one sink: what the sink is to be sent, and where its outbox
 // entry is.
 type Entry struct {
-	// Event is what happened. An entry read back from the outbox (Store.Page) carries only its
+	// Event is what happened. An entry read back from the outbox (Journal.ReadOutbox) carries only its
 	// object's name, namespace, uid and resourceVersion: Body is the whole request.
 	Event dynamicinformer.Event
 	// ID identifies the event for idempotency: the same on every redelivery, after a restart,

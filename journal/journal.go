@@ -28,7 +28,7 @@ import (
 // own (a corrupt entry) is counted and skipped; the rest of its batch commits. Without a store
 // it only filters and queues.
 type Journal struct {
-	store   *Store // nil: memory only
+	store   *store // nil: memory only
 	log     *slog.Logger
 	now     func() time.Time
 	targets func() []Target
@@ -67,8 +67,9 @@ type Target interface {
 type Options struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
-	// Store is the file; nil keeps nothing: no outbox, no comparison after a restart.
-	Store *Store
+	// Path is the state store's file, opened (or created) by New and closed by Close; empty
+	// keeps nothing: no outbox, no comparison after a restart.
+	Path string
 	Now   func() time.Time
 	// Targets are the sinks, in configuration order; called from the journal's goroutine.
 	Targets func() []Target
@@ -138,31 +139,115 @@ type removed struct {
 	seq  uint64
 }
 
-// New builds a journal over o.Store, reading the index of its outboxes, and registers its
-// metrics. Nothing is recorded until Run.
+// New opens the state store at o.Path (none when it is empty), reads the index of its
+// outboxes, and registers the journal's metrics. Nothing is recorded until Run; Close closes
+// the store.
 func New(o Options) (*Journal, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	j := &Journal{store: o.Store, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, m: newMetrics(o.Store),
+	st, err := open(o.Logger, o.Path)
+	if err != nil {
+		return nil, err
+	}
+	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{}}
-	if o.Store != nil {
-		j.seq = o.Store.lastSequence()
-		idx, err := o.Store.outboxIndex()
+	if st != nil {
+		j.seq = st.lastSequence()
+		idx, err := st.outboxIndex()
 		if err != nil {
+			_ = st.close()
 			return nil, fmt.Errorf("state: read the outboxes: %w", err)
 		}
 		j.outbox = idx
 	}
 	if err := o.Registerer.Register(j.m); err != nil {
+		_ = j.Close()
 		return nil, err
 	}
 	return j, nil
 }
 
-// Store is the journal's file, or nil.
-func (j *Journal) Store() *Store { return j.store }
+// open opens the state store at path, logging what an operator should know of its state, or
+// returns nil when path is empty.
+func open(log *slog.Logger, path string) (*store, error) {
+	if path == "" {
+		log.Warn("state.path is not set: events queued at shutdown are dead-lettered, and a restart delivers every object as ADDED again")
+		return nil, nil
+	}
+	st, err := openStore(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.Damaged != "" {
+		log.Error("state store damaged: set aside, and every object is delivered again as ADDED with its usual event id", "path", path, "setAside", st.Damaged, "err", st.DamageErr)
+	} else if st.Fresh {
+		log.Warn("state store created: with no earlier state, every object is delivered as ADDED (expected on a first start; otherwise the state was lost)", "path", path)
+	}
+	return st, nil
+}
+
+// Durable reports whether the journal keeps a state store: without one nothing outlives the
+// process, and there are no outboxes to read back.
+func (j *Journal) Durable() bool { return j.store != nil }
+
+// Close closes the state store, if there is one. Call it once Run has returned and nothing
+// reads the outboxes any more.
+func (j *Journal) Close() error {
+	if j.store == nil {
+		return nil
+	}
+	return j.store.close()
+}
+
+// outboxPageSize is how many entries ReadOutbox reads in one transaction.
+const outboxPageSize = 1000
+
+// ReadOutbox reads sink's outbox in order from sequence from, calling fn with each entry until
+// fn returns false, limit entries were read (no limit when limit <= 0), or the outbox ends. An
+// entry read back carries its object's identity only; its Body is the whole request. Entries
+// that do not decode are counted and acknowledged, and skipped. It returns the sequence to read
+// from next (that of the entry fn refused, if it refused one) and whether the outbox ended.
+// It is the one way anything reads an outbox back: a sink's window, the restore at start and
+// the retirement of a removed sink.
+func (j *Journal) ReadOutbox(sink string, from uint64, limit int, fn func(Entry) bool) (next uint64, end bool, err error) {
+	if j.store == nil {
+		return from, true, nil
+	}
+	for read := 0; limit <= 0 || read < limit; {
+		n := outboxPageSize
+		if limit > 0 {
+			n = min(n, limit-read)
+		}
+		p, err := j.store.page(sink, from, n)
+		if err != nil {
+			return from, false, err
+		}
+		for _, seq := range p.Corrupt {
+			j.Corrupt(sink, seq)
+		}
+		for _, e := range p.Entries {
+			if !fn(e) {
+				return e.Seq, false, nil
+			}
+			read++
+		}
+		from = p.Next
+		if p.End {
+			return from, true, nil
+		}
+	}
+	return from, false, nil
+}
+
+// Sinks lists the sinks that have an outbox in the state store.
+func (j *Journal) Sinks() ([]string, error) {
+	if j.store == nil {
+		return nil, nil
+	}
+	return j.store.sinks()
+}
 
 // Record hands an informer's event to the journal. It never blocks.
 func (j *Journal) Record(e dynamicinformer.Event) { j.submit(op{kind: opEvent, event: e}) }

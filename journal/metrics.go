@@ -4,13 +4,13 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // metrics are the state store's metrics.
 type metrics struct {
-	store                                          *Store // nil: no store
+	store                                          *store // nil: no store
 	storeSize                                      *prometheus.Desc
 	commits, commitErrors, suppressed, fullReplays prometheus.Counter
 	writeErrors, corrupt, damaged                  prometheus.Counter
 }
 
-func newMetrics(store *Store) *metrics {
+func newMetrics(store *store) *metrics {
 	m := &metrics{
 		store:        store,
 		storeSize:    prometheus.NewDesc("dynwatch_state_size_bytes", "Size of the state store's data.", nil, nil),
@@ -47,7 +47,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	var size int64
 	if m.store != nil {
-		size = m.store.Size()
+		size = m.store.size()
 	}
 	ch <- prometheus.MustNewConstMetric(m.storeSize, prometheus.GaugeValue, float64(size))
 }

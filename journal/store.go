@@ -33,10 +33,10 @@ var (
 // bucket) is converted when it is opened.
 const format = "2"
 
-// Store is the journal's file, a bbolt database: per resource the last state of every object
+// store is the journal's file, a bbolt database: per resource the last state of every object
 // handed to the sinks, and per sink the outbox of events neither delivered nor dead-lettered
 // (nor acknowledged by a checkpoint). Only the Journal writes it, one transaction per batch.
-type Store struct {
+type store struct {
 	db *bolt.DB
 	// Path is the file.
 	Path string
@@ -51,16 +51,16 @@ type Store struct {
 // errLocked is another process holding the store.
 var errLocked = errors.New("another process has the store open")
 
-// OpenStore opens or creates the store at path, and its directory. It fails at once if another
+// openStore opens or creates the store at path, and its directory. It fails at once if another
 // process holds it. A file that bbolt cannot open, or whose pages cannot all be read, is set
 // aside (renamed path.damaged-<time>) and replaced by an empty store: dynwatch then replays
 // every object, with the same event ids, rather than crash-looping on its own file.
-func OpenStore(path string) (*Store, error) {
+func openStore(path string) (*store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
 	_, err := os.Stat(path)
-	s := &Store{Path: path, Fresh: errors.Is(err, os.ErrNotExist)}
+	s := &store{Path: path, Fresh: errors.Is(err, os.ErrNotExist)}
 	s.db, err = openChecked(path)
 	if err != nil && !s.Fresh && !errors.Is(err, errLocked) {
 		s.Damaged, s.DamageErr = fmt.Sprintf("%s.damaged-%s", path, time.Now().UTC().Format("20060102T150405.000Z")), err
@@ -156,15 +156,15 @@ func walk(c *bolt.Cursor, depth int) error {
 // file came to count as resident (193 MB for 20,000 configmaps after their initial deliveries)
 // although the kernel may reclaim it at any time. The View holds bbolt's map lock, so the
 // mapping cannot move while its pages are dropped.
-func (s *Store) release() error {
+func (s *store) release() error {
 	return s.db.View(func(tx *bolt.Tx) error { return dropMapped(s.db.Info().Data, tx.Size()) })
 }
 
 // Close closes the file.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *store) close() error { return s.db.Close() }
 
 // Size is the size of the store's data in bytes.
-func (s *Store) Size() int64 {
+func (s *store) size() int64 {
 	var n int64
 	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
 	return n
@@ -204,18 +204,18 @@ func upgradeEntries(tx *bolt.Tx) error {
 	})
 }
 
-// Page is a stretch of a sink's outbox, oldest first. Its entries' events carry their objects'
+// outboxPage is a stretch of a sink's outbox, oldest first. Its entries' events carry their objects'
 // names, uids and resourceVersions only; each entry's Body is its whole request.
-type Page struct {
+type outboxPage struct {
 	Entries []Entry
 	Corrupt []uint64 // entries that do not decode
 	Next    uint64   // the first sequence after those read
 	End     bool     // nothing follows
 }
 
-// Page reads up to limit entries of a sink's outbox from sequence from on.
-func (s *Store) Page(sink string, from uint64, limit int) (Page, error) {
-	p := Page{Next: from, End: true}
+// page reads up to limit entries of a sink's outbox from sequence from on.
+func (s *store) page(sink string, from uint64, limit int) (outboxPage, error) {
+	p := outboxPage{Next: from, End: true}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(outboxBucket).Bucket([]byte(sink))
 		if b == nil {
@@ -243,7 +243,7 @@ func (s *Store) Page(sink string, from uint64, limit int) (Page, error) {
 }
 
 // outboxIndex reads the revision and resource of every outbox entry, without their bodies.
-func (s *Store) outboxIndex() (map[string]map[uint64]indexed, error) {
+func (s *store) outboxIndex() (map[string]map[uint64]indexed, error) {
 	idx := map[string]map[uint64]indexed{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
@@ -258,8 +258,8 @@ func (s *Store) outboxIndex() (map[string]map[uint64]indexed, error) {
 	return idx, err
 }
 
-// Sinks lists the sinks that have an outbox.
-func (s *Store) Sinks() ([]string, error) {
+// sinks lists the sinks that have an outbox.
+func (s *store) sinks() ([]string, error) {
 	var names []string
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(outboxBucket).ForEachBucket(func(k []byte) error {
@@ -271,7 +271,7 @@ func (s *Store) Sinks() ([]string, error) {
 }
 
 // lastSequence is the highest outbox sequence in use.
-func (s *Store) lastSequence() uint64 {
+func (s *store) lastSequence() uint64 {
 	var last uint64
 	_ = s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {

@@ -98,7 +98,7 @@ func newDeadLetters(sink string, log *slog.Logger, m sinkMetrics, j *journal.Jou
 
 func (dl *deadLetters) setTarget(cfg *config.Webhook) {
 	dl.target.Store(&target{file: cfg.DeadLetter.File, url: cfg.DeadLetterURL, includeObject: cfg.DeadLetter.IncludeObject,
-		client: newClient(cfg.TLSConfig, 1, cfg.Timeout, nil), timeout: cfg.Timeout})
+		client: newClient(cfg.TLSConfig, 1, cfg.Timeout, always{}), timeout: cfg.Timeout})
 }
 
 // submit dead-letters d with reason. It never blocks.

@@ -22,12 +22,12 @@ type Options struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	Webhooks   []config.Webhook
-	// Store keeps the object state and the outboxes across restarts; nil keeps them in memory.
-	// Run closes it.
-	Store *journal.Store
-	// Election, when set, makes this replica deliver only while it holds the Lease; it needs
-	// a Store.
-	Election *Election
+	// StatePath is the state store's file, which keeps the object state and the outboxes
+	// across restarts; empty keeps them in memory.
+	StatePath string
+	// Election, when set, makes this replica deliver only while it leads; it needs a
+	// StatePath.
+	Election Election
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// ShutdownTimeout bounds what Run does once its context ends.
@@ -39,9 +39,8 @@ type Dispatcher struct {
 	log             *slog.Logger
 	now             func() time.Time
 	m               *metrics
-	store           *journal.Store
 	journal         *journal.Journal
-	elector         *elector // nil: this replica always delivers
+	election        Election // nil: this replica always delivers
 	shutdownTimeout time.Duration
 	// abandon ends when the shutdown deadline passes: work still running then is cut short.
 	abandon       context.Context
@@ -57,7 +56,7 @@ type Dispatcher struct {
 // New builds a Dispatcher with one Sink per configured webhook and registers the metrics.
 // Nothing is sent until Run.
 func New(o Options) (*Dispatcher, error) {
-	d := &Dispatcher{log: o.Logger, now: o.Now, store: o.Store, shutdownTimeout: o.ShutdownTimeout}
+	d := &Dispatcher{log: o.Logger, now: o.Now, election: o.Election, shutdownTimeout: o.ShutdownTimeout}
 	if d.now == nil {
 		d.now = time.Now
 	}
@@ -66,36 +65,32 @@ func New(o Options) (*Dispatcher, error) {
 	}
 	d.abandon, d.abandonCancel = context.WithCancel(context.Background())
 	var err error
-	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Store: o.Store, Now: d.now, Targets: d.targets, Retired: d.retire})
+	if o.Election != nil && o.StatePath == "" {
+		return nil, errors.New("leader election needs a state store (state.path)")
+	}
+	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, Now: d.now, Targets: d.targets, Retired: d.retire})
 	if err != nil {
 		return nil, err
 	}
 	d.m = newMetrics(d.journal)
-	var f *fence
-	if o.Election != nil {
-		if o.Store == nil {
-			return nil, errors.New("leader election needs a state store (state.path)")
-		}
-		d.elector = newElector(o.Election, d.log)
-		f = d.elector.fence
-		for _, c := range d.elector.m.collectors() {
-			if err := o.Registerer.Register(c); err != nil {
-				return nil, err
-			}
-		}
-	}
 	for i := range o.Webhooks {
-		s, err := newSink(&o.Webhooks[i], d.log, d.journal, d.now, d.m, f)
+		s, err := newSink(&o.Webhooks[i], d.log, d.journal, d.now, d.m, d.fence())
 		if err != nil {
+			_ = d.journal.Close()
 			return nil, err
 		}
 		d.sinks = append(d.sinks, s)
 	}
 	if err := o.Registerer.Register(d.m); err != nil {
+		_ = d.journal.Close()
 		return nil, err
 	}
 	return d, nil
 }
+
+// Close releases what New took (the state store), for a Dispatcher whose Run is never to be
+// called. Run closes it itself.
+func (d *Dispatcher) Close() error { return d.journal.Close() }
 
 // targets are the sinks as the journal sees them.
 func (d *Dispatcher) targets() []journal.Target {
@@ -105,14 +100,6 @@ func (d *Dispatcher) targets() []journal.Target {
 		out[i] = s
 	}
 	return out
-}
-
-// Leader reports the leader election's state, and false without leader election.
-func (d *Dispatcher) Leader() (LeaderStatus, bool) {
-	if d.elector == nil {
-		return LeaderStatus{}, false
-	}
-	return d.elector.leaderStatus(), true
 }
 
 func (d *Dispatcher) current() []*Sink {
@@ -133,7 +120,7 @@ func (d *Dispatcher) Ready() (bool, []string) {
 // Changes of the election's own Lease and checkpoint ConfigMap are not events to deliver: a
 // delivery would move the checkpoint, whose write would be another change, every second.
 func (d *Dispatcher) OnEvent(e dynamicinformer.Event) {
-	if d.elector != nil && d.elector.owns(e) {
+	if d.election != nil && d.election.Owns(e.Resource, e.Object.GetNamespace(), e.Object.GetName()) {
 		return
 	}
 	d.journal.Record(e)
@@ -164,7 +151,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		s.dead.start()
 	}
 	var elected sync.WaitGroup
-	if d.elector == nil {
+	if d.election == nil {
 		if err := d.lead(ctx); err != nil {
 			stopJournal()
 			<-journalDone
@@ -174,9 +161,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		for _, s := range d.current() {
 			s.spill()
 		}
-		elected.Go(func() { d.elector.exchange(ctx, d.journal) })
 		elected.Go(func() {
-			if err := d.elector.run(ctx, func(ctx context.Context) {
+			if err := d.election.Run(ctx, d.journal, func(ctx context.Context) {
 				if err := d.lead(ctx); err != nil {
 					d.log.Error("start delivering", "err", err)
 				}
@@ -202,7 +188,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	for _, s := range sinks {
 		wg.Go(func() {
 			s.stopWorkers()
-			if d.store == nil {
+			if !d.journal.Durable() {
 				s.deadLetterQueue(reasonShutdown)
 			}
 			s.dead.close(d.abandon)
@@ -211,10 +197,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	wg.Wait()
 	d.waitRetired()
 	_ = d.journal.Flush() // the last acks
-	if d.store != nil {
-		return d.store.Close()
-	}
-	return nil
+	return d.journal.Close()
 }
 
 // lead starts delivering under ctx: the outboxes are queued again from their oldest entry,
@@ -266,7 +249,7 @@ func (d *Dispatcher) waitRetired() {
 // restore queues every configured sink's outbox and dead-letters, with reason sink_removed,
 // the outboxes of webhooks no longer configured.
 func (d *Dispatcher) restore() error {
-	if d.store == nil {
+	if !d.journal.Durable() {
 		return nil
 	}
 	for _, s := range d.sinks {
@@ -277,7 +260,7 @@ func (d *Dispatcher) restore() error {
 			d.log.Info("outbox queued", "sink", s.name, "events", n)
 		}
 	}
-	names, err := d.store.Sinks()
+	names, err := d.journal.Sinks()
 	if err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
@@ -297,28 +280,18 @@ func (d *Dispatcher) restore() error {
 func (d *Dispatcher) orphaned(name string) error {
 	log := d.log.With("sink", name)
 	dead := d.m.deadLetters.WithLabelValues(name, reasonRemoved)
-	var from uint64
 	n := 0
-	for {
-		p, err := d.store.Page(name, from, 1000)
-		if err != nil {
-			return err
-		}
-		for _, seq := range p.Corrupt {
-			d.journal.Corrupt(name, seq)
-		}
-		for _, e := range p.Entries {
-			ref := refOf(e)
-			log.Error("dead letter", "id", e.ID, "type", string(e.Event.Type), "resource", ref.Resource, "namespace", ref.Namespace, "name", ref.Name,
-				"reason", reasonRemoved, "error", "the webhook is no longer configured")
-			dead.Inc()
-			d.journal.Ack(name, e.Seq)
-			n++
-		}
-		if p.End {
-			break
-		}
-		from = p.Next
+	_, _, err := d.journal.ReadOutbox(name, 0, 0, func(e journal.Entry) bool {
+		ref := refOf(e)
+		log.Error("dead letter", "id", e.ID, "type", string(e.Event.Type), "resource", ref.Resource, "namespace", ref.Namespace, "name", ref.Name,
+			"reason", reasonRemoved, "error", "the webhook is no longer configured")
+		dead.Inc()
+		d.journal.Ack(name, e.Seq)
+		n++
+		return true
+	})
+	if err != nil {
+		return err
 	}
 	log.Warn("the outbox of a webhook no longer configured was dead-lettered", "events", n, "reason", reasonRemoved)
 	d.journal.DropSink(name)
@@ -373,7 +346,7 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 			d.mu.Unlock()
 			return err
 		}
-		if d.elector != nil && d.ctx == nil {
+		if d.election != nil && d.ctx == nil {
 			s.spill() // following: it records, the leader delivers
 		}
 		next = append(next, s)
@@ -401,11 +374,12 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 	return nil
 }
 
-func (d *Dispatcher) fence() *fence {
-	if d.elector == nil {
-		return nil
+// fence is what every request is made under: the election's, or one that always holds.
+func (d *Dispatcher) fence() Fence {
+	if d.election == nil {
+		return always{}
 	}
-	return d.elector.fence
+	return d.election
 }
 
 // retire dead-letters what a removed sink had not delivered, with reason sink_removed: its
@@ -418,32 +392,21 @@ func (d *Dispatcher) retire(t journal.Target) {
 	go func() {
 		defer d.retiring.Done()
 		s.dead.start()
-		if d.store == nil {
+		if !d.journal.Durable() {
 			s.deadLetterQueue(reasonRemoved)
 		} else {
 			s.queue.Drain() // every one of them is in the outbox
-			following := d.elector != nil && !d.elector.leading()
-			var from uint64
-			for {
-				p, err := d.store.Page(s.name, from, 1000)
-				if err != nil {
-					s.log.Error("read the outbox of a removed webhook", "err", err)
-					break
-				}
-				for _, seq := range p.Corrupt {
-					d.journal.Corrupt(s.name, seq)
-				}
-				for _, e := range p.Entries {
-					if following {
-						d.journal.Ack(s.name, e.Seq) // the leader dead-letters its own
-						continue
-					}
+			following := d.election != nil && !d.election.Leading()
+			_, _, err := d.journal.ReadOutbox(s.name, 0, 0, func(e journal.Entry) bool {
+				if following {
+					d.journal.Ack(s.name, e.Seq) // the leader dead-letters its own
+				} else {
 					s.dead.submit(Delivery{Entry: e}, reasonRemoved, errRemoved)
 				}
-				if p.End {
-					break
-				}
-				from = p.Next
+				return true
+			})
+			if err != nil {
+				s.log.Error("read the outbox of a removed webhook", "err", err)
 			}
 		}
 		s.dead.close(d.abandon)

@@ -1,10 +1,12 @@
-// Package webhook owns delivery of dynwatch's events to HTTP sinks, and the state store that
-// makes it durable.
+// Package webhook owns delivery of dynwatch's events to HTTP sinks: filtering, queues,
+// retries, signing and dead letters. It makes its events durable through the journal, which
+// alone opens, reads and closes the state store, and sees leader election only through the
+// Election interface it declares (package leader implements it).
 //
 // Vocabulary: a Sink is one configured webhook: its filters, its Queue, its workers, its HTTP
 // client and its dead-letter target. The Dispatcher is the dynamicinformer.Subscriber that
 // hands each event to every Sink whose filters select it, through the journal, which makes it
-// durable in the Store first. A Delivery is one event queued for one sink, with its stable id
+// durable in the state store first. A Delivery is one event queued for one sink, with its stable id
 // (the CloudEvents ce-id and Standard Webhooks webhook-id) and its ordering key, the object's
 // resource, namespace and name.
 //
@@ -16,12 +18,14 @@
 // deadline its first failure set (maxElapsed later, kept across reloads and restarts). A 401
 // is tried once more if the credential files changed; any other answer but 2xx is final. What
 // cannot be delivered is dead-lettered with its reason and counted; a dead letter names the
-// event and carries its body only on request. With a Store, nothing durable is dead-lettered
+// event and carries its body only on request. With a state store, nothing durable is dead-lettered
 // for lack of memory: the queue is a window over the outbox, and what does not fit waits on
 // disk. A commit that fails stops delivery of what it carried until a commit succeeds.
 //
 // Concurrency: OnEvent never blocks and does no I/O: it appends to the journal, whose one
 // goroutine commits and queues. Workers do the sending; each sink has its own queue, workers
 // and HTTP client, so a slow sink never delays another, nor the informers. Update swaps a
-// sink's settings and restarts its workers; its queue, outbox and dead letters stay.
+// sink's settings and restarts its workers; its queue, outbox and dead letters stay. Under
+// leader election a replica delivers only while it leads, and a request is written only while
+// the Fence holds: a connection refuses to write once it has lapsed.
 package webhook

@@ -37,7 +37,7 @@ type Sink struct {
 	queue *Queue
 	m     sinkMetrics
 	dead  *deadLetters
-	fence *fence // nil: always the leader
+	fence Fence
 	cur   atomic.Pointer[settings]
 
 	// win is the queue's window over the outbox, with a state store: when the queue is full,
@@ -63,7 +63,7 @@ type settings struct {
 	signer   *standardwebhooks.Webhook // nil without a signing secret
 }
 
-func newSettings(cfg *config.Webhook, token, signingSecret config.Secret, f *fence) (*settings, error) {
+func newSettings(cfg *config.Webhook, token, signingSecret config.Secret, f Fence) (*settings, error) {
 	st := &settings{cfg: cfg, endpoint: config.Redacted(cfg.Endpoint), token: token}
 	if len(signingSecret) > 0 {
 		signer, err := standardwebhooks.NewWebhookRaw(signingSecret)
@@ -76,7 +76,7 @@ func newSettings(cfg *config.Webhook, token, signingSecret config.Secret, f *fen
 	return st, nil
 }
 
-func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f *fence) (*Sink, error) {
+func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f Fence) (*Sink, error) {
 	st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret, f)
 	if err != nil {
 		return nil, err
@@ -92,13 +92,10 @@ func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func
 }
 
 // newClient returns an HTTP client with its own transport, keeping one idle connection per
-// worker. It does not follow redirects: a POST must not turn into a GET. With a fence (leader
-// election), its connections write nothing once the fence has lapsed.
-func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f *fence) *http.Client {
-	dial := (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-	if f != nil {
-		dial = f.dialer(dial)
-	}
+// worker. It does not follow redirects: a POST must not turn into a GET. Its connections
+// write nothing once the fence has lapsed.
+func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fence) *http.Client {
+	dial := fencedDialer(f, (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 	t := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           dial,
@@ -208,31 +205,18 @@ func (s *Sink) refill(force bool) {
 	if room == 0 || !force && room < s.cfg().QueueSize/2 {
 		return
 	}
-	page, err := s.j.Store().Page(s.name, s.win.next, room)
+	next, end, err := s.j.ReadOutbox(s.name, s.win.next, room, func(e journal.Entry) bool {
+		if s.queue.Push(Delivery{Entry: e}) != nil { // the capacity shrank under us: read it again later
+			return false
+		}
+		s.win.last = e.Seq
+		s.m.enqueued.Inc()
+		return true
+	})
+	s.win.next, s.win.spilled = next, !end // after an error, what was read stays read
 	if err != nil {
 		s.log.Error("read the outbox back into the queue", "err", err)
-		return
 	}
-	for _, seq := range page.Corrupt {
-		s.j.Corrupt(s.name, seq)
-	}
-	s.win.next = page.Next
-	for _, e := range page.Entries {
-		d := Delivery{Entry: e}
-		if s.queue.Push(d) != nil { // the capacity shrank under us: read it again later
-			s.win.next = d.Seq
-			return
-		}
-		s.win.last = d.Seq
-		s.m.enqueued.Inc()
-	}
-	s.win.spilled = !page.End
-}
-
-// start runs the sink's dead-letter writer and workers.
-func (s *Sink) start(ctx context.Context) {
-	s.dead.start()
-	s.startWorkers(ctx)
 }
 
 func (s *Sink) startWorkers(ctx context.Context) {
@@ -289,12 +273,12 @@ func (s *Sink) work(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		sendCtx, cancel, held := s.fence.bound(ctx)
+		sendCtx, cancel, held := s.fence.Bound(ctx)
 		if !held {
 			// The lease may have passed to another replica: deliver nothing until it is renewed.
 			cancel()
 			s.queue.Return(d)
-			s.fence.wait(ctx)
+			s.fence.Wait(ctx)
 			continue
 		}
 		cut := s.deliver(sendCtx, &d)
@@ -327,7 +311,7 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
 		s.j.Ack(s.name, d.Seq)
 		s.queue.Done(*d)
-	case ctx.Err() != nil || s.fence.lapsed():
+	case ctx.Err() != nil || s.fence.Lapsed():
 		return true // stopped, or no longer certainly the leader: not a failed attempt
 	case errors.As(err, &rejected):
 		s.dead.submit(*d, reasonRejected, err)

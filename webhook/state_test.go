@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/journal"
 )
 
 // TestARestartKeepsTheRetryDeadline: an event retried against a failing receiver is still in
@@ -43,11 +42,7 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(now func() time.Time) (*Dispatcher, func()) {
-		store, err := journal.OpenStore(filepath.Join(dir, "state.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks, Store: store, Now: now})
+		d, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks, StatePath: filepath.Join(dir, "state.db"), Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,110 @@
+package app
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/discovery"
+	clientfeatures "k8s.io/client-go/features"
+	"k8s.io/client-go/rest"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/httpapi"
+	"github.com/dynwatch/dynwatch/leader"
+	"github.com/dynwatch/dynwatch/webhook"
+)
+
+// build makes every part from cfg; nothing runs yet.
+func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err error) {
+	// Before any client exists: client-go reads its feature gates as it builds them.
+	clientfeatures.ReplaceFeatureGates(clientGates{base: clientfeatures.FeatureGates(), cbor: cfg.Client.CBOR})
+	restConfig, err := clientConfig(o.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	encodings := newEncodings()
+	restConfig.Wrap(encodings.wrap)
+	clientset, dyn, err := clients(restConfig)
+	if err != nil {
+		return nil, err
+	}
+	disco, err := discovery.NewDiscoveryClientForConfig(restConfig)
+	if err != nil {
+		return nil, fmt.Errorf("discovery client: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), encodings.responses)
+	s := &service{cfg: cfg, log: log, host: restConfig.Host}
+
+	if sameDir(cfg.State.Path, o.ConfigPath) {
+		log.Warn("state.path is in the configuration file's directory, which dynwatch watches for changes: every commit to the store wakes the watcher (about 5% of the CPU under load); give the store a directory of its own", "path", cfg.State.Path)
+	}
+	var election webhook.Election
+	var status func() any
+	if cfg.LeaderElection.Enabled {
+		elector, err := leader.New(leader.Options{Config: cfg.LeaderElection, Client: clientset, Logger: log, Registerer: reg})
+		if err != nil {
+			return nil, err
+		}
+		election, status = elector, func() any { return elector.Status() }
+	}
+	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, StatePath: cfg.State.Path, Election: election, ShutdownTimeout: cfg.ShutdownTimeout}); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = s.webhooks.Close() // the state store: an in-process caller may try again
+		}
+	}()
+	watches := httpapi.NewHub(cfg.API.WatchHistory)
+	if s.informers, err = dynamicinformer.New(dynamicinformer.Options{
+		Logger: log, Dynamic: dyn, Discovery: disco, Registerer: reg,
+		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
+		Subscribers: []dynamicinformer.Subscriber{watches, s.webhooks},
+	}); err != nil {
+		return nil, err
+	}
+	if s.reloader, err = config.NewReloader(config.ReloaderOptions{
+		Logger: log, Registerer: reg, Path: o.ConfigPath, Current: cfg, Signals: o.Reload,
+		Apply: func(next *config.Config) error {
+			if err := s.webhooks.Update(next.Webhooks); err != nil {
+				return err
+			}
+			s.informers.Update(next.Resources)
+			return nil
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if s.security, err = httpapi.NewSecurity(log, cfg.API, clientset); err != nil {
+		return nil, err
+	}
+	if s.api, err = newAPI(log, cfg, restConfig, s, watches, status, reg); err != nil {
+		return nil, err
+	}
+	s.ops = httpapi.NewOps(reg, cfg.Metrics.PProf, s.informers, s.webhooks)
+	return s, nil
+}
+
+// newAPI builds the query API. What it reads from the apiserver for its callers (events,
+// OpenAPI, CRDs) goes through clients with a rate limit of their own: callers cannot starve
+// the informers or the leader's renewals.
+func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *service, watches *httpapi.Hub, leaderStatus func() any, reg *prometheus.Registry) (http.Handler, error) {
+	upstream := rest.CopyConfig(restConfig)
+	upstream.QPS, upstream.Burst = 20, 40
+	upstreamClient, upstreamDynamic, err := clients(upstream)
+	if err != nil {
+		return nil, err
+	}
+	return httpapi.NewAPI(httpapi.APIOptions{
+		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus,
+		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
+		Authenticator: s.security.Authenticator, Authorizer: s.security.Authorizer, Limits: cfg.API.Limits,
+		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: upstreamClient, Dynamic: upstreamDynamic,
+		EventsFromAPIServer: cfg.API.Events == config.EventsFromAPIServer,
+	})
+}

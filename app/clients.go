@@ -1,0 +1,99 @@
+package app
+
+import (
+	"fmt"
+	"mime"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/dynamic"
+	clientfeatures "k8s.io/client-go/features"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// clientGates are client-go's feature gates with ClientsAllowCBOR as configured. With it, the
+// dynamic clients send Accept: application/json;q=0.9,application/cbor;q=1 and decode whichever
+// the apiserver chose; requests they send stay JSON (ClientsPreferCBOR stays off).
+type clientGates struct {
+	base clientfeatures.Gates
+	cbor bool
+}
+
+func (g clientGates) Enabled(f clientfeatures.Feature) bool {
+	if f == clientfeatures.ClientsAllowCBOR {
+		return g.cbor
+	}
+	return g.base.Enabled(f)
+}
+
+// encodings counts the apiserver's responses by the encoding it chose, so that an operator (and
+// a test) can see whether client.cbor is in effect.
+type encodings struct{ responses *prometheus.CounterVec }
+
+func newEncodings() encodings {
+	e := encodings{responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dynwatch_apiserver_responses_total",
+		Help: "Responses from the apiserver to dynwatch's own requests, by encoding (cbor, json, protobuf, other).",
+	}, []string{"encoding"})}
+	for _, enc := range []string{"cbor", "json", "protobuf", "other"} {
+		e.responses.WithLabelValues(enc)
+	}
+	return e
+}
+
+func (e encodings) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			e.responses.WithLabelValues(encodingOf(resp.Header.Get("Content-Type"))).Inc()
+		}
+		return resp, err
+	})
+}
+
+// encodingOf names the encoding of a response's Content-Type.
+func encodingOf(contentType string) string {
+	media, _, _ := mime.ParseMediaType(contentType)
+	switch media {
+	case "application/cbor", "application/cbor-seq":
+		return "cbor"
+	case "application/json":
+		return "json"
+	case "application/vnd.kubernetes.protobuf":
+		return "protobuf"
+	}
+	return "other"
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// clients returns a typed and a dynamic client for c, sharing nothing with other clients.
+func clients(c *rest.Config) (*kubernetes.Clientset, *dynamic.DynamicClient, error) {
+	typed, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(c)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	return typed, dyn, nil
+}
+
+// clientConfig resolves the apiserver connection as client-go tools do: the kubeconfig path,
+// then $KUBECONFIG, then ~/.kube/config, then the in-cluster service account.
+func clientConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	c.UserAgent = "dynwatch"
+	c.QPS, c.Burst = 50, 100
+	return c, nil
+}

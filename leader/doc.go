@@ -1,0 +1,19 @@
+// Package leader elects the one replica of dynwatch that delivers, fences its deliveries, and
+// exchanges the journal's checkpoints between the replicas.
+//
+// Vocabulary: the Elector takes part in a Lease election (client-go's leaderelection) under
+// leaderElection.leaseName. Its fence holds from each successful renewal until that renewal's
+// start plus the renew deadline: a replica delivers only while it holds. The checkpoint
+// ConfigMap (leaderElection.checkpointName) carries, per sink and resource, the revision
+// through which the leader's deliveries are acknowledged; followers trim their outboxes to it.
+//
+// Guarantees: another replica takes the Lease over no sooner than the lease duration after it
+// saw the last renewal, which began after the fence's start; so a leader that is paused,
+// partitioned or slow stops delivering at least LeaseDuration - RenewDeadline before another
+// can start, provided the replicas' clocks run at about the same rate. Checkpoints in the
+// ConfigMap only ever rise.
+//
+// Concurrency: Run takes part until its context ends and gives the Lease up on the way out.
+// Leading, Status, Owns and the fence's methods (Bound, Lapsed, Wait) may be called from any
+// goroutine. Delivery sees the Elector only through an interface of its own (webhook.Election).
+package leader

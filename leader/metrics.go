@@ -1,0 +1,28 @@
+package leader
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the leader election's metrics.
+type metrics struct {
+	leading     prometheus.Gauge
+	transitions prometheus.Counter
+	checkpoints *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		leading:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "dynwatch_leader_election_leading", Help: "1 while this replica holds the Lease and delivers, else 0."}),
+		transitions: prometheus.NewCounter(prometheus.CounterOpts{Name: "dynwatch_leader_election_transitions_total", Help: "Changes of leader this replica has seen."}),
+		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dynwatch_leader_election_checkpoints_total", Help: "Checkpoint exchanges with the cluster, by operation (write while leading, read while following) and result (ok, error)."}, []string{"operation", "result"}),
+	}
+	for _, op := range []string{"read", "write"} {
+		for _, r := range []string{"ok", "error"} {
+			m.checkpoints.WithLabelValues(op, r)
+		}
+	}
+	return m
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.leading, m.transitions, m.checkpoints}
+}

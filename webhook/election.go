@@ -1,0 +1,78 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/journal"
+)
+
+// Election is leader election as delivery needs it (package leader provides it): a replica
+// delivers only while it leads, and each request is made under the Fence.
+type Election interface {
+	// Run takes part in the election until ctx ends, exchanging j's checkpoints with the other
+	// replicas. It calls lead with a context that ends when leadership does, and follow
+	// whenever this replica stops leading.
+	Run(ctx context.Context, j *journal.Journal, lead func(context.Context), follow func()) error
+	// Leading reports whether this replica has been elected and not yet stopped leading.
+	Leading() bool
+	// Owns reports whether the object is the election's own (its Lease or checkpoints): its
+	// changes are not delivered, or each checkpoint write would cause another.
+	Owns(gvr schema.GroupVersionResource, namespace, name string) bool
+	Fence
+}
+
+// Fence holds while this replica is certainly the leader.
+type Fence interface {
+	// Bound returns a context that ends with ctx or when the fence lapses, and whether the
+	// fence holds now.
+	Bound(ctx context.Context) (context.Context, context.CancelFunc, bool)
+	// Lapsed reports whether the fence does not hold now.
+	Lapsed() bool
+	// Wait returns once the fence is granted again, or ctx ends.
+	Wait(ctx context.Context)
+}
+
+// always is the fence of a replica without leader election: it always holds.
+type always struct{}
+
+func (always) Bound(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	return ctx, func() {}, true
+}
+
+func (always) Lapsed() bool { return false }
+
+func (always) Wait(ctx context.Context) { <-ctx.Done() }
+
+// errFenceLapsed is what a fenced connection's Write returns once the fence has lapsed.
+var errFenceLapsed = errors.New("the leader election fence has lapsed: not sending")
+
+type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// fencedDialer wraps dial so that its connections refuse to write once f has lapsed. It is the
+// last check before a request's bytes reach the network: a worker paused between its own check
+// and its write (before the fence's timer cuts its context) sends nothing on resuming.
+func fencedDialer(f Fence, dial dialFunc) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return fencedConn{Conn: c, fence: f}, nil
+	}
+}
+
+type fencedConn struct {
+	net.Conn
+	fence Fence
+}
+
+func (c fencedConn) Write(b []byte) (int, error) {
+	if c.fence.Lapsed() {
+		return 0, errFenceLapsed
+	}
+	return c.Conn.Write(b)
+}
