@@ -87,7 +87,9 @@ metrics: {address: "127.0.0.1:0"}
 		ctx, cancel := context.WithCancel(t.Context())
 		log := &testbed.LockedBuffer{}
 		done := make(chan error, 1)
-		go func() { done <- app.Run(ctx, app.Options{ConfigPath: cfgPath, Kubeconfig: cluster.Kubeconfig, Log: log}) }()
+		go func() {
+			done <- app.Run(ctx, app.Options{ConfigPath: cfgPath, Kubeconfig: cluster.Kubeconfig, Log: log})
+		}()
 		// Run routes klog into its logger first: a client call made meanwhile would race with it.
 		testbed.Eventually(t, time.Minute, func() error {
 			if !strings.Contains(log.String(), `"msg":"starting"`) {

@@ -70,7 +70,7 @@ type Options struct {
 	// Path is the state store's file, opened (or created) by New and closed by Close; empty
 	// keeps nothing: no outbox, no comparison after a restart.
 	Path string
-	Now   func() time.Time
+	Now  func() time.Time
 	// Targets are the sinks, in configuration order; called from the journal's goroutine.
 	Targets func() []Target
 	// Retired is called, after the commit, for each target RemoveTarget removed.
