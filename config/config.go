@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // EnvPrefix prefixes the environment variables that override scalar settings, with dots in the
@@ -189,7 +191,7 @@ func (r *Resource) String() string {
 	if name == "" {
 		name = r.Kind
 	}
-	return strings.TrimSuffix(name+"."+r.Version+"."+r.Group, ".")
+	return object.ResourceName(schema.GroupVersionResource{Group: r.Group, Version: r.Version, Resource: name})
 }
 
 // setDefaults is the one place defaults are set. It runs on the viper instance before the

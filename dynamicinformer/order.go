@@ -7,6 +7,8 @@ import (
 	"github.com/google/btree"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // orderDegree is the B-tree's degree: nodes of up to 63 items, a few cache lines of pointers.
@@ -18,14 +20,8 @@ type entry struct {
 	obj             *unstructured.Unstructured
 }
 
-// lessEntry orders by namespace, then name, as etcd orders keys: cluster-scoped objects (no
-// namespace) first.
-func lessEntry(a, b entry) bool {
-	if a.namespace != b.namespace {
-		return a.namespace < b.namespace
-	}
-	return a.name < b.name
-}
+// lessEntry orders entries in list order.
+func lessEntry(a, b entry) bool { return object.Compare(a.namespace, a.name, b.namespace, b.name) < 0 }
 
 // order keeps a resource's cached objects sorted by namespace and name, and the objects of
 // each value of each configured indexer too, so that a page is read in order instead of sorted

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -39,16 +40,16 @@ func (c *orderChecker) OnEvent(e Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e.Type == Deleted && found != nil {
-		c.errs = append(c.errs, fmt.Sprintf("%s is still in order after its DELETED event", CacheKey(e.Object)))
+		c.errs = append(c.errs, fmt.Sprintf("%s is still in order after its DELETED event", object.KeyOf(e.Object)))
 	} else if e.Type != Deleted && found != e.Object {
-		c.errs = append(c.errs, fmt.Sprintf("%s in order is %p, not the %s event's object %p", CacheKey(e.Object), found, e.Type, e.Object))
+		c.errs = append(c.errs, fmt.Sprintf("%s in order is %p, not the %s event's object %p", object.KeyOf(e.Object), found, e.Type, e.Object))
 	}
 }
 
 func orderedKeys(s Ordered, namespace string, after Key) []string {
 	var keys []string
 	s.Scan(namespace, after, func(o *unstructured.Unstructured) bool {
-		keys = append(keys, CacheKey(o))
+		keys = append(keys, object.KeyOf(o))
 		return true
 	})
 	return keys

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // API returns the resource's GroupVersionResource and its discovery entry (kind, scope,
@@ -26,7 +27,7 @@ func (r *Resource) ResourceVersion() uint64 {
 	defer r.mu.RUnlock()
 	var oldest uint64
 	for i, ni := range r.informers {
-		rv := Revision(ni.informer.LastSyncResourceVersion())
+		rv := object.Revision(ni.informer.LastSyncResourceVersion())
 		if i == 0 || rv < oldest {
 			oldest = rv
 		}
@@ -38,10 +39,7 @@ func (r *Resource) ResourceVersion() uint64 {
 
 // Get returns the cached object namespace/name ("" namespace for cluster-scoped objects).
 func (r *Resource) Get(namespace, name string) (*unstructured.Unstructured, bool) {
-	key := name
-	if namespace != "" {
-		key = namespace + "/" + name
-	}
+	key := object.Key(namespace, name)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, ni := range r.informers {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // State is where a configured resource is in its life.
@@ -223,7 +223,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		// Each informer's last synced resourceVersion is now that of its initial list or later.
 		var revision uint64
 		for _, ni := range informers {
-			revision = max(revision, Revision(ni.informer.LastSyncResourceVersion()))
+			revision = max(revision, object.Revision(ni.informer.LastSyncResourceVersion()))
 		}
 		for _, s := range r.m.subscribers {
 			if o, ok := s.(ListObserver); ok {
@@ -295,11 +295,11 @@ func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
 	defer x.mu.Unlock()
 	if first || x.changed == nil {
 		x.changed = map[string]string{}
-		x.revision = Revision(items.GetResourceVersion())
+		x.revision = object.Revision(items.GetResourceVersion())
 	}
 	for i := range items.Items {
 		u := &items.Items[i]
-		key := CacheKey(u)
+		key := object.KeyOf(u)
 		if old, ok, _ := cached.GetByKey(key); ok {
 			if o, ok := old.(*unstructured.Unstructured); ok && o.GetResourceVersion() == u.GetResourceVersion() {
 				continue
@@ -323,29 +323,12 @@ func (x *relisted) take(u *unstructured.Unstructured) bool {
 	if len(x.changed) == 0 {
 		return false
 	}
-	key := CacheKey(u)
+	key := object.KeyOf(u)
 	if rv, ok := x.changed[key]; ok && rv == u.GetResourceVersion() {
 		delete(x.changed, key)
 		return true
 	}
 	return false
-}
-
-// Revision is a resourceVersion as an integer, or 0 when it is not one.
-func Revision(resourceVersion string) uint64 {
-	n, err := strconv.ParseUint(resourceVersion, 10, 64)
-	if err != nil {
-		return 0
-	}
-	return n
-}
-
-// CacheKey is an object's key in the cache: namespace/name, or name for a cluster-scoped one.
-func CacheKey(u *unstructured.Unstructured) string {
-	if ns := u.GetNamespace(); ns != "" {
-		return ns + "/" + u.GetName()
-	}
-	return u.GetName()
 }
 
 // stopInformers stops the informers, waits for them, and drops their caches.
@@ -392,7 +375,7 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 					r.relistEvents[Added].Inc()
 					inOrder = false
 				}
-				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: Revision(u.GetResourceVersion()), InOrder: inOrder})
+				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: inOrder})
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
@@ -409,7 +392,7 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 				r.relistEvents[Modified].Inc()
 				inOrder = false
 			}
-			r.emit(Event{Type: Modified, Resource: gvr, Object: n, OldObject: o, Stream: stream, Revision: Revision(n.GetResourceVersion()), InOrder: inOrder})
+			r.emit(Event{Type: Modified, Resource: gvr, Object: n, OldObject: o, Stream: stream, Revision: object.Revision(n.GetResourceVersion()), InOrder: inOrder})
 		},
 		DeleteFunc: func(obj any) {
 			tombstone, fromRelist := obj.(cache.DeletedFinalStateUnknown)
@@ -421,7 +404,7 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 				r.objects.Add(-1)
 				// A watch's delete carries the deletion's resourceVersion; a tombstone the
 				// object's last known one, and the deletion happened by the relist's.
-				e := Event{Type: Deleted, Resource: gvr, Object: u, Stream: stream, Revision: Revision(u.GetResourceVersion()), InOrder: !fromRelist}
+				e := Event{Type: Deleted, Resource: gvr, Object: u, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: !fromRelist}
 				if fromRelist {
 					r.relistEvents[Deleted].Inc()
 					e.Revision = relist.listRevision()

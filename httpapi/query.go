@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // query is a list or watch request's parameters, parsed.
@@ -224,20 +224,11 @@ func byIndex(r *dynamicinformer.Resource, index string, values ...string) (looku
 		l.objs = append(l.objs, objs...)
 	}
 	if len(values) > 1 { // an object can carry several of the values
-		slices.SortFunc(l.objs, compareKeys)
-		l.objs = slices.CompactFunc(l.objs, func(a, b *unstructured.Unstructured) bool { return compareKeys(a, b) == 0 })
+		slices.SortFunc(l.objs, object.CompareObjects)
+		l.objs = slices.CompactFunc(l.objs, func(a, b *unstructured.Unstructured) bool { return object.CompareObjects(a, b) == 0 })
 	}
 	return l, nil
 }
-
-func key(o *unstructured.Unstructured) string {
-	if ns := o.GetNamespace(); ns != "" {
-		return ns + "/" + o.GetName()
-	}
-	return o.GetName()
-}
-
-func compareKeys(a, b *unstructured.Unstructured) int { return compareKey(key(a), key(b)) }
 
 // page is one page of a list: the selected objects in key order after the cursor.
 type page struct {
@@ -277,11 +268,11 @@ func (q *query) paginate(ctx context.Context, l lookup, namespace, rv string) (p
 		if !q.matches(o, namespace) {
 			continue
 		}
-		if k := key(o); q.after == "" || compareKey(k, q.after) > 0 {
+		if k := object.KeyOf(o); q.after == "" || object.CompareKeys(k, q.after) > 0 {
 			selected = append(selected, keyed{k, o})
 		}
 	}
-	slices.SortFunc(selected, func(a, b keyed) int { return compareKey(a.key, b.key) })
+	slices.SortFunc(selected, func(a, b keyed) int { return object.CompareKeys(a.key, b.key) })
 	if err := ctx.Err(); err != nil {
 		return page{}, err
 	}
@@ -304,7 +295,7 @@ func (q *query) paginate(ctx context.Context, l lookup, namespace, rv string) (p
 func (q *query) scan(ctx context.Context, ordered dynamicinformer.Ordered, namespace, rv string) (page, error) {
 	var after dynamicinformer.Key
 	if q.after != "" {
-		after.Namespace, after.Name, _ = cutKey(q.after)
+		after.Namespace, after.Name = object.SplitKey(q.after)
 	}
 	var p page
 	var err error
@@ -332,28 +323,10 @@ func (q *query) scan(ctx context.Context, ordered dynamicinformer.Ordered, names
 		return page{}, err
 	}
 	if more {
-		p.next = encodeContinue(rv, key(p.items[len(p.items)-1]))
+		p.next = encodeContinue(rv, object.KeyOf(p.items[len(p.items)-1]))
 		if q.unselected() {
 			p.remaining = &rest
 		}
 	}
 	return p, nil
-}
-
-// compareKey orders namespace/name keys by namespace, then name; a cluster-scoped key (no
-// namespace) sorts before namespaced ones, as in etcd.
-func compareKey(a, b string) int {
-	ans, aname, _ := cutKey(a)
-	bns, bname, _ := cutKey(b)
-	if c := strings.Compare(ans, bns); c != 0 {
-		return c
-	}
-	return strings.Compare(aname, bname)
-}
-
-func cutKey(k string) (namespace, name string, namespaced bool) {
-	if ns, name, ok := strings.Cut(k, "/"); ok {
-		return ns, name, true
-	}
-	return "", k, false
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 func TestParsePathNamesWhatTheKubernetesAPIDoes(t *testing.T) {
@@ -126,10 +127,10 @@ func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 		objs = append(objs, o)
 	}
 	sorted := slices.Clone(objs)
-	slices.SortFunc(sorted, compareKeys)
+	slices.SortFunc(sorted, object.CompareObjects)
 	for _, o := range sorted {
 		if o.GetLabels()["pick"] == "yes" {
-			want = append(want, key(o))
+			want = append(want, object.KeyOf(o))
 		}
 	}
 	for name, source := range sources {
@@ -146,7 +147,7 @@ func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, o := range p.items {
-					got = append(got, key(o))
+					got = append(got, object.KeyOf(o))
 				}
 				if p.remaining != nil {
 					t.Errorf("a page of a selected list has remainingItemCount %d", *p.remaining)
@@ -166,7 +167,7 @@ func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 func countBefore(objs []*unstructured.Unstructured, after string) int {
 	n := 0
 	for _, o := range objs {
-		if compareKey(key(o), after) <= 0 {
+		if object.CompareKeys(object.KeyOf(o), after) <= 0 {
 			n++
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // watcherBuffer is how many events a watcher may fall behind before it is disconnected; the
@@ -72,10 +72,7 @@ type watcher struct {
 	fresh   map[string]uint64 // snapshot objects newer than minRV: key → their resourceVersion
 }
 
-func rvOf(o *unstructured.Unstructured) uint64 {
-	rv, _ := strconv.ParseUint(o.GetResourceVersion(), 10, 64)
-	return rv
-}
+func rvOf(o *unstructured.Unstructured) uint64 { return object.Revision(o.GetResourceVersion()) }
 
 func (s *stream) publish(e dynamicinformer.Event) {
 	rv := rvOf(e.Object)
@@ -135,7 +132,7 @@ func (w *watcher) wants(e dynamicinformer.Event, rv uint64) bool {
 	if len(w.fresh) == 0 {
 		return true
 	}
-	k := key(e.Object)
+	k := object.KeyOf(e.Object)
 	if seen, ok := w.fresh[k]; ok {
 		if rv <= seen {
 			return false
@@ -162,7 +159,7 @@ func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial boo
 				if w.fresh == nil {
 					w.fresh = map[string]uint64{}
 				}
-				w.fresh[key(o)] = orv
+				w.fresh[object.KeyOf(o)] = orv
 			}
 		}
 		s.watchers[w] = struct{}{}
@@ -254,12 +251,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	for i, o := range snapshot {
 		ordered[i] = named{o.GetNamespace(), o.GetName(), o}
 	}
-	slices.SortFunc(ordered, func(a, b named) int {
-		if c := strings.Compare(a.namespace, b.namespace); c != 0 {
-			return c
-		}
-		return strings.Compare(a.name, b.name)
-	})
+	slices.SortFunc(ordered, func(a, b named) int { return object.Compare(a.namespace, a.name, b.namespace, b.name) })
 	for i, o := range ordered {
 		if i%checkEvery == 0 && c.Request.Context().Err() != nil {
 			return

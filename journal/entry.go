@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime/schema"
-
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
@@ -20,7 +18,8 @@ type Entry struct {
 	// and on every replica (see EventID).
 	ID string
 	// Key orders a sink's entries: those with the same key (the same object by resource,
-	// namespace and name, whatever its uid) are delivered one at a time, in order (see Key).
+	// namespace and name, whatever its uid) are delivered one at a time, in order (see
+	// object.OrderingKey).
 	Key      string
 	Enqueued time.Time
 	// Body is the request body (see Payload), or nil to build it from Event.
@@ -39,18 +38,6 @@ type Entry struct {
 // every replica that records the change.
 func EventID(e dynamicinformer.Event) string {
 	return fmt.Sprintf("%s.%s.%s", e.Object.GetUID(), e.Object.GetResourceVersion(), strings.ToLower(string(e.Type)))
-}
-
-// Key orders an event's deliveries: its object's resource, namespace and name, as the cache
-// keys it. An object deleted and created again under its name keeps its key, so the DELETED of
-// the old one is delivered before the ADDED of the new one.
-func Key(e dynamicinformer.Event) string {
-	return e.Resource.String() + "|" + dynamicinformer.CacheKey(e.Object)
-}
-
-// ResourceName names gvr as logs, metrics and dead letters do: resource.version.group.
-func ResourceName(gvr schema.GroupVersionResource) string {
-	return strings.TrimSuffix(gvr.Resource+"."+gvr.Version+"."+gvr.Group, ".")
 }
 
 // Payload is the request body for an event:

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Journal is the one path from the informers to the sinks' queues. Record only appends to
@@ -435,8 +436,8 @@ func (j *Journal) flushBatch() error {
 				j.log.Error("state store operation failed: it is skipped, the rest of its batch commits", "op", o.String(), "err", err)
 				if o.kind == opEvent && tx != nil {
 					// Forget the object's state, so that the next start derives it again from the cache.
-					if bk := tx.Bucket(objectsBucket).Bucket([]byte(o.event.Resource.String())); bk != nil {
-						_ = bk.Delete([]byte(dynamicinformer.CacheKey(o.event.Object)))
+					if bk := tx.Bucket(objectsBucket).Bucket(resourceBucket(o.event.Resource)); bk != nil {
+						_ = bk.Delete([]byte(object.KeyOf(o.event.Object)))
 					}
 				}
 			}
@@ -478,9 +479,9 @@ func (j *Journal) flushBatch() error {
 func (o op) String() string {
 	switch o.kind {
 	case opEvent:
-		return fmt.Sprintf("%s %s %s", o.event.Type, ResourceName(o.event.Resource), dynamicinformer.CacheKey(o.event.Object))
+		return fmt.Sprintf("%s %s %s", o.event.Type, object.ResourceName(o.event.Resource), object.KeyOf(o.event.Object))
 	case opListStarted, opListSynced:
-		return "list " + ResourceName(o.gvr)
+		return "list " + object.ResourceName(o.gvr)
 	case opTrim:
 		return "trim to checkpoints"
 	default:
@@ -533,11 +534,11 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 	if tx == nil {
 		return j.fanOut(nil, targets, e, nil, nil, bt)
 	}
-	b, err := tx.Bucket(objectsBucket).CreateBucketIfNotExists([]byte(e.Resource.String()))
+	b, err := tx.Bucket(objectsBucket).CreateBucketIfNotExists(resourceBucket(e.Resource))
 	if err != nil {
 		return err
 	}
-	key := []byte(dynamicinformer.CacheKey(e.Object)) // as in the cache
+	key := []byte(object.KeyOf(e.Object)) // as in the cache
 	var prev *stored
 	if v := b.Get(key); v != nil {
 		if s, err := decodeStored(v); err == nil {
@@ -614,7 +615,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 // corruptObject counts and logs a stored object that does not decode.
 func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err error) {
 	j.m.corrupt.Inc()
-	j.log.Error("corrupt stored object: its state is derived again from the cache", "resource", ResourceName(gvr), "key", string(key), "err", err)
+	j.log.Error("corrupt stored object: its state is derived again from the cache", "resource", object.ResourceName(gvr), "key", string(key), "err", err)
 }
 
 // fanOut makes an entry of e for every target whose filters select it, and with a store
@@ -633,7 +634,7 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 		if body == nil {
 			body = appendPayload(make([]byte, 0, len(objJSON)+len(oldJSON)+256), e, objJSON, oldJSON)
 		}
-		d := Entry{Event: e, ID: EventID(e), Key: Key(e), Enqueued: now, Body: body, Revision: e.Revision}
+		d := Entry{Event: e, ID: EventID(e), Key: object.OrderingKey(e.Resource, e.Object.GetNamespace(), e.Object.GetName()), Enqueued: now, Body: body, Revision: e.Revision}
 		if tx != nil {
 			j.seq++
 			d.Seq = j.seq
@@ -665,7 +666,7 @@ func (j *Journal) listStarted(tx *bolt.Tx, gvr schema.GroupVersionResource, run 
 	if tx == nil {
 		return
 	}
-	b := tx.Bucket(objectsBucket).Bucket([]byte(gvr.String()))
+	b := tx.Bucket(objectsBucket).Bucket(resourceBucket(gvr))
 	fresh := b == nil
 	if !fresh {
 		k, _ := b.Cursor().First()
@@ -683,7 +684,7 @@ func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVers
 		return nil
 	}
 	bt.finished = append(bt.finished, gvr)
-	b := tx.Bucket(objectsBucket).Bucket([]byte(gvr.String()))
+	b := tx.Bucket(objectsBucket).Bucket(resourceBucket(gvr))
 	var gone, corrupt [][]byte
 	var objects []*unstructured.Unstructured
 	if b != nil {
@@ -724,10 +725,10 @@ func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVers
 	}
 	if l.fresh && len(l.seen) > 0 {
 		j.m.fullReplays.Inc()
-		j.log.Warn("no stored state for this resource: every object was delivered as ADDED", "resource", ResourceName(gvr), "objects", len(l.seen))
+		j.log.Warn("no stored state for this resource: every object was delivered as ADDED", "resource", object.ResourceName(gvr), "objects", len(l.seen))
 		return nil
 	}
-	j.log.Info("initial list compared with the stored state", "resource", ResourceName(gvr),
+	j.log.Info("initial list compared with the stored state", "resource", object.ResourceName(gvr),
 		"unchanged", l.count.unchanged, "modified", l.count.modified, "added", l.count.added, "deleted", l.count.deleted+len(gone))
 	return nil
 }

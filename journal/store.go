@@ -17,11 +17,12 @@ import (
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
-// The store's layout: objects/<group/version/resource>/<namespace/name> → stored object,
-// outbox/<sink>/<sequence> → outbox entry, and meta/format → the entries' format. Sequences
-// are big-endian, so a cursor walks an outbox oldest first.
+// The store's layout: objects/<resource name>/<key> → stored object, outbox/<sink>/<sequence>
+// → outbox entry, and meta/format → the store's format. Resource names, keys and ordering keys
+// are package object's. Sequences are big-endian, so a cursor walks an outbox oldest first.
 var (
 	objectsBucket = []byte("objects")
 	outboxBucket  = []byte("outbox")
@@ -29,9 +30,10 @@ var (
 	formatKey     = []byte("format")
 )
 
-// format is the outbox entries' format: 2 added the revision. A store of format 1 (no meta
-// bucket) is converted when it is opened.
-const format = "2"
+// format is the store's format. 2 added the entries' revision; 3 names resources as
+// object.ResourceName does, where 2 wrote schema.GroupVersionResource's String. A store of an
+// earlier format (1 has no meta bucket) is converted when it is opened, in one transaction.
+const format = "3"
 
 // store is the journal's file, a bbolt database: per resource the last state of every object
 // handed to the sinks, and per sink the outbox of events neither delivered nor dead-lettered
@@ -73,20 +75,7 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		upgrade := tx.Bucket(metaBucket) == nil && tx.Bucket(outboxBucket) != nil
-		for _, b := range [][]byte{objectsBucket, outboxBucket, metaBucket} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		if upgrade {
-			if err := upgradeEntries(tx); err != nil {
-				return fmt.Errorf("convert the outbox to format %s: %w", format, err)
-			}
-		}
-		return tx.Bucket(metaBucket).Put(formatKey, []byte(format))
-	})
+	err = s.db.Update(upgrade)
 	if err != nil {
 		s.db.Close()
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
@@ -170,14 +159,42 @@ func (s *store) size() int64 {
 	return n
 }
 
-// upgradeEntries converts format 1 outbox entries, which had no revision, taking it from the
+// upgrade creates the store's buckets and converts a store of an earlier format to this one.
+func upgrade(tx *bolt.Tx) error {
+	was := format // a new store
+	if meta := tx.Bucket(metaBucket); meta != nil {
+		was = string(meta.Get(formatKey))
+	} else if tx.Bucket(outboxBucket) != nil {
+		was = "1"
+	}
+	for _, b := range [][]byte{objectsBucket, outboxBucket, metaBucket} {
+		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+			return err
+		}
+	}
+	steps := []struct {
+		from, to string
+		convert  func(*bolt.Tx) error
+	}{{"1", "2", addRevisions}, {"2", "3", renameResources}}
+	for _, st := range steps {
+		if was == st.from {
+			if err := st.convert(tx); err != nil {
+				return fmt.Errorf("convert the store from format %s to %s: %w", st.from, st.to, err)
+			}
+			was = st.to
+		}
+	}
+	if was != format {
+		return fmt.Errorf("the store's format %q is not one this dynwatch reads (%s or earlier): it was written by a later release", was, format)
+	}
+	return tx.Bucket(metaBucket).Put(formatKey, []byte(format))
+}
+
+// addRevisions converts format 1 outbox entries, which had no revision, taking it from the
 // event id (uid.resourceVersion.type).
-func upgradeEntries(tx *bolt.Tx) error {
+func addRevisions(tx *bolt.Tx) error {
 	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
-		b := tx.Bucket(outboxBucket).Bucket(name)
-		type kv struct{ k, v []byte }
-		var out []kv
-		err := b.ForEach(func(k, v []byte) error {
+		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(name), func(v []byte) []byte {
 			if len(v) < 3*8 {
 				return nil // corrupt: removed when it is read
 			}
@@ -187,21 +204,104 @@ func upgradeEntries(tx *bolt.Tx) error {
 			}
 			rev := uint64(0)
 			if parts := strings.Split(id, "."); len(parts) == 3 {
-				rev = dynamicinformer.Revision(parts[1])
+				rev = object.Revision(parts[1])
 			}
 			nv := make([]byte, 0, len(v)+8)
 			nv = append(nv, v[:3*8]...)
 			nv = binary.BigEndian.AppendUint64(nv, rev)
-			out = append(out, kv{append([]byte(nil), k...), append(nv, v[3*8:]...)})
-			return nil
+			return append(nv, v[3*8:]...)
 		})
-		for _, e := range out {
-			if err == nil {
-				err = b.Put(e.k, e.v)
-			}
-		}
-		return err
 	})
+}
+
+// renameResources converts format 2's resource names (schema.GroupVersionResource's String,
+// "apps/v1, Resource=deployments") to object.ResourceName's, in the objects buckets' names and
+// in the outbox entries' ordering keys.
+func renameResources(tx *bolt.Tx) error {
+	objects := tx.Bucket(objectsBucket)
+	var names [][]byte
+	if err := objects.ForEachBucket(func(k []byte) error { names = append(names, append([]byte(nil), k...)); return nil }); err != nil {
+		return err
+	}
+	for _, old := range names {
+		gvr, ok := formatTwoResource(string(old))
+		if !ok {
+			continue // not format 2's: left as it is
+		}
+		if err := moveBucket(objects, old, resourceBucket(gvr)); err != nil {
+			return fmt.Errorf("objects of %s: %w", old, err)
+		}
+	}
+	return tx.Bucket(outboxBucket).ForEachBucket(func(sink []byte) error {
+		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(sink), func(v []byte) []byte {
+			if len(v) < entryHeader {
+				return nil // corrupt: counted and removed when it is read
+			}
+			id, rest, err := readString(v[entryHeader:])
+			if err != nil {
+				return nil
+			}
+			key, body, err := readString(rest)
+			if err != nil {
+				return nil
+			}
+			res, objKey, _ := strings.Cut(key, "|")
+			gvr, ok := formatTwoResource(res)
+			if !ok {
+				return nil
+			}
+			ns, name := object.SplitKey(objKey)
+			nv := appendString(append([]byte(nil), v[:entryHeader]...), id)
+			nv = appendString(nv, object.OrderingKey(gvr, ns, name))
+			return append(nv, body...)
+		})
+	})
+}
+
+// formatTwoResource parses schema.GroupVersionResource's String, as format 2 named resources.
+func formatTwoResource(s string) (schema.GroupVersionResource, bool) {
+	gv, res, ok := strings.Cut(s, ", Resource=")
+	if !ok || res == "" {
+		return schema.GroupVersionResource{}, false
+	}
+	v, err := schema.ParseGroupVersion(gv)
+	if err != nil || v.Version == "" {
+		return schema.GroupVersionResource{}, false
+	}
+	return v.WithResource(res), true
+}
+
+// moveBucket moves the keys and values of parent's bucket from into a bucket to, created if
+// need be, and deletes from.
+func moveBucket(parent *bolt.Bucket, from, to []byte) error {
+	src := parent.Bucket(from)
+	dst, err := parent.CreateBucketIfNotExists(to)
+	if err != nil {
+		return err
+	}
+	if err := src.ForEach(func(k, v []byte) error { return dst.Put(k, v) }); err != nil {
+		return err
+	}
+	return parent.DeleteBucket(from)
+}
+
+// rewriteEntries replaces each value of b with what convert makes of it; nil leaves it as it
+// is.
+func rewriteEntries(b *bolt.Bucket, convert func(v []byte) []byte) error {
+	type kv struct{ k, v []byte }
+	var out []kv
+	err := b.ForEach(func(k, v []byte) error {
+		if nv := convert(v); nv != nil {
+			out = append(out, kv{append([]byte(nil), k...), nv})
+		}
+		return nil
+	})
+	for _, e := range out {
+		if err == nil {
+			err = b.Put(e.k, e.v)
+		}
+	}
+	return err
 }
 
 // outboxPage is a stretch of a sink's outbox, oldest first. Its entries' events carry their objects'
@@ -357,21 +457,15 @@ func indexEntry(v []byte) indexed {
 	x := indexed{revision: binary.BigEndian.Uint64(v[24:])}
 	if _, rest, err := readString(v[entryHeader:]); err == nil {
 		if key, _, err := readString(rest); err == nil {
-			x.resource = keyResource(key)
+			x.resource, _ = object.OrderingKeyResource(key)
 		}
 	}
 	return x
 }
 
-// keyResource is the resource of an ordering key (see Key): gvr.String() before the "|".
-func keyResource(key string) schema.GroupVersionResource {
-	r, _, _ := strings.Cut(key, "|")
-	gv, res, _ := strings.Cut(r, ", Resource=")
-	v, err := schema.ParseGroupVersion(gv)
-	if err != nil {
-		return schema.GroupVersionResource{}
-	}
-	return v.WithResource(res)
+// resourceBucket is the name of a resource's bucket under objects.
+func resourceBucket(gvr schema.GroupVersionResource) []byte {
+	return []byte(object.ResourceName(gvr))
 }
 
 func decodeEntry(v []byte) (Entry, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // exchange writes the journal's checkpoints to the checkpoint ConfigMap every interval while
@@ -57,7 +59,7 @@ func (el *Elector) exchange(ctx context.Context, j *journal.Journal) {
 }
 
 // checkpointKey is the ConfigMap's data key holding the checkpoints as JSON:
-// {"sink": {"apps/v1/deployments": "1234"}}.
+// {"sink": {"deployments.v1.apps": "1234"}} (see object.ResourceName).
 const checkpointKey = "checkpoints.json"
 
 // fetch reads the checkpoints and the ConfigMap they came from (nil when it does not exist).
@@ -107,7 +109,7 @@ func encodeCheckpoints(cp journal.Checkpoints) string {
 	for sink, byResource := range cp {
 		out[sink] = map[string]string{}
 		for gvr, rev := range byResource {
-			out[sink][gvr.GroupVersion().String()+"/"+gvr.Resource] = fmt.Sprint(rev)
+			out[sink][object.ResourceName(gvr)] = strconv.FormatUint(rev, 10)
 		}
 	}
 	b, _ := json.Marshal(out)
@@ -125,18 +127,31 @@ func decodeCheckpoints(s string) (journal.Checkpoints, error) {
 	}
 	for sink, byResource := range in {
 		cp[sink] = map[schema.GroupVersionResource]uint64{}
-		for key, rev := range byResource {
-			i := strings.LastIndex(key, "/")
-			gv, err := schema.ParseGroupVersion(key[:max(i, 0)])
-			if i < 0 || err != nil {
-				return nil, fmt.Errorf("%s: sink %s: resource %q is not group/version/resource", checkpointKey, sink, key)
+		for name, rev := range byResource {
+			gvr, err := checkpointResource(name)
+			if err != nil {
+				return nil, fmt.Errorf("%s: sink %s: %w", checkpointKey, sink, err)
 			}
-			var n uint64
-			if _, err := fmt.Sscan(rev, &n); err != nil {
-				return nil, fmt.Errorf("%s: sink %s: resource %s: revision %q is not an integer", checkpointKey, sink, key, rev)
+			n, err := strconv.ParseUint(rev, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: sink %s: resource %s: revision %q is not an integer", checkpointKey, sink, name, rev)
 			}
-			cp[sink][gv.WithResource(key[i+1:])] = n
+			cp[sink][gvr] = max(cp[sink][gvr], n)
 		}
 	}
 	return cp, nil
+}
+
+// checkpointResource parses a resource's name in the checkpoints: object.ResourceName's, or
+// group/version/resource as releases before it wrote them, so that a rolling upgrade keeps the
+// checkpoints the old leader wrote.
+func checkpointResource(name string) (schema.GroupVersionResource, error) {
+	if i := strings.LastIndex(name, "/"); i >= 0 {
+		gv, err := schema.ParseGroupVersion(name[:i])
+		if err != nil || gv.Version == "" || name[i+1:] == "" {
+			return schema.GroupVersionResource{}, fmt.Errorf("resource %q is not resource.version.group", name)
+		}
+		return gv.WithResource(name[i+1:]), nil
+	}
+	return object.ParseResourceName(name)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // The reasons a delivery is dead-lettered.
@@ -58,7 +59,7 @@ type ObjectRef struct {
 
 func refOf(d journal.Entry) ObjectRef {
 	o := d.Event.Object
-	return ObjectRef{Resource: journal.ResourceName(d.Event.Resource), Namespace: o.GetNamespace(), Name: o.GetName(), UID: string(o.GetUID()), ResourceVersion: o.GetResourceVersion()}
+	return ObjectRef{Resource: object.ResourceName(d.Event.Resource), Namespace: o.GetNamespace(), Name: o.GetName(), UID: string(o.GetUID()), ResourceVersion: o.GetResourceVersion()}
 }
 
 // target is where a sink's dead letters go; a reload may change it.

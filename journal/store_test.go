@@ -1,0 +1,112 @@
+package journal
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// testdata/format2.db was written by the release before format 3 (commit 10dc13b): five
+// ADDED events recorded for one sink and none acknowledged, of a configmap in team-a and one in
+// team-b, a deployment, a namespace and a custom resource of example.com.
+
+// TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything: every outbox entry is still there,
+// keyed by the new resource names, and the stored objects are still compared with an initial
+// list: an unchanged object is not delivered again, a vanished one is delivered as DELETED.
+func TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	old, err := os.ReadFile("testdata/format2.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tg := &target{}
+	j, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
+		Path: path, Targets: func() []Target { return []Target{tg} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+
+	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+	want := []string{
+		object.OrderingKey(configmaps, "team-a", "settings"),
+		object.OrderingKey(configmaps, "team-b", "settings"),
+		object.OrderingKey(deployments, "team-a", "web"),
+		object.OrderingKey(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, "", "team-a"),
+		object.OrderingKey(schema.GroupVersionResource{Group: "example.com", Version: "v1alpha1", Resource: "widgets"}, "team-a", "gizmo"),
+	}
+	var keys []string
+	if _, _, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool {
+		keys = append(keys, e.Key)
+		if r, err := object.OrderingKeyResource(e.Key); err != nil || r != e.Event.Resource {
+			t.Errorf("entry %d: its key %q names %v (%v); its event is of %v", e.Seq, e.Key, r, err, e.Event.Resource)
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("outbox keys after the upgrade:\n%q\nwant\n%q", keys, want)
+	}
+	if cp := j.Checkpoints(); len(cp["sink"]) != 0 {
+		t.Errorf("checkpoints %v with every entry unacknowledged; want none", cp)
+	}
+
+	// The initial lists after the restart: configmaps lists both, unchanged; deployments lists
+	// none, so web was deleted while nobody was looking.
+	j.ListStarted(configmaps, 1, nil)
+	j.ListStarted(deployments, 1, nil)
+	for i, ns := range []string{"team-a", "team-b"} {
+		u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+			"namespace": ns, "name": "settings", "uid": []string{"uid-0", "uid-1"}[i], "resourceVersion": []string{"100", "101"}[i]}, "data": map[string]any{"k": "v"}}}
+		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: u, InitialList: true, Revision: 100 + uint64(i)})
+	}
+	j.ListSynced(configmaps, 1, 200)
+	j.ListSynced(deployments, 1, 200)
+	flush(t, j)
+	var got []string
+	for _, e := range tg.entries {
+		got = append(got, string(e.Event.Type)+" "+e.Key)
+	}
+	if w := []string{"DELETED " + want[2]}; !slices.Equal(got, w) {
+		t.Errorf("after the initial lists the sink was handed %q; want %q", got, w)
+	}
+}
+
+// TestAStoreOfALaterFormatIsRefused: a store written by a later release is not read as if it
+// were this one's, nor set aside as damaged.
+func TestAStoreOfALaterFormatIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	st, err := openStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(metaBucket).Put(formatKey, []byte("99")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openStore(path); err == nil || !strings.Contains(err.Error(), `format "99"`) {
+		t.Fatalf("opening a store of format 99: %v; want an error naming the format", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("the store of a later format was moved: %v", err)
+	}
+}

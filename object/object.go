@@ -1,0 +1,94 @@
+package object
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Key is an object's key in the cache: namespace/name, or name for a cluster-scoped object.
+func Key(namespace, name string) string {
+	if namespace == "" {
+		return name
+	}
+	return namespace + "/" + name
+}
+
+// KeyOf is o's key in the cache.
+func KeyOf(o metav1.Object) string { return Key(o.GetNamespace(), o.GetName()) }
+
+// SplitKey is the namespace ("" for a cluster-scoped object) and name of a key.
+func SplitKey(key string) (namespace, name string) {
+	if ns, n, ok := strings.Cut(key, "/"); ok {
+		return ns, n
+	}
+	return "", key
+}
+
+// Compare orders objects as the apiserver lists them: by namespace, then name; cluster-scoped
+// objects (no namespace) first.
+func Compare(aNamespace, aName, bNamespace, bName string) int {
+	if c := strings.Compare(aNamespace, bNamespace); c != 0 {
+		return c
+	}
+	return strings.Compare(aName, bName)
+}
+
+// CompareKeys orders two keys as Compare orders their objects.
+func CompareKeys(a, b string) int {
+	ans, an := SplitKey(a)
+	bns, bn := SplitKey(b)
+	return Compare(ans, an, bns, bn)
+}
+
+// CompareObjects orders two objects as Compare does.
+func CompareObjects[T metav1.Object](a, b T) int {
+	return Compare(a.GetNamespace(), a.GetName(), b.GetNamespace(), b.GetName())
+}
+
+// Revision is a resourceVersion as an integer, or 0 when it is not one. One resource's
+// resourceVersions compare as integers (the apiserver's are etcd revisions).
+func Revision(resourceVersion string) uint64 {
+	n, err := strconv.ParseUint(resourceVersion, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// ResourceName names gvr as dynwatch does everywhere: resource.version.group, or
+// resource.version for the core group.
+func ResourceName(gvr schema.GroupVersionResource) string {
+	if gvr.Group == "" {
+		return gvr.Resource + "." + gvr.Version
+	}
+	return gvr.Resource + "." + gvr.Version + "." + gvr.Group
+}
+
+// ParseResourceName is the resource ResourceName named.
+func ParseResourceName(name string) (schema.GroupVersionResource, error) {
+	resource, rest, ok := strings.Cut(name, ".")
+	version, group, _ := strings.Cut(rest, ".")
+	if !ok || resource == "" || version == "" {
+		return schema.GroupVersionResource{}, fmt.Errorf("resource %q is not resource.version.group", name)
+	}
+	return schema.GroupVersionResource{Group: group, Version: version, Resource: resource}, nil
+}
+
+// OrderingKey orders an object's deliveries: its resource, namespace and name. An object
+// deleted and created again under its name keeps its ordering key, whatever its uid.
+func OrderingKey(gvr schema.GroupVersionResource, namespace, name string) string {
+	return ResourceName(gvr) + "|" + Key(namespace, name)
+}
+
+// OrderingKeyResource is the resource of an ordering key.
+func OrderingKeyResource(key string) (schema.GroupVersionResource, error) {
+	name, _, ok := strings.Cut(key, "|")
+	if !ok {
+		return schema.GroupVersionResource{}, fmt.Errorf("ordering key %q has no resource", key)
+	}
+	return ParseResourceName(name)
+}
