@@ -7,6 +7,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Key is an object's key in the cache: namespace/name, or name for a cluster-scoped object.
@@ -68,11 +69,14 @@ func ResourceName(gvr schema.GroupVersionResource) string {
 	return gvr.Resource + "." + gvr.Version + "." + gvr.Group
 }
 
-// ParseResourceName is the resource ResourceName named.
+// ParseResourceName is the resource ResourceName named. The resource and the version must be
+// DNS labels and the group, if any, a DNS subdomain, as the apiserver requires.
 func ParseResourceName(name string) (schema.GroupVersionResource, error) {
-	resource, rest, ok := strings.Cut(name, ".")
+	resource, rest, _ := strings.Cut(name, ".")
 	version, group, _ := strings.Cut(rest, ".")
-	if !ok || resource == "" || version == "" {
+	bad := len(validation.IsDNS1123Label(resource)) > 0 || len(validation.IsDNS1123Label(version)) > 0 ||
+		group != "" && len(validation.IsDNS1123Subdomain(group)) > 0
+	if bad {
 		return schema.GroupVersionResource{}, fmt.Errorf("resource %q is not resource.version.group", name)
 	}
 	return schema.GroupVersionResource{Group: group, Version: version, Resource: resource}, nil
