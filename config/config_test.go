@@ -345,10 +345,10 @@ func TestWebhookSecretsAreReadAndNeverPrinted(t *testing.T) {
 	}
 }
 
-// TestREADMEShowsTheFullExample keeps README.md's configuration example identical to
+// TestDocsShowTheFullExample keeps the full example in docs/configuration.md identical to
 // testdata/full.yaml, which TestLoadParsesTheFullExample loads.
-func TestREADMEShowsTheFullExample(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+func TestDocsShowTheFullExample(t *testing.T) {
+	doc, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +356,7 @@ func TestREADMEShowsTheFullExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(readme), "```yaml\n"+string(full)+"```") {
-		t.Fatal("README.md's configuration example differs from config/testdata/full.yaml: copy the file into it")
+	if !strings.Contains(string(doc), "```yaml\n"+string(full)+"```") {
+		t.Fatal("docs/configuration.md's full example differs from config/testdata/full.yaml: copy the file, byte for byte, into the yaml block under \"Every setting\" in docs/configuration.md")
 	}
 }
