@@ -298,7 +298,7 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.RequestTimeout)
 	defer cancel()
 	// The resourceVersion before the snapshot: the list holds every change up to it that the
-	// informers' handlers have applied (see README, What is not there yet).
+	// informers' handlers have applied (see docs/api.md, What is not there yet).
 	rv := q.listRV
 	if rv == "" {
 		rv = strconv.FormatUint(res.ResourceVersion(), 10)
