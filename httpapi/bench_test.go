@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -101,7 +100,7 @@ func newBenchFixture(n int) (*benchFixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.DiscardHandler)
 	hub := NewHub(1000)
 	mgr, err := dynamicinformer.New(dynamicinformer.Options{
 		Logger: log, Dynamic: dynamic.NewForConfigOrDie(fast), Discovery: discovery.NewDiscoveryClientForConfigOrDie(fast),

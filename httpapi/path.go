@@ -23,8 +23,8 @@ type target struct {
 func parsePath(path string) (target, bool) {
 	segs := strings.Split(strings.Trim(path, "/"), "/")
 	var t target
-	switch {
-	case segs[0] == "api":
+	switch segs[0] {
+	case "api":
 		t.legacy = true
 		if len(segs) == 1 {
 			t.discovery = "root"
@@ -32,7 +32,7 @@ func parsePath(path string) (target, bool) {
 		}
 		t.gv = schema.GroupVersion{Version: segs[1]}
 		segs = segs[2:]
-	case segs[0] == "apis":
+	case "apis":
 		switch len(segs) {
 		case 1:
 			t.discovery = "root"

@@ -1,7 +1,6 @@
 package journal
 
 import (
-	"io"
 	"log/slog"
 	"path/filepath"
 	"strconv"
@@ -26,12 +25,12 @@ func (t *target) Queue(e Entry)                    { t.entries = append(t.entrie
 func newJournal(t *testing.T) (*Journal, *target) {
 	t.Helper()
 	tg := &target{}
-	j, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
 		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return []Target{tg} }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { j.Close() })
+	t.Cleanup(func() { _ = j.Close() })
 	return j, tg
 }
 

@@ -39,7 +39,9 @@ func TestReleaseDropsTheStoresPagesFromResidentMemory(t *testing.T) {
 	const n = 2048
 	for i := range n {
 		e := addedAt(fmt.Sprintf("cm-%05d", i), uint64(i+1))
-		unstructured.SetNestedField(e.Object.Object, payload, "data", "payload")
+		if err := unstructured.SetNestedField(e.Object.Object, payload, "data", "payload"); err != nil {
+			t.Fatal(err)
+		}
 		j.Record(e)
 	}
 	flush(t, j)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -67,7 +68,7 @@ func openStore(path string) (*store, error) {
 	if err != nil && !s.Fresh && !errors.Is(err, errLocked) {
 		s.Damaged, s.DamageErr = fmt.Sprintf("%s.damaged-%s", path, time.Now().UTC().Format("20060102T150405.000Z")), err
 		if rerr := os.Rename(path, s.Damaged); rerr != nil {
-			return nil, fmt.Errorf("state.path %s is damaged (%v) and cannot be set aside: %w", path, err, rerr)
+			return nil, fmt.Errorf("state.path %s is damaged and cannot be set aside: %w", path, errors.Join(err, rerr))
 		}
 		s.Fresh = true
 		s.db, err = openChecked(path)
@@ -75,10 +76,8 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	err = s.db.Update(upgrade)
-	if err != nil {
-		s.db.Close()
-		return nil, fmt.Errorf("state.path %s: %w", path, err)
+	if err := s.db.Update(upgrade); err != nil {
+		return nil, fmt.Errorf("state.path %s: %w", path, errors.Join(err, s.db.Close()))
 	}
 	return s, nil
 }
@@ -89,7 +88,7 @@ func openChecked(path string) (*bolt.DB, error) {
 		return nil, err
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, errLocked
 	}
 	return db, err
@@ -110,13 +109,13 @@ func check(path string) (err error) {
 		}
 	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return errLocked
 	}
 	if err != nil {
 		return err
 	}
-	defer db.Close()
+	defer func() { _ = db.Close() }() // read-only: nothing to lose
 	if err := db.View(func(tx *bolt.Tx) error { return walk(tx.Cursor(), 0) }); err != nil {
 		return fmt.Errorf("damaged: %w", err)
 	}

@@ -1,7 +1,6 @@
 package journal
 
 import (
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -35,12 +34,12 @@ func TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything(t *testing.T) {
 		t.Fatal(err)
 	}
 	tg := &target{}
-	j, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(),
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
 		Path: path, Targets: func() []Target { return []Target{tg} }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { j.Close() })
+	t.Cleanup(func() { _ = j.Close() })
 
 	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}

@@ -47,7 +47,7 @@ func (el *Elector) exchange(ctx context.Context, j *journal.Journal) {
 				return
 			}
 			el.m.checkpoints.WithLabelValues(op, "error").Inc()
-			el.log.Warn("checkpoint "+op+" failed", "configMap", el.cfg.Namespace+"/"+el.cfg.CheckpointName, "err", err)
+			el.log.Warn("checkpoint exchange failed", "operation", op, "configMap", el.cfg.Namespace+"/"+el.cfg.CheckpointName, "err", err)
 			continue
 		}
 		el.m.checkpoints.WithLabelValues(op, "ok").Inc()

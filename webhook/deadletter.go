@@ -123,7 +123,7 @@ func (dl *deadLetters) submit(d Delivery, reason string, err error) {
 	}
 	dl.mu.Unlock()
 	if closed {
-		dl.logRecord("dead letter after its writer stopped", rec)
+		dl.logRecord(rec, "its writer had stopped")
 		return
 	}
 	select {
@@ -190,7 +190,7 @@ func (dl *deadLetters) abandoned(recs []DeadLetter) {
 			continue
 		}
 		dl.m.deadLetterFailures.Inc()
-		dl.logRecord("dead letter not written before the shutdown deadline", rec)
+		dl.logRecord(rec, "not written before the shutdown deadline")
 	}
 	if kept > 0 {
 		dl.log.Warn("dead letters not written before the shutdown deadline stay in the outbox for the next start", "events", kept)
@@ -223,14 +223,19 @@ func (dl *deadLetters) write(rec DeadLetter) {
 		if t.file != "" || t.url != nil {
 			dl.m.deadLetterFailures.Inc()
 		}
-		dl.logRecord("dead letter", rec)
+		dl.logRecord(rec, "")
 	}
 	dl.j.Ack(dl.sink, rec.seq)
 }
 
-// logRecord logs a dead letter without the object.
-func (dl *deadLetters) logRecord(msg string, rec DeadLetter) {
-	dl.log.Error(msg, "id", rec.ID, "type", rec.Type, "resource", rec.Object.Resource, "namespace", rec.Object.Namespace, "name", rec.Object.Name,
+// logRecord logs a dead letter without the object; written, when set, says why it was not
+// written to the dead-letter target.
+func (dl *deadLetters) logRecord(rec DeadLetter, written string) {
+	log := dl.log
+	if written != "" {
+		log = log.With("unwritten", written)
+	}
+	log.Error("dead letter", "id", rec.ID, "type", rec.Type, "resource", rec.Object.Resource, "namespace", rec.Object.Namespace, "name", rec.Object.Name,
 		"reason", rec.Reason, "attempts", rec.Attempts, "error", rec.Error)
 }
 

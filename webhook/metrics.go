@@ -10,12 +10,12 @@ import (
 
 // metrics are the webhook metrics, labelled by sink; every label value exists from the start.
 type metrics struct {
-	enqueued, delivered, deadLettered *prometheus.CounterVec
-	attempts, retries, filterErrors   *prometheus.CounterVec
-	deadLetters, deadLetterFailures   *prometheus.CounterVec
-	requestDuration, age              *prometheus.HistogramVec
-	queueLength, outboxLength         *prometheus.Desc
-	journal                           *journal.Journal
+	enqueued, delivered             *prometheus.CounterVec
+	attempts, retries, filterErrors *prometheus.CounterVec
+	deadLetters, deadLetterFailures *prometheus.CounterVec
+	requestDuration, age            *prometheus.HistogramVec
+	queueLength, outboxLength       *prometheus.Desc
+	journal                         *journal.Journal
 
 	mu     sync.Mutex
 	queues map[string]*Queue

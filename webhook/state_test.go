@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -42,7 +41,7 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(now func() time.Time) (*Dispatcher, func()) {
-		d, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks, StatePath: filepath.Join(dir, "state.db"), Now: now})
+		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks, StatePath: filepath.Join(dir, "state.db"), Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}
