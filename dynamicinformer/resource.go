@@ -231,7 +231,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 			}
 		}
 	})
-	r.m.log.Info("resource informers started", "resource", r.name, "gvr", gvr.String(), "namespaces", r.cfg.Namespaces)
+	r.m.log.Info("resource informers started", "resource", r.name, "gvr", object.ResourceName(gvr), "namespaces", r.cfg.Namespaces)
 	return nil
 }
 

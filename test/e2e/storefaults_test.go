@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -172,7 +173,7 @@ func TestACorruptStoredObjectAffectsOnlyItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte("objects")).Bucket([]byte(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}.String()))
+		b := tx.Bucket([]byte("objects")).Bucket([]byte(object.ResourceName(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})))
 		if b == nil {
 			return fmt.Errorf("no stored configmaps")
 		}
