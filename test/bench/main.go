@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -248,7 +249,7 @@ func run(ctx context.Context, o options) error {
 	b0End, dwEnd := residentMemory(b0.pid), residentMemory(dw.pid)
 	rows = append(rows, row("resident memory at the end (steady, idle)", "MB", mb(dwEnd.now), mb(b0End.now), "B0", "", always))
 	logf("at the end: dynwatch resident %d MB of which %d MB file-backed; B0 %d MB", dwEnd.now>>20, dwEnd.file>>20, b0End.now>>20)
-	print(o, objBytes, rows, time.Since(start))
+	printTable(o, objBytes, rows, time.Since(start))
 	if o.jsonPath != "" {
 		b, _ := json.MarshalIndent(map[string]any{
 			"machine": machine(), "cbor": !o.json, "objects": o.objects, "objectBytes": objBytes, "updates": len(written), "rate": o.rate, "results": rows,
@@ -550,9 +551,8 @@ func saveURL(ctx context.Context, url, path string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
 	_, err = io.Copy(f, resp.Body)
-	return err
+	return errors.Join(err, f.Close())
 }
 
 // resident is a process's resident memory as its memory limit sees it, file-backed mappings
@@ -612,7 +612,7 @@ func timeFirstEvents(ctx context.Context, c *http.Client, url, token string, obj
 		cancel()
 		resp.Body.Close()
 		if seen < objects {
-			return out, fmt.Errorf("watch %s: %d of %d initial events: %v", url, seen, objects, sc.Err())
+			return out, fmt.Errorf("watch %s: %d of %d initial events: %w", url, seen, objects, sc.Err())
 		}
 	}
 	slices.Sort(out.first)
@@ -723,7 +723,7 @@ func machine() string {
 	return fmt.Sprintf("%d CPUs (%s), %s %s/%s", runtime.NumCPU(), model, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
-func print(o options, objBytes int, rows []result, took time.Duration) {
+func printTable(o options, objBytes int, rows []result, took time.Duration) {
 	served := "CBOR to dynwatch (CBORServingAndStorage on), JSON to B0"
 	if o.json {
 		served = "JSON to both (CBORServingAndStorage off)"

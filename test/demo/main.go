@@ -93,7 +93,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
+	defer func() { _ = logFile.Close() }() // the demo's own log: nothing to lose
 	// The demo reads dynwatch's API as the test bed's admin, through TLS.
 	admin, err := rest.HTTPClientFor(&rest.Config{BearerToken: cluster.Token("admin"), TLSClientConfig: rest.TLSClientConfig{CAFile: caFile}})
 	if err != nil {
