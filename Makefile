@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test testbed testbed-up bench bench-api bench-webhook vet fmt-check clean
+.PHONY: all build demo test test-unit test-e2e testbed testbed-up bench bench-api bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -24,9 +24,20 @@ testbed-up:
 demo: testbed
 	$(GO) run ./test/demo
 
-## test: vet, format check, and every test with the race detector against the real apiserver
-test: testbed vet fmt-check
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+## test: vet, format check, lint, and every test with the race detector against the real apiserver;
+## end-to-end tests that share nothing run side by side, TEST_PARALLEL at a time
+TEST_PARALLEL ?= 8
+test: testbed vet fmt-check lint
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) ./...
+
+## test-unit: the unit tier: every test that needs no test bed (go test -short), with the race
+## detector; it neither builds nor starts the test bed, and takes under a minute
+test-unit:
+	$(GO) test -race -short -count=1 ./...
+
+## test-e2e: the end-to-end tests alone: the real binary against the test bed
+test-e2e: testbed
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) ./test/e2e/
 
 ## bench: dynwatch side by side with a bare informer and the apiserver (about 3 minutes)
 bench: testbed
@@ -39,6 +50,16 @@ bench-api: testbed
 ## bench-webhook: webhook delivery throughput and latency to a loopback receiver
 bench-webhook:
 	$(GO) test -run '^$$' -bench Delivery -benchtime 10000x ./webhook/
+
+## lint: golangci-lint with .golangci.yml over ./...; the pinned version is built once from the
+## Go module proxy into a cache outside the repo (a directory per version and Go toolchain)
+GOLANGCI_LINT_VERSION ?= v2.15.0
+TOOLS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dynwatch-tools
+GOLANGCI_LINT_DIR = $(TOOLS_CACHE)/golangci-lint-$(GOLANGCI_LINT_VERSION)-$(shell $(GO) env GOVERSION)
+lint:
+	@test -x $(GOLANGCI_LINT_DIR)/golangci-lint || { echo "lint: building golangci-lint $(GOLANGCI_LINT_VERSION) into $(GOLANGCI_LINT_DIR) (once; about 2 minutes)"; \
+		GOBIN=$(GOLANGCI_LINT_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); }
+	$(GOLANGCI_LINT_DIR)/golangci-lint run ./...
 
 vet:
 	$(GO) vet ./...

@@ -95,7 +95,8 @@ func (r *Reloader) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch config: %w", err)
 	}
-	defer w.Close()
+	// Closing only releases the watch descriptors: a failure leaves nothing to do.
+	defer func() { _ = w.Close() }()
 	r.watcher, r.dirs, r.files = w, map[string]bool{}, map[string]bool{}
 	if err := r.watch(r.Path); err != nil {
 		return fmt.Errorf("watch config directory: %w", err)

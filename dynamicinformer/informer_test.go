@@ -36,6 +36,7 @@ func create(t *testing.T, cms ...*corev1.ConfigMap) {
 }
 
 func TestCachesObjectsOfTheListedNamespacesOnly(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 3)
 	create(t, configMap(ns[0], "a", nil), configMap(ns[2], "excluded", nil))
 	m := startManager(t, cluster.Config, fmt.Sprintf(`
@@ -58,6 +59,7 @@ resources:
 }
 
 func TestSelectorsAreAppliedByTheServer(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 1)[0]
 	create(t,
 		configMap(ns, "web", map[string]string{"app": "web"}),
@@ -80,6 +82,7 @@ resources:
 }
 
 func TestTransformStripsFieldsBeforeTheCache(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 1)[0]
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	// Two server-side apply managers, and kubectl's last-applied annotation.
@@ -120,6 +123,7 @@ resources:
 }
 
 func TestIndexersReturnTheRightObjects(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 1)[0]
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	owner := configMap(ns, "owner", map[string]string{"app": "web"})
@@ -192,6 +196,7 @@ resources:
 }
 
 func TestEventsCarryTheRightObjects(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 1)[0]
 	create(t, configMap(ns, "before", nil))
 	rec := &recorder{}
@@ -275,6 +280,7 @@ func crd(group string) *unstructured.Unstructured {
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 func TestCRDCreatedAfterStartIsWatchedAndStopsWhenDeleted(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 1)[0]
 	group := ns + ".example.com"
 	rec := &recorder{}
@@ -337,6 +343,7 @@ resources:
 }
 
 func TestReadinessFollowsAccess(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 1)[0]
 	create(t, configMap(ns, "a", nil))
 	user := "limited-" + ns
@@ -385,6 +392,7 @@ resources:
 // The handler is tested directly for what a live cluster cannot produce on demand.
 
 func TestHandlerUnwrapsTombstonesDatedByTheRelistAndSkipsResyncs(t *testing.T) {
+	testbed.Need(t)
 	rec := &recorder{}
 	m := startManager(t, cluster.Config, "resources: [{version: v1, resource: configmaps, namespaces: [none]}]\n", rec)
 	r := resource(t, m, "configmaps.v1")

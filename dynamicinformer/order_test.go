@@ -61,6 +61,7 @@ func orderedKeys(s Ordered, namespace string, after Key) []string {
 // indexer (an object whose label changes moves between values), a snapshot does not change
 // when the cache does, and a scan resumes after any key, within a namespace or across all.
 func TestOrderFollowsTheCacheAndSnapshotsStayPut(t *testing.T) {
+	testbed.Need(t)
 	ns := namespaces(t, 2)
 	var res sync.Map
 	check := &orderChecker{r: func() *Resource {
@@ -163,5 +164,53 @@ resources:
 		if got := orderedKeys(snap, ns[1], Key{namespace, name}); !slices.Equal(got, inNS) {
 			t.Errorf("scan of %s after %s = %v, want %v", ns[1], k, got, inNS)
 		}
+	}
+}
+
+// TestOrderedScansInListOrderAndResumesAfterAnyKey pages objects held outside a cache: list
+// order is by namespace, then name, cluster-scoped objects first, whatever order they come in;
+// a scan keeps to its namespace, resumes after a key whether or not an object has it, and stops
+// when its function says so.
+func TestOrderedScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
+	obj := func(namespace, name string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetNamespace(namespace)
+		u.SetName(name)
+		return u
+	}
+	s := NewOrdered(obj("b", "y"), obj("a", "z"), obj("", "node-2"), obj("b", "x"), obj("a", "m"), obj("", "node-1"), obj("c", "a"))
+	for _, tt := range []struct {
+		name      string
+		namespace string
+		after     Key
+		want      []string
+	}{
+		{"every namespace, from the start", "", Key{}, []string{"node-1", "node-2", "a/m", "a/z", "b/x", "b/y", "c/a"}},
+		{"one namespace, from its start", "b", Key{}, []string{"b/x", "b/y"}},
+		{"a namespace no object is in", "bb", Key{}, nil},
+		{"every namespace, after a cluster-scoped key", "", Key{Name: "node-1"}, []string{"node-2", "a/m", "a/z", "b/x", "b/y", "c/a"}},
+		{"every namespace, after the last key of a namespace", "", Key{"a", "z"}, []string{"b/x", "b/y", "c/a"}},
+		{"every namespace, after a key no object has", "", Key{"a", "p"}, []string{"a/z", "b/x", "b/y", "c/a"}},
+		{"one namespace, after one of its keys", "b", Key{"b", "x"}, []string{"b/y"}},
+		{"one namespace, after a key of an earlier namespace", "b", Key{"a", "z"}, []string{"b/x", "b/y"}},
+		{"one namespace, after a key of a later namespace", "b", Key{"c", "a"}, nil},
+		{"one namespace, after its last key", "b", Key{"b", "y"}, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := orderedKeys(s, tt.namespace, tt.after); !slices.Equal(got, tt.want) {
+				t.Errorf("Scan(%q, %v) = %v, want %v", tt.namespace, tt.after, got, tt.want)
+			}
+		})
+	}
+	var read []string
+	s.Scan("", Key{}, func(u *unstructured.Unstructured) bool {
+		read = append(read, CacheKey(u))
+		return len(read) < 3
+	})
+	if want := []string{"node-1", "node-2", "a/m"}; !slices.Equal(read, want) {
+		t.Errorf("a scan whose function returns false at the third object read %v, want %v", read, want)
+	}
+	if got := orderedKeys(Ordered{}, "", Key{}); got != nil {
+		t.Errorf("the zero Ordered holds %v, want nothing", got)
 	}
 }

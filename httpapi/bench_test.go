@@ -86,7 +86,7 @@ func newBenchFixture(n int) (*benchFixture, error) {
 	fast.QPS, fast.Burst = -1, 0 // no client-side rate limit for loading
 	f.client = kubernetes.NewForConfigOrDie(fast)
 	start := time.Now()
-	if err := load(ctx, f.client, n); err != nil {
+	if err := load(ctx, fast, n); err != nil {
 		cluster.Stop()
 		return nil, err
 	}
@@ -139,37 +139,24 @@ func newBenchFixture(n int) (*benchFixture, error) {
 }
 
 // load creates n configmaps across namespaces, with app labels from a set of benchApps.
-func load(ctx context.Context, cs kubernetes.Interface, n int) error {
+func load(ctx context.Context, cfg *rest.Config, n int) error {
+	cs := kubernetes.NewForConfigOrDie(cfg)
 	for i := range benchNamespaces {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%d", i)}}
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 			return err
 		}
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for range 32 {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				cm := &corev1.ConfigMap{
-					ObjectMeta: metav1.ObjectMeta{
-						Namespace: fmt.Sprintf("bench-%d", i%benchNamespaces),
-						Name:      fmt.Sprintf("cm-%06d", i),
-						Labels:    map[string]string{"app": fmt.Sprintf("app-%03d", i%benchApps), "tier": "bench"},
-					},
-					Data: map[string]string{"index": fmt.Sprint(i), "payload": "0123456789abcdef0123456789abcdef"},
-				}
-				if _, err := cs.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return testbed.CreateConfigMaps(ctx, cfg, n, func(i int) *corev1.ConfigMap {
+		return &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: fmt.Sprintf("bench-%d", i%benchNamespaces),
+				Name:      fmt.Sprintf("cm-%06d", i),
+				Labels:    map[string]string{"app": fmt.Sprintf("app-%03d", i%benchApps), "tier": "bench"},
+			},
+			Data: map[string]string{"index": fmt.Sprint(i), "payload": "0123456789abcdef0123456789abcdef"},
+		}
+	})
 }
 
 // updating changes random objects through the apiserver until the returned stop is called.
@@ -269,13 +256,14 @@ func (f *benchFixture) grantList(b *testing.B, user string) {
 	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User: user, ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Resource: "configmaps"},
 	}}
-	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+	testbed.Eventually(b, 30*time.Second, func() error {
 		got, err := f.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
-		if err == nil && got.Status.Allowed {
-			return
+		if err != nil {
+			return err
 		}
-		if time.Since(start) > 30*time.Second {
-			b.Fatalf("RBAC does not let %s list configmaps after 30s: %v", user, err)
+		if !got.Status.Allowed {
+			return fmt.Errorf("RBAC does not let %s list configmaps yet", user)
 		}
-	}
+		return nil
+	})
 }

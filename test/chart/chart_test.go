@@ -36,7 +36,8 @@ const chartDir = "../../charts/dynwatch"
 
 var cluster *testbed.Cluster
 
-func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
+// Every test here runs helm, which the test bed builds: under -short none runs.
+func TestMain(m *testing.M) { os.Exit(testbed.MainAll(m, &cluster)) }
 
 func ciValues(t *testing.T) []string {
 	t.Helper()

@@ -197,6 +197,7 @@ func TestKubectlGetsWhatTheAPIServerGets(t *testing.T) {
 }
 
 func TestClientGoReadsFromDynwatch(t *testing.T) {
+	t.Parallel()
 	f := startAPI(t)
 	dyn := dynamic.NewForConfigOrDie(f.restConfig(cluster.Config.BearerToken))
 	configMaps := dyn.Resource(cmGVR).Namespace(f.ns)
@@ -292,6 +293,7 @@ func TestClientGoReadsFromDynwatch(t *testing.T) {
 }
 
 func TestBadRequestsGetKubernetesStatuses(t *testing.T) {
+	t.Parallel()
 	f := startAPI(t)
 	cms := "/api/v1/namespaces/" + f.ns + "/configmaps"
 	tests := []struct {
@@ -358,6 +360,7 @@ func TestBadRequestsGetKubernetesStatuses(t *testing.T) {
 }
 
 func TestIndexesServeSelectorsAndExplicitQueries(t *testing.T) {
+	t.Parallel()
 	f := startAPI(t)
 	tests := []struct {
 		name, query, lookup string
@@ -400,7 +403,7 @@ func checkList(t *testing.T, client *http.Client, url, lookup string, want []str
 		return err
 	}
 	if err := list.UnmarshalJSON(raw.Bytes()); err != nil {
-		return fmt.Errorf("%s: %v: %s", url, err, raw.String())
+		return fmt.Errorf("%s: %w: %s", url, err, raw.String())
 	}
 	var got []string
 	for _, item := range list.Items {

@@ -45,6 +45,7 @@ const sampleSpec = `{"int": 7, "big": 9007199254740993, "neg": -3, "float": 1.5,
 // number. Every other test runs against an apiserver without the gate: dynwatch asks for CBOR
 // first there too, and reads the JSON it gets.
 func TestCBORFromTheApiserverGivesWhatJSONGives(t *testing.T) {
+	t.Parallel()
 	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir(), CBOR: true})
 	if err != nil {
 		t.Fatal(err)

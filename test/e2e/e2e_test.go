@@ -1,4 +1,9 @@
 // Package e2e tests the dynwatch binary end to end against the test bed's real apiserver.
+//
+// A test that shares nothing with the others (its own namespaces, receivers and ports, or a
+// cluster of its own) calls t.Parallel. The others run one at a time, before the parallel ones:
+// those that measure time, CPU or memory (latency, deadlines, failover), and those that compare
+// what all namespaces of the shared apiserver hold, which the parallel tests change.
 package e2e
 
 import (
@@ -36,7 +41,13 @@ var (
 	cluster *testbed.Cluster
 )
 
-func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
+// Every test here runs dynwatch against the test bed: under -short none runs.
+func TestMain(m *testing.M) {
+	code := testbed.MainAll(m, &cluster)
+	raceBinary.remove()
+	noRaceBinary.remove()
+	os.Exit(code)
+}
 
 // dynwatchBinary builds the binary, with the race detector, once per test run.
 func dynwatchBinary(t *testing.T) string { return raceBinary.get(t) }
@@ -47,10 +58,11 @@ func plainBinary(t *testing.T) string { return noRaceBinary.get(t) }
 
 var raceBinary, noRaceBinary = &build{race: true}, &build{}
 
-// build is one build of the binary, made on first use.
+// build is one build of the binary, made on first use into a directory of its own.
 type build struct {
 	race bool
 	once sync.Once
+	dir  string
 	path string
 	err  error
 }
@@ -58,17 +70,23 @@ type build struct {
 func (b *build) get(t *testing.T) string {
 	t.Helper()
 	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", "dynwatch-e2e-")
-		if err != nil {
-			b.err = err
+		b.dir, b.err = os.MkdirTemp("", "dynwatch-e2e-")
+		if b.err != nil {
 			return
 		}
-		b.path, b.err = runner.Build(context.Background(), dir, b.race)
+		b.path, b.err = runner.Build(context.Background(), b.dir, b.race)
 	})
 	if b.err != nil {
 		t.Fatal(b.err)
 	}
 	return b.path
+}
+
+// remove deletes the build's directory, once no test runs the binary any more.
+func (b *build) remove() {
+	if b.dir != "" {
+		_ = os.RemoveAll(b.dir) // a leftover temporary directory harms nothing
+	}
 }
 
 // start runs the binary with the YAML configuration and kubeconfig until the test ends.
@@ -122,6 +140,7 @@ func get(ctx context.Context, url string) (int, string, error) {
 }
 
 func TestBadConfigExitsNonZeroNamingEveryField(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	bad := `
 resources:
@@ -157,6 +176,7 @@ resources:
 }
 
 func TestReadyzFollowsTheInformersAccess(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	user := "dynwatch-" + ns
 	kubeconfig, err := cluster.KubeconfigAs(user)
@@ -177,8 +197,11 @@ metrics: {address: "127.0.0.1:0"}
 	// The user may not list configmaps: the informer cannot sync.
 	testbed.Eventually(t, 20*time.Second, func() error {
 		code, body, err := get(t.Context(), metrics+"/readyz")
-		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "configmaps.v1: Syncing") {
-			return fmt.Errorf("/readyz = %d %q, %v; want 503 naming configmaps.v1", code, body, err)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "configmaps.v1: Syncing") {
+			return fmt.Errorf("/readyz = %d %q; want 503 naming configmaps.v1", code, body)
 		}
 		return nil
 	})
@@ -188,8 +211,11 @@ metrics: {address: "127.0.0.1:0"}
 	grantConfigMapReads(t, ns, user)
 	testbed.Eventually(t, 60*time.Second, func() error {
 		code, body, err := get(t.Context(), metrics+"/readyz")
-		if err != nil || code != http.StatusOK {
-			return fmt.Errorf("/readyz = %d %q, %v; want 200 once access is granted", code, body, err)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("/readyz = %d %q; want 200 once access is granted", code, body)
 		}
 		return nil
 	})
@@ -230,6 +256,7 @@ func bindConfigMapReads(t *testing.T, ns, user string) {
 }
 
 func TestMetricsAreLintCleanAndPreInitialised(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	rc := newReceiver(t, nil, false)
 	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`

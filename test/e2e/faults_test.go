@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -136,6 +139,7 @@ webhooks: [{name: r, url: %s, workers: %d, retry: {initialBackoff: 100ms, maxBac
 // TestDeleteAndRecreateKeepsOrderByName deletes and re-creates an object under one name 50
 // times: the receiver gets every DELETED of the old object before the ADDED of the new one.
 func TestDeleteAndRecreateKeepsOrderByName(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	rc := newJudge(t, func(r received, _ int, _ http.Header) int {
 		if r.payload.Type == "ADDED" {
@@ -172,8 +176,12 @@ webhooks: [{name: r, url: %s, workers: 8}]
 }
 
 // TestReloadUnderLoadNeverPanics reloads hundreds of sink and resource changes while events
-// flow and a sink's queue is full, under the race detector.
+// flow and a sink's queue is full, under the race detector. Each configuration gives the fast
+// sink a header naming its round: the sink must send rounds between the first and the last
+// while events flow, and the last round's once they stop.
 func TestReloadUnderLoadNeverPanics(t *testing.T) {
+	t.Parallel()
+	const rounds = 300
 	ns := namespace(t)
 	hanging, fast := newReceiver(t, nil, true), newReceiver(t, nil, false)
 	dir := t.TempDir()
@@ -214,7 +222,7 @@ metrics: {address: "127.0.0.1:0"}
 			}
 		}
 	})
-	for i := 1; i <= 300; i++ {
+	for i := 1; i <= rounds; i++ {
 		writeFile(t, configPath, configAt(i))
 		if err := p.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
@@ -226,9 +234,31 @@ metrics: {address: "127.0.0.1:0"}
 		default:
 		}
 	}
+	// Events still flow, so the last configuration shows once it is in effect.
+	testbed.Eventually(t, 30*time.Second, func() error {
+		for _, r := range fast.got() {
+			if r.header.Get("X-Round") == fmt.Sprint(rounds) {
+				return nil
+			}
+		}
+		return fmt.Errorf("the fast sink has not sent X-Round: %d since the last reload", rounds)
+	})
 	close(stop)
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
+	}
+	var between []int // the rounds after the first and before the last that the fast sink sent
+	for _, r := range fast.got() {
+		if n, err := strconv.Atoi(r.header.Get("X-Round")); err == nil && 0 < n && n < rounds {
+			between = append(between, n)
+		}
+	}
+	if len(between) == 0 {
+		t.Errorf("the fast sink sent no round between 0 and %d: no reload took effect while events flowed", rounds)
+	}
+	// Only configmaps are watched in the last configuration; its reload must have succeeded.
+	if st, err := p.Status(t.Context()); err != nil || !st.Reload.Success || len(st.Resources) != 1 {
+		t.Errorf("/status after the reloads: %+v, %v; want the last reload successful and only configmaps watched", st, err)
 	}
 	if err := create(t.Context(), "sentinel", "1"); err != nil {
 		t.Fatal(err)
@@ -236,6 +266,9 @@ metrics: {address: "127.0.0.1:0"}
 	testbed.Eventually(t, 30*time.Second, func() error {
 		for _, r := range fast.got() {
 			if r.name() == "sentinel" {
+				if round := r.header.Get("X-Round"); round != fmt.Sprint(rounds) {
+					t.Fatalf("the sentinel was sent with X-Round: %s, want %d, the last configuration's", round, rounds)
+				}
 				return nil
 			}
 		}
@@ -252,14 +285,24 @@ metrics: {address: "127.0.0.1:0"}
 }
 
 // TestAFirstStartOverManyObjectsWithASmallQueueDeliversAll: with a state store the queue is a
-// window over the outbox, so 100,000 objects fit through a queue of 1,000.
+// window over the outbox, so 100,000 objects fit through a queue of 1,000. The objects are in a
+// cluster of the test's own: in the shared one, every test watching all namespaces would list
+// them.
 func TestAFirstStartOverManyObjectsWithASmallQueueDeliversAll(t *testing.T) {
-	objects := 100_000
-	if testing.Short() {
-		objects = 10_000
+	t.Parallel()
+	const objects = 100_000
+	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
 	}
-	ns := namespace(t)
-	createMany(t, ns, "cm-%06d", objects, 32)
+	t.Cleanup(c.Stop)
+	ns := "many"
+	if _, err := kubernetes.NewForConfigOrDie(c.Config).CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testbed.CreateConfigMaps(t.Context(), c.Config, objects, testbed.NumberedConfigMap(ns, "cm-%06d")); err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	ids := map[string]bool{}
 	rc := newJudge(t, func(r received, _ int, _ http.Header) int {
@@ -275,7 +318,10 @@ func TestAFirstStartOverManyObjectsWithASmallQueueDeliversAll(t *testing.T) {
 webhooks: [{name: r, url: %s, workers: 16, queueSize: 1000, deadLetter: {file: %s}}]
 state: {path: %s}`, rc.URL, deadLetters, filepath.Join(dir, "state.db"))))
 	started := time.Now()
-	p := startProcess(t, configPath)
+	p := startFile(t, c.Kubeconfig, configPath)
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	_, metrics, _ := p.WaitListening(t.Context())
 	testbed.Eventually(t, 8*time.Minute, func() error {
 		mu.Lock()

@@ -24,7 +24,6 @@ type gapFixture struct {
 	cluster *testbed.Cluster
 	rc      *receiver
 	p       *runner.Process
-	cms     func(string) error
 	client  *kubernetes.Clientset
 	ns      string
 }
@@ -124,6 +123,7 @@ func (f gapFixture) waitEvents(t *testing.T, want []string) {
 // must relist, and every change of the gap must reach the webhook; the deletion, seen only by
 // the relist, comes from a DeletedFinalStateUnknown tombstone.
 func TestAWatchGapLosesNoChange(t *testing.T) {
+	t.Parallel()
 	f := startGapFixture(t)
 	for _, name := range []string{"kept", "changed", "deleted"} {
 		f.create(t, name, "1")
@@ -171,6 +171,7 @@ func TestAWatchGapLosesNoChange(t *testing.T) {
 // TestAnAPIServerRestartDuplicatesNothing restarts the apiserver under a running dynwatch:
 // the informer re-watches from where it was, and no event is delivered twice.
 func TestAnAPIServerRestartDuplicatesNothing(t *testing.T) {
+	t.Parallel()
 	f := startGapFixture(t)
 	f.create(t, "before", "1")
 	f.waitEvents(t, []string{"ADDED before v=1"})

@@ -30,6 +30,7 @@ import (
 // The tests of what a hostile operator, a leaky log or a slow shutdown could cost.
 
 func TestDeadLettersAndLogsCarryNoBodiesOrCredentials(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	rejecting := newReceiver(t, func(int) int { return http.StatusBadRequest }, false)
 	u, _ := url.Parse(rejecting.URL)
@@ -50,8 +51,11 @@ func TestDeadLettersAndLogsCarryNoBodiesOrCredentials(t *testing.T) {
 		var line string
 		testbed.Eventually(t, 20*time.Second, func() error {
 			b, err := os.ReadFile(path)
-			if err != nil || len(b) == 0 {
-				return fmt.Errorf("no dead letter in %s yet (%v)", filepath.Base(path), err)
+			if err != nil {
+				return err
+			}
+			if len(b) == 0 {
+				return fmt.Errorf("no dead letter in %s yet", filepath.Base(path))
 			}
 			line = string(b)
 			return nil
@@ -80,8 +84,11 @@ func TestDeadLettersAndLogsCarryNoBodiesOrCredentials(t *testing.T) {
 	var status string
 	testbed.Eventually(t, 10*time.Second, func() error {
 		st, err := p.Status(t.Context())
-		if err != nil || st.Reload.Error == "" {
-			return fmt.Errorf("no rejected reload in /status yet (%v)", err)
+		if err != nil {
+			return err
+		}
+		if st.Reload.Error == "" {
+			return fmt.Errorf("no rejected reload in /status yet")
 		}
 		status = st.Reload.Error
 		return nil
@@ -99,6 +106,7 @@ func TestDeadLettersAndLogsCarryNoBodiesOrCredentials(t *testing.T) {
 }
 
 func TestCredentialsOverPlainHTTPAndShortSigningSecretsAreRefused(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	token, short := filepath.Join(dir, "token"), filepath.Join(dir, "short")
 	writeFile(t, token, "t0ken")
@@ -128,6 +136,7 @@ metrics: {address: "127.0.0.1:0"}
 }
 
 func TestRetryAfterZeroIsNotABusyLoop(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	rc := newJudge(t, func(_ received, _ int, h http.Header) int {
 		h.Set("Retry-After", "0")
@@ -199,7 +208,9 @@ func TestShutdownFinishesWithinShutdownTimeout(t *testing.T) {
 		ns := namespace(t)
 		hanging, deadSink := newReceiver(t, nil, true), newReceiver(t, nil, true)
 		p, metrics := startWithWebhooks(t, plainResources(ns)+fmt.Sprintf("shutdownTimeout: 2s\nwebhooks: [{name: r, url: %s, workers: 1, deadLetter: {url: %s}}]", hanging.URL, deadSink.URL))
-		createN(t, ns, "cm", 20)
+		if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, 20, testbed.NumberedConfigMap(ns, "cm-%02d")); err != nil {
+			t.Fatal(err)
+		}
 		testbed.Eventually(t, 20*time.Second, func() error {
 			if v := metricValue(t, metrics, `dynwatch_webhook_queue_length{sink="r"}`); v != 20 {
 				return fmt.Errorf("queue length %v, want 20", v)
@@ -233,7 +244,9 @@ func TestShutdownFinishesWithinShutdownTimeout(t *testing.T) {
 		}
 		f := newStoreFixture(t, webhooks(slow.URL))
 		p := startProcess(t, f.config)
-		createN(t, f.ns, "cm", 5)
+		if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, 5, testbed.NumberedConfigMap(f.ns, "cm-%02d")); err != nil {
+			t.Fatal(err)
+		}
 		rejecting.waitFor(t, 5, 20*time.Second)
 		slow.waitFor(t, 1, 20*time.Second)
 		begin := time.Now()
@@ -310,6 +323,7 @@ func (p *tcpProxy) cut() {
 }
 
 func TestAResourceThatCannotBeListedBecomesStale(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	user := "stale-" + ns
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
@@ -343,8 +357,11 @@ metrics: {address: "127.0.0.1:0"}
 		t.Helper()
 		testbed.Eventually(t, 60*time.Second, func() error {
 			code, body, err := get(t.Context(), metrics+"/readyz")
-			if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "configmaps.v1: Stale") {
-				return fmt.Errorf("/readyz = %d %q, %v; want 503 naming configmaps.v1 Stale", code, body, err)
+			if err != nil {
+				return err
+			}
+			if code != http.StatusServiceUnavailable || !strings.Contains(body, "configmaps.v1: Stale") {
+				return fmt.Errorf("/readyz = %d %q; want 503 naming configmaps.v1 Stale", code, body)
 			}
 			return nil
 		})
@@ -370,8 +387,12 @@ metrics: {address: "127.0.0.1:0"}
 	fresh := func() {
 		t.Helper()
 		testbed.Eventually(t, 90*time.Second, func() error {
-			if code, body, err := get(t.Context(), metrics+"/readyz"); err != nil || code != http.StatusOK {
-				return fmt.Errorf("/readyz = %d %q, %v; want 200 once the apiserver answers again", code, body, err)
+			code, body, err := get(t.Context(), metrics+"/readyz")
+			if err != nil {
+				return err
+			}
+			if code != http.StatusOK {
+				return fmt.Errorf("/readyz = %d %q; want 200 once the apiserver answers again", code, body)
 			}
 			return nil
 		})
@@ -395,6 +416,7 @@ metrics: {address: "127.0.0.1:0"}
 }
 
 func TestRotatedSecretFilesAreUsedWithoutRestart(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	dir := t.TempDir()
 	secret1, _ := signingSecret(t)

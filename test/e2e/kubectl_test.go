@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
@@ -76,6 +79,25 @@ spec:
 
 var gizmoGVR = schema.GroupVersionResource{Group: "parity.example.com", Version: "v1", Resource: "gizmos"}
 
+// installGizmoCRD installs gizmoCRD in the test bed, once for every parity fixture: a CRD is
+// cluster-wide, and fixtures that start at once must not race to create it.
+var installGizmoCRD = sync.OnceValue(func() error {
+	path := filepath.Join(cluster.Dir, "gizmo-crd.yaml")
+	if err := os.WriteFile(path, []byte(gizmoCRD), 0o600); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cache := "--cache-dir=" + filepath.Join(cluster.Dir, "kubectl-cache")
+	if out, err := cluster.Kubectl(ctx, cache, "apply", "-f", path); err != nil {
+		return fmt.Errorf("%w\n%s", err, out)
+	}
+	if out, err := cluster.Kubectl(ctx, cache, "wait", "--for=condition=Established", "crd/gizmos.parity.example.com", "--timeout=30s"); err != nil {
+		return fmt.Errorf("%w\n%s", err, out)
+	}
+	return nil
+})
+
 // parityFixture is one dynwatch, with the secure defaults, watching every kind whose kubectl
 // output the tests compare, events included, over objects made to exercise each column.
 type parityFixture struct {
@@ -83,19 +105,19 @@ type parityFixture struct {
 	ns         string
 	nodes      []string
 	kubeconfig string // kubectl against dynwatch, as admin
+	// The crashing pod's last restart, and when the events were last seen: ages count from
+	// them, and tick on while a test runs.
+	restarted, eventsSeen time.Time
 }
 
 func startParity(t *testing.T) parityFixture {
 	t.Helper()
-	crdFile := filepath.Join(t.TempDir(), "crd.yaml")
-	if err := os.WriteFile(crdFile, []byte(gizmoCRD), 0o600); err != nil {
+	if err := installGizmoCRD(); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, "", "apply", "-f", crdFile)
-	kubectl(t, "", "wait", "--for=condition=Established", "crd/gizmos.parity.example.com", "--timeout=30s")
 	ns := namespace(t)
 	f := parityFixture{ns: ns, nodes: []string{ns + "-cp", ns + "-worker"}}
-	makeParityObjects(t, ns, f.nodes)
+	f.restarted, f.eventsSeen = makeParityObjects(t, ns, f.nodes)
 
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	p := start(t, cluster.Kubeconfig, `
@@ -124,8 +146,10 @@ resources:
 
 // makeParityObjects creates, in ns, objects whose statuses reach the interesting branches of
 // each kind's columns (pods crashing, initialising, completed; services of every type; nodes
-// ready and not), and events about some of them.
-func makeParityObjects(t *testing.T, ns string, nodes []string) {
+// ready and not), and events about some of them. It returns when the crashing pod last
+// restarted (90 minutes ago) and when the events were last seen (five minutes ago, or a second
+// more).
+func makeParityObjects(t *testing.T, ns string, nodes []string) (restarted, eventsSeen time.Time) {
 	t.Helper()
 	ctx := t.Context()
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
@@ -241,7 +265,7 @@ func makeParityObjects(t *testing.T, ns string, nodes []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	makeEvent(t, ns, "settings.1", corev1.ObjectReference{Kind: "ConfigMap", Namespace: ns, Name: "settings", UID: cm.UID, APIVersion: "v1"}, "Reloaded", "settings reloaded by the app")
+	eventsSeen = makeEvent(t, ns, "settings.1", corev1.ObjectReference{Kind: "ConfigMap", Namespace: ns, Name: "settings", UID: cm.UID, APIVersion: "v1"}, "Reloaded", "settings reloaded by the app")
 	pod, err := cs.CoreV1().Pods(ns).Get(ctx, "running", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -251,19 +275,22 @@ func makeParityObjects(t *testing.T, ns string, nodes []string) {
 		"spec": map[string]any{"color": "red", "size": int64(3), "parts": []any{map[string]any{"name": "cog"}, map[string]any{"name": "axle"}}}})
 	makeObject(t, gizmoGVR, ns, map[string]any{"apiVersion": "parity.example.com/v1", "kind": "Gizmo", "metadata": map[string]any{"name": "widget"},
 		"spec": map[string]any{"color": "blue"}})
+	return past.Time, eventsSeen
 }
 
-// makeEvent records a core v1 event about ref, seen twice, the last time five minutes ago.
-func makeEvent(t *testing.T, ns, name string, ref corev1.ObjectReference, reason, message string) {
+// makeEvent records a core v1 event about ref, seen twice, the last time five minutes ago,
+// and returns that time as stored (in whole seconds).
+func makeEvent(t *testing.T, ns, name string, ref corev1.ObjectReference, reason, message string) time.Time {
 	t.Helper()
 	first := metav1.NewTime(time.Now().Add(-2 * time.Hour))
-	last := metav1.NewTime(time.Now().Add(-5 * time.Minute))
+	last := metav1.NewTime(time.Now().Add(-5 * time.Minute).Truncate(time.Second))
 	if _, err := kubernetes.NewForConfigOrDie(cluster.Config).CoreV1().Events(ns).Create(t.Context(), &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{Name: name}, InvolvedObject: ref, Reason: reason, Message: message, Type: corev1.EventTypeNormal,
 		Count: 2, FirstTimestamp: first, LastTimestamp: last, Source: corev1.EventSource{Component: "parity-test", Host: "node-a"},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	return last.Time
 }
 
 func makeObject(t *testing.T, gvr schema.GroupVersionResource, ns string, obj map[string]any) {
@@ -289,16 +316,22 @@ func runKubectl(t *testing.T, kubeconfig string, args ...string) (string, error)
 
 // sameAsAPIServer waits until kubectl prints the same against dynwatch (kubeconfig) as
 // against the apiserver (apiserverKubeconfig, "" for admin), the AGE cells given a second
-// to agree; it returns that output.
+// to agree; it returns that output. The two run at once, so that they print ages at nearly
+// the same moment.
 func sameAsAPIServer(t *testing.T, kubeconfig, apiserverKubeconfig string, args ...string) string {
 	t.Helper()
 	var want string
 	testbed.Eventually(t, 15*time.Second, func() error {
-		var werr, gerr error
-		want, werr = runKubectl(t, apiserverKubeconfig, args...)
-		got, gerr := runKubectl(t, kubeconfig, args...)
+		var (
+			got        string
+			werr, gerr error
+			wg         sync.WaitGroup
+		)
+		wg.Go(func() { want, werr = runKubectl(t, apiserverKubeconfig, args...) })
+		wg.Go(func() { got, gerr = runKubectl(t, kubeconfig, args...) })
+		wg.Wait()
 		if got != want || (werr == nil) != (gerr == nil) {
-			return fmt.Errorf("kubectl %s\nagainst the apiserver (err %v):\n%s\nagainst dynwatch (err %v):\n%s", strings.Join(args, " "), werr, want, gerr, got)
+			return fmt.Errorf("kubectl %s\nagainst the apiserver (err %v):\n%s\nagainst dynwatch (err %v):\n%s", strings.Join(args, " "), werr, want, gerr, got) //nolint:errorlint // reports two errors, either may be nil
 		}
 		return nil
 	})
@@ -306,8 +339,32 @@ func sameAsAPIServer(t *testing.T, kubeconfig, apiserverKubeconfig string, args 
 	return want
 }
 
+// age is a cell that shows how long ago since was, in kubectl's words, through format.
+type age struct {
+	format string
+	since  time.Time
+}
+
+// cells are the texts a server may print for a when it prints at some moment between from and
+// to: an age ticks on while a test runs, and each server prints it at its own now.
+func (a age) cells(from, to time.Time) []string {
+	var cells []string
+	for at := from.Add(-time.Second); !at.After(to.Add(time.Second)); at = at.Add(time.Second) {
+		if cell := fmt.Sprintf(a.format, duration.HumanDuration(at.Sub(a.since))); !slices.Contains(cells, cell) {
+			cells = append(cells, cell)
+		}
+	}
+	return cells
+}
+
 func TestKubectlTablesMatchTheAPIServer(t *testing.T) {
+	t.Parallel()
 	f := startParity(t)
+	// Ages the apiserver's output must show too, whichever moment it printed them at.
+	ages := map[string]age{
+		"pods":         {"4 (%s ago)", f.restarted},
+		"events, wide": {"\n%s ", f.eventsSeen}, // a row starts with LAST SEEN
+	}
 	for _, tt := range []struct {
 		name string
 		args []string
@@ -316,14 +373,14 @@ func TestKubectlTablesMatchTheAPIServer(t *testing.T) {
 		{"configmaps", []string{"get", "configmaps", "settings"}, []string{"DATA", "3"}},
 		{"secrets", []string{"get", "secrets", "creds", "empty"}, []string{"TYPE", "Opaque", "2", "example.com/empty", "0"}},
 		{"namespaces", []string{"get", "namespace", f.ns}, []string{"STATUS", "Active"}},
-		{"pods", []string{"get", "pods"}, []string{"RESTARTS", "1/1", "CrashLoopBackOff", "4 (90m ago)", "Init:ImagePullBackOff", "0/2", "Completed", "Pending"}},
+		{"pods", []string{"get", "pods"}, []string{"RESTARTS", "1/1", "CrashLoopBackOff", "Init:ImagePullBackOff", "0/2", "Completed", "Pending"}},
 		{"pods, wide", []string{"get", "pods", "-o", "wide"}, []string{"NOMINATED NODE", "READINESS GATES", "10.0.0.5", f.nodes[0], "1/1"}},
 		{"services", []string{"get", "services"}, []string{"CLUSTER-IP", "None", "192.0.2.10", "198.51.100.7,lb.example.com", "db.example.com", "<pending>", "80:3"}},
 		{"services, wide", []string{"get", "services", "-o", "wide"}, []string{"SELECTOR", "app=web"}},
 		{"deployments, wide", []string{"get", "deployments", "-o", "wide"}, []string{"UP-TO-DATE", "1/3", "app,log", "nginx:1.27,fluent-bit:3", "app=web"}},
 		{"replicasets, wide", []string{"get", "replicasets", "-o", "wide"}, []string{"DESIRED", "app in (web)"}},
 		{"nodes, wide", []string{"get", "nodes", f.nodes[0], f.nodes[1], "-o", "wide"}, []string{"ROLES", "control-plane", "NotReady,SchedulingDisabled", "172.31.0.10", "6.1.0 (amd64)", "containerd://2.1.0"}},
-		{"events, wide", []string{"get", "events", "-o", "wide"}, []string{"LAST SEEN", "5m", "configmap/settings", "spec.containers{app}", "parity-test, node-a", "2"}},
+		{"events, wide", []string{"get", "events", "-o", "wide"}, []string{"LAST SEEN", "configmap/settings", "spec.containers{app}", "parity-test, node-a", "2"}},
 		{"a CRD's printer columns", []string{"get", "gizmos"}, []string{"COLOR", "SIZE", "red", "3"}},
 		{"a CRD's printer columns, wide", []string{"get", "gizmos", "-o", "wide"}, []string{"PARTS", "cog"}},
 		{"one object", []string{"get", "pod", "crashing"}, []string{"1/2", "CrashLoopBackOff"}},
@@ -333,10 +390,17 @@ func TestKubectlTablesMatchTheAPIServer(t *testing.T) {
 		{"a field selector the CRD declares", []string{"get", "gizmos", "--field-selector", "spec.color=blue"}, []string{"widget"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			from := time.Now()
 			out := sameAsAPIServer(t, f.kubeconfig, "", append(tt.args, "-n", f.ns)...)
+			to := time.Now()
 			for _, cell := range tt.want {
 				if !strings.Contains(out, cell) {
 					t.Errorf("the apiserver's output lacks %q: the fixture is wrong\n%s", cell, out)
+				}
+			}
+			if a, ok := ages[tt.name]; ok {
+				if cells := a.cells(from, to); !slices.ContainsFunc(cells, func(cell string) bool { return strings.Contains(out, cell) }) {
+					t.Errorf("the apiserver's output has none of %q: the fixture is wrong\n%s", cells, out)
 				}
 			}
 		})
@@ -344,6 +408,7 @@ func TestKubectlTablesMatchTheAPIServer(t *testing.T) {
 }
 
 func TestKubectlDescribeAndExplainMatchTheAPIServer(t *testing.T) {
+	t.Parallel()
 	f := startParity(t)
 	for _, tt := range []struct {
 		name string
@@ -426,6 +491,7 @@ func getJSON(t *testing.T, client *http.Client, url string, v any) {
 // TestDescribeReadsUnwatchedEventsWithTheCallersRights: events that dynwatch does not watch
 // come from the apiserver, for a caller the cluster lets list them, as from the apiserver.
 func TestDescribeReadsUnwatchedEventsWithTheCallersRights(t *testing.T) {
+	t.Parallel()
 	f := startAPI(t) // configmaps and pods; no events
 	cm, err := f.cs.CoreV1().ConfigMaps(f.ns).Get(t.Context(), "web-0", metav1.GetOptions{})
 	if err != nil {
@@ -481,6 +547,7 @@ func withToken(t *testing.T, kubeconfig, token string) string {
 // TestAWatchFromAnExpiredResourceVersionEndsAsTheAPIServersDoes: 200 and one ERROR event
 // carrying a 410 Expired Status, on the wire and through client-go.
 func TestAWatchFromAnExpiredResourceVersionEndsAsTheAPIServersDoes(t *testing.T) {
+	t.Parallel()
 	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir(), NoWatchCache: true})
 	if err != nil {
 		t.Fatal(err)
@@ -527,8 +594,11 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 	}
 	testbed.Eventually(t, 10*time.Second, func() error {
 		got, err := dynamic.NewForConfigOrDie(d.restConfig(c.Config.BearerToken)).Resource(cmGVR).Namespace(ns).Get(t.Context(), "churn", metav1.GetOptions{})
-		if err != nil || got.GetResourceVersion() != cm.ResourceVersion {
-			return fmt.Errorf("dynwatch has not seen the last change yet (%v)", err)
+		if err != nil {
+			return err
+		}
+		if got.GetResourceVersion() != cm.ResourceVersion {
+			return fmt.Errorf("dynwatch has not seen the last change yet")
 		}
 		return nil
 	})
@@ -614,6 +684,7 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 // TestDescribeShowsTheObjectWhenEventsCannotBeRead: with api.events none, or when the
 // apiserver refuses dynwatch the events, describe still prints the object, with no events.
 func TestDescribeShowsTheObjectWhenEventsCannotBeRead(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	cm, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "quiet"}, Data: map[string]string{"k": "v"}}, metav1.CreateOptions{})

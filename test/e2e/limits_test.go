@@ -16,10 +16,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/test/runner"
+	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
 // hostileFixture is a secured dynwatch with a 1s request timeout and small per-user limits,
@@ -47,7 +47,11 @@ api:
   limits: {maxInFlightPerUser: 2, maxWatchesPerUser: 20}
 metrics: {address: "127.0.0.1:0"}
 `, ns, caFile))
-	createConfigMaps(t, ns, hostileObjects)
+	if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, hostileObjects, func(i int) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cm-%05d", i), Annotations: map[string]string{"a": "b"}}}
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -56,52 +60,23 @@ metrics: {address: "127.0.0.1:0"}
 	f := hostileFixture{dynwatchAPI: d, p: p, ns: ns, admin: d.restConfig(cluster.Config.BearerToken)}
 	// Wait until the cache holds every object.
 	client := httpClient(t, f.admin)
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testbed.Eventually(t, time.Minute, func() error {
 		resp, err := client.Get(url + "/api/v1/namespaces/" + ns + "/configmaps?limit=1")
-		if err == nil {
-			var list struct {
-				Metadata struct{ RemainingItemCount int } `json:"metadata"`
-			}
-			err = decodeJSON(resp, &list)
-			if err == nil && list.Metadata.RemainingItemCount == hostileObjects-1 {
-				return f
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dynwatch's cache did not reach %d configmaps: %v", hostileObjects, err)
+		var list struct {
+			Metadata struct{ RemainingItemCount int } `json:"metadata"`
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-func createConfigMaps(t *testing.T, ns string, n int) {
-	t.Helper()
-	cfg := rest.CopyConfig(cluster.Config)
-	cfg.QPS = -1
-	cs := kubernetes.NewForConfigOrDie(cfg)
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	names := make(chan int)
-	for range 16 {
-		wg.Go(func() {
-			for i := range names {
-				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%05d", i), Annotations: map[string]string{"a": "b"}}}
-				if _, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
-					errs <- err
-				}
-			}
-		})
-	}
-	for i := range n {
-		names <- i
-	}
-	close(names)
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		t.Fatal(err)
-	}
+		if err := decodeJSON(resp, &list); err != nil {
+			return err
+		}
+		if n := list.Metadata.RemainingItemCount + 1; n != hostileObjects {
+			return fmt.Errorf("dynwatch's cache holds %d configmaps, want %d", n, hostileObjects)
+		}
+		return nil
+	})
+	return f
 }
 
 // costlySelector is a field selector just under the URL limit whose every requirement must

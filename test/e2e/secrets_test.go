@@ -23,8 +23,10 @@ import (
 // bodies, dead letters, the state store's file and the debug log. keepSecretData is false;
 // the other transform flags take every combination.
 func TestNoSecretValueSurvivesAnyTransformFlags(t *testing.T) {
+	t.Parallel()
 	for _, flags := range []struct{ managed, lastApplied bool }{{true, true}, {true, false}, {false, true}, {false, false}} {
 		t.Run(fmt.Sprintf("stripManagedFields=%t,stripLastAppliedConfiguration=%t", flags.managed, flags.lastApplied), func(t *testing.T) {
+			t.Parallel()
 			ns := namespace(t)
 			dir := t.TempDir()
 			ok, rejecting := newReceiver(t, nil, false), newReceiver(t, func(int) int { return http.StatusBadRequest }, false)
@@ -50,10 +52,17 @@ log: {level: debug}
 			for i := range 2 {
 				values = append(values, secretValue(t, i))
 			}
+			// A name that occurs nowhere but where the secret is: each place is checked to
+			// mention it, so a place that never saw the secret cannot pass for a clean one.
+			suffix := make([]byte, 6)
+			if _, err := rand.Read(suffix); err != nil {
+				t.Fatal(err)
+			}
+			name := "db-" + hex.EncodeToString(suffix)
 			apply := func(version int) {
 				t.Helper()
-				manifest := fmt.Sprintf(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"db","namespace":%q,"labels":{"v":"%d"}},
-"stringData":{"password":%q},"data":{"token":%q}}`, ns, version, values[0], base64.StdEncoding.EncodeToString([]byte(values[1])))
+				manifest := fmt.Sprintf(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":%q,"namespace":%q,"labels":{"v":"%d"}},
+"stringData":{"password":%q},"data":{"token":%q}}`, name, ns, version, values[0], base64.StdEncoding.EncodeToString([]byte(values[1])))
 				path := filepath.Join(dir, "secret.json")
 				writeFile(t, path, manifest)
 				if out, err := cluster.Kubectl(t.Context(), "apply", "-f", path); err != nil {
@@ -73,7 +82,7 @@ log: {level: debug}
 			url, _, _ := p.WaitListening(t.Context())
 			api := dynwatchAPI{url: url, caFile: caFile}.client(t, cluster.Config.BearerToken)
 			places := map[string][]byte{}
-			for _, path := range []string{"/api/v1/namespaces/" + ns + "/secrets/db", "/api/v1/namespaces/" + ns + "/secrets", "/api/v1/secrets?watch=true&timeoutSeconds=1"} {
+			for _, path := range []string{"/api/v1/namespaces/" + ns + "/secrets/" + name, "/api/v1/namespaces/" + ns + "/secrets", "/api/v1/secrets?watch=true&timeoutSeconds=1"} {
 				resp, err := api.Get(url + path)
 				if err != nil {
 					t.Fatal(err)
@@ -97,8 +106,8 @@ log: {level: debug}
 			places["log"] = []byte(p.Log())
 
 			for place, b := range places {
-				if !bytes.Contains(b, []byte(`db`)) {
-					t.Errorf("%s does not mention the secret at all; the check proves nothing:\n%.500s", place, b)
+				if !bytes.Contains(b, []byte(name)) {
+					t.Errorf("%s does not mention the secret %s at all; the check proves nothing:\n%.500s", place, name, b)
 				}
 				for _, v := range values {
 					for _, form := range []string{v, base64.StdEncoding.EncodeToString([]byte(v))} {

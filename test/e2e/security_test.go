@@ -188,6 +188,7 @@ metrics: {address: "127.0.0.1:0"}
 }
 
 func TestEveryCallerGetsWhatTheAPIServerGivesThem(t *testing.T) {
+	t.Parallel()
 	f := startSecured(t)
 	paths := []string{
 		"/api/v1/configmaps",
@@ -238,6 +239,7 @@ func TestEveryCallerGetsWhatTheAPIServerGivesThem(t *testing.T) {
 }
 
 func TestStatusNeedsItsOwnPermission(t *testing.T) {
+	t.Parallel()
 	f := startSecured(t)
 	tests := []struct {
 		caller caller
@@ -259,6 +261,7 @@ func TestStatusNeedsItsOwnPermission(t *testing.T) {
 }
 
 func TestKubectlWithAUsersTokenThroughTLS(t *testing.T) {
+	t.Parallel()
 	f := startSecured(t)
 	alice := f.kubeconfig(t, cluster.Token("alice"))
 	apiserver := writeKubeconfigAs(t, cluster.Token("alice"))
@@ -304,6 +307,7 @@ func writeKubeconfigAs(t *testing.T, token string) string {
 }
 
 func TestARotatedServingCertificateIsServedWithoutRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	issue := func(version string) (caPEM []byte) {
 		t.Helper()

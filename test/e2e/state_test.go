@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -61,20 +60,6 @@ func configMaps(ns string) (*kubernetes.Clientset, func(ctx context.Context, nam
 	return cs, create
 }
 
-// createMany creates n configmaps named by format (with the index), parallel at a time.
-func createMany(t *testing.T, ns, format string, n, parallel int) {
-	t.Helper()
-	_, create := configMaps(ns)
-	g, ctx := errgroup.WithContext(t.Context())
-	g.SetLimit(parallel)
-	for i := range n {
-		g.Go(func() error { return create(ctx, fmt.Sprintf(format, i), "1") })
-	}
-	if err := g.Wait(); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // waitOutbox waits until the sink's outbox holds n events.
 func waitOutbox(t *testing.T, metrics, sink string, n int) {
 	t.Helper()
@@ -108,10 +93,13 @@ func writeFile(t *testing.T, path, content string) {
 // objects, and starts it again on the same state: the receiver gets exactly those changes, with
 // the old objects the sinks last saw, and nothing for the unchanged ones.
 func TestARestartDeliversExactlyWhatChangedWhileDown(t *testing.T) {
+	t.Parallel()
 	const objects = 2000
 	ns := namespace(t)
 	cs, create := configMaps(ns)
-	createMany(t, ns, "cm-%04d", objects, 8)
+	if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, objects, testbed.NumberedConfigMap(ns, "cm-%04d")); err != nil {
+		t.Fatal(err)
+	}
 	rc := newReceiver(t, nil, false)
 	dir := t.TempDir()
 	configPath := filepath.Join(dir, "config.yaml")
@@ -171,6 +159,7 @@ metrics: {address: "127.0.0.1:0"}
 // then starts it again with the receiver healthy: every queued event arrives, under the ce-id it
 // was first tried with, and nothing else is delivered.
 func TestSIGKILLWithQueuedEventsLosesNothing(t *testing.T) {
+	t.Parallel()
 	const objects = 20
 	ns := namespace(t)
 	cs, create := configMaps(ns)
@@ -260,6 +249,7 @@ metrics: {address: "127.0.0.1:0"}
 // delivered, a removed sink stops receiving, the unchanged resource emits nothing again, and a
 // broken edit is refused while the old configuration keeps running.
 func TestConfigEditsApplyLive(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	cs, create := configMaps(ns)
 	kept, removed := newReceiver(t, nil, false), newReceiver(t, nil, false)

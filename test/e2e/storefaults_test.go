@@ -36,16 +36,6 @@ func newStoreFixture(t *testing.T, webhooks func(state string) string) storeFixt
 	return f
 }
 
-func createN(t *testing.T, ns, prefix string, n int) {
-	t.Helper()
-	_, create := configMaps(ns)
-	for i := range n {
-		if err := create(t.Context(), fmt.Sprintf("%s-%02d", prefix, i), "1"); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 func idSet(rs []received) map[string]bool {
 	out := map[string]bool{}
 	for _, r := range rs {
@@ -55,6 +45,7 @@ func idSet(rs []received) map[string]bool {
 }
 
 func TestADamagedStoreIsSetAsideAndReplayed(t *testing.T) {
+	t.Parallel()
 	for _, damage := range []struct {
 		name string
 		do   func(path string) error
@@ -67,9 +58,12 @@ func TestADamagedStoreIsSetAsideAndReplayed(t *testing.T) {
 		}},
 	} {
 		t.Run(damage.name, func(t *testing.T) {
+			t.Parallel()
 			rc := newReceiver(t, nil, false)
 			f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: r, url: %s}]", rc.URL) })
-			createN(t, f.ns, "cm", 20)
+			if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, 20, testbed.NumberedConfigMap(f.ns, "cm-%02d")); err != nil {
+				t.Fatal(err)
+			}
 			p := startProcess(t, f.config)
 			first := idSet(rc.waitFor(t, 20, 30*time.Second))
 			if err := p.Stop(10 * time.Second); err != nil {
@@ -101,11 +95,14 @@ func TestADamagedStoreIsSetAsideAndReplayed(t *testing.T) {
 }
 
 func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	t.Run("renamed while stopped", func(t *testing.T) {
 		hanging, fast := newReceiver(t, nil, true), newReceiver(t, nil, false)
 		f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: old, url: %s, workers: 1}]", hanging.URL) })
 		p := startProcess(t, f.config)
-		createN(t, f.ns, "cm", 3)
+		if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, 3, testbed.NumberedConfigMap(f.ns, "cm-%02d")); err != nil {
+			t.Fatal(err)
+		}
 		_, metrics, _ := p.WaitListening(t.Context())
 		waitOutbox(t, metrics, "old", 3)
 		if err := p.Stop(10 * time.Second); err != nil {
@@ -133,13 +130,19 @@ func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
 			return fmt.Sprintf("webhooks: [{name: old, url: %s, workers: 1, queueSize: 2, deadLetter: {file: %s}}]", hanging.URL, deadLetters)
 		})
 		p := startProcess(t, f.config)
-		createN(t, f.ns, "cm", 8)
+		if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, 8, testbed.NumberedConfigMap(f.ns, "cm-%02d")); err != nil {
+			t.Fatal(err)
+		}
 		_, metrics, _ := p.WaitListening(t.Context())
 		waitOutbox(t, metrics, "old", 8)
 		writeFile(t, f.config, plainConfig(f.ns, "webhooks: []\nstate: {path: "+f.state+"}"))
 		testbed.Eventually(t, 20*time.Second, func() error {
-			if n, err := countDeadLetters(deadLetters, "sink_removed"); err != nil || n != 8 {
-				return fmt.Errorf("%d sink_removed dead letters (%v), want 8", n, err)
+			n, err := countDeadLetters(deadLetters, "sink_removed")
+			if err != nil {
+				return err
+			}
+			if n != 8 {
+				return fmt.Errorf("%d sink_removed dead letters, want 8", n)
 			}
 			return nil
 		})
@@ -150,6 +153,7 @@ func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
 }
 
 func TestACorruptStoredObjectAffectsOnlyItself(t *testing.T) {
+	t.Parallel()
 	rc := newReceiver(t, nil, false)
 	f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: r, url: %s}]", rc.URL) })
 	cs, create := configMaps(f.ns)
@@ -202,7 +206,7 @@ func TestACorruptStoredObjectAffectsOnlyItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := len(rc.got())
-	p = startProcess(t, f.config)
+	startProcess(t, f.config)
 	if err := create(t.Context(), "sentinel", "1"); err != nil {
 		t.Fatal(err)
 	}
@@ -222,11 +226,14 @@ func setFileSizeLimit(t *testing.T, pid int, limit uint64) {
 }
 
 func TestAFullDiskStopsDeliveryAndRecovers(t *testing.T) {
+	t.Parallel()
 	rc := newReceiver(t, nil, false)
 	f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: r, url: %s}]", rc.URL) })
 	p := startProcess(t, f.config)
 	_, metrics, _ := p.WaitListening(t.Context())
-	createN(t, f.ns, "pre", 10)
+	if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, 10, testbed.NumberedConfigMap(f.ns, "pre-%02d")); err != nil {
+		t.Fatal(err)
+	}
 	rc.waitFor(t, 10, 20*time.Second)
 	st, err := os.Stat(f.state)
 	if err != nil {
@@ -243,8 +250,11 @@ func TestAFullDiskStopsDeliveryAndRecovers(t *testing.T) {
 	}
 	testbed.Eventually(t, 30*time.Second, func() error {
 		code, body, err := get(t.Context(), metrics+"/readyz")
-		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "state store") {
-			return fmt.Errorf("/readyz = %d %q, %v; want 503 naming the state store", code, body, err)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "state store") {
+			return fmt.Errorf("/readyz = %d %q; want 503 naming the state store", code, body)
 		}
 		return nil
 	})
@@ -253,8 +263,12 @@ func TestAFullDiskStopsDeliveryAndRecovers(t *testing.T) {
 	}
 	setFileSizeLimit(t, p.PID(), unix.RLIM_INFINITY)
 	testbed.Eventually(t, 30*time.Second, func() error {
-		if code, body, err := get(t.Context(), metrics+"/readyz"); err != nil || code != http.StatusOK {
-			return fmt.Errorf("/readyz = %d %q, %v; want 200 once space returns", code, body, err)
+		code, body, err := get(t.Context(), metrics+"/readyz")
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("/readyz = %d %q; want 200 once space returns", code, body)
 		}
 		if n := len(idSet(rc.got())); n < 10+full {
 			return fmt.Errorf("%d events delivered, want %d", n, 10+full)

@@ -182,7 +182,7 @@ func countDeadLetters(path, reason string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: closing can lose nothing
 	n := 0
 	for sc := bufio.NewScanner(f); sc.Scan(); {
 		if strings.Contains(sc.Text(), `"reason":"`+reason+`"`) {
@@ -211,6 +211,7 @@ func metricValue(t *testing.T, metricsURL, series string) float64 {
 }
 
 func TestWebhookDeliversSignedCloudEventsInOrder(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	secret, secretPath := signingSecret(t)
 	tokenPath := filepath.Join(t.TempDir(), "token")
@@ -282,6 +283,7 @@ webhooks:
 }
 
 func TestTwoSinksReceiveExactlyWhatTheirFiltersSelect(t *testing.T) {
+	t.Parallel()
 	ns1, ns2 := namespace(t), namespace(t)
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	a, b := newReceiver(t, nil, false), newReceiver(t, nil, false)
@@ -355,6 +357,7 @@ webhooks:
 }
 
 func TestFailedDeliveriesAreRetriedOrDeadLettered(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	deadLetters := filepath.Join(t.TempDir(), "dead-letters.jsonl")
 	flaky := newReceiver(t, func(n int) int {
@@ -444,8 +447,12 @@ webhooks:
 	}
 	// One delivery hangs, one waits in the queue (capacity 2): the other 4 are dead-lettered.
 	testbed.Eventually(t, 10*time.Second, func() error {
-		if n, err := countDeadLetters(deadLetters, "queue_full"); err != nil || n != 4 {
-			return fmt.Errorf("%d queue_full dead letters (%v), want 4", n, err)
+		n, err := countDeadLetters(deadLetters, "queue_full")
+		if err != nil {
+			return err
+		}
+		if n != 4 {
+			return fmt.Errorf("%d queue_full dead letters, want 4", n)
 		}
 		return nil
 	})

@@ -145,11 +145,19 @@ func (p *Process) WaitLog(ctx context.Context, s string) (string, error) {
 		select {
 		case <-changed:
 		case <-p.done:
-			return "", fmt.Errorf("dynwatch exited (%v) before logging %q", p.ExitErr(), s)
+			return "", fmt.Errorf("dynwatch exited (%w) before logging %q", p.exitReason(), s)
 		case <-ctx.Done():
 			return "", fmt.Errorf("waiting for dynwatch to log %q: %w", s, ctx.Err())
 		}
 	}
+}
+
+// exitReason is how the process ended, for an error message: its exit error, or exit status 0.
+func (p *Process) exitReason() error {
+	if err := p.ExitErr(); err != nil {
+		return err
+	}
+	return errors.New("exit status 0")
 }
 
 // Done is closed when the process has exited.
@@ -194,7 +202,7 @@ func (p *Process) WaitReady(ctx context.Context) error {
 		select {
 		case <-tick.C:
 		case <-p.done:
-			return fmt.Errorf("dynwatch exited (%v) before it was ready", p.ExitErr())
+			return fmt.Errorf("dynwatch exited (%w) before it was ready", p.exitReason())
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for dynwatch to be ready: %w", ctx.Err())
 		}

@@ -100,7 +100,7 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, fmt.Errorf("lock binary cache: %w", err)
 	}
-	defer lock.Close()
+	defer func() { _ = lock.Close() }() // nothing is written to it; closing releases the lock
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
 		return Binaries{}, fmt.Errorf("lock binary cache: %w", err)
 	}
@@ -119,7 +119,7 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 			if err != nil {
 				return Binaries{}, err
 			}
-			defer os.RemoveAll(gobin)
+			defer func() { _ = os.RemoveAll(gobin) }() // a leftover temporary directory harms nothing
 			cmd = exec.CommandContext(ctx, "go", "install", p.pkg)
 			cmd.Env = append(os.Environ(), "GOBIN="+gobin, "GOFLAGS=-mod=mod")
 			tmp = filepath.Join(gobin, "helm")

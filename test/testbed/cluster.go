@@ -84,13 +84,13 @@ func startProcess(name, bin, logPath string, args ...string) (*process, error) {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		logFile.Close()
+		_ = logFile.Close() // nothing was written; the start error is the one to report
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &process{name: name, cmd: cmd, log: logFile, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
-		logFile.Close()
+		_ = logFile.Close() // the log is for reading after a failure; a lost tail leaves nothing to do
 		close(p.done)
 	}()
 	return p, nil
@@ -110,7 +110,10 @@ func (p *process) stop(grace time.Duration) {
 func (p *process) exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s exited: %v", p.name, p.err)
+		if p.err == nil {
+			return fmt.Errorf("%s exited with status 0", p.name)
+		}
+		return fmt.Errorf("%s exited: %w", p.name, p.err)
 	default:
 		return nil
 	}
@@ -463,6 +466,8 @@ func (c *Cluster) KubeconfigAs(user string, groups ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	f.Close()
+	if err := f.Close(); err != nil {
+		return "", err
+	}
 	return f.Name(), clientcmd.WriteToFile(*cfg, f.Name())
 }

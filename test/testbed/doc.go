@@ -11,4 +11,13 @@
 // Every process the package starts dies with the test process (SIGKILL on parent death), and
 // Stop removes all it wrote. Nothing listens beyond 127.0.0.1. A Cluster's methods are safe for
 // concurrent use, except that Stop and RestartAPIServer must not overlap.
+//
+// Tests come in two tiers, told apart by go test's -short flag: `make test-unit` runs
+// `go test -short` and only the tests that need no test bed; `make test` runs every test. A
+// package with test bed tests starts its Cluster with Main, which under -short starts nothing;
+// each test that needs the Cluster, or a binary the test bed builds (helm), calls Need first and
+// skips under -short. A package all of whose tests need the test bed uses MainAll instead.
+//
+// CreateConfigMaps fills a namespace with numbered configmaps, for the tests and benchmarks
+// that need many objects.
 package testbed

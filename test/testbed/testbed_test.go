@@ -16,7 +16,8 @@ import (
 
 var cluster *Cluster
 
-func TestMain(m *testing.M) { os.Exit(Main(m, &cluster)) }
+// Every test here needs a running test bed: under -short none runs.
+func TestMain(m *testing.M) { os.Exit(MainAll(m, &cluster)) }
 
 func TestClusterServesKubectlAndClientGo(t *testing.T) {
 	out, err := cluster.Kubectl(t.Context(), "create", "configmap", "hello", "--from-literal=a=b")
