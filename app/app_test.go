@@ -24,7 +24,7 @@ import (
 
 var cluster *testbed.Cluster
 
-func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
+func TestMain(m *testing.M) { os.Exit(testbed.MainAll(m, &cluster)) }
 
 // receiver records the CloudEvents type and object name of every delivery.
 type receiver struct {

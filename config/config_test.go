@@ -339,7 +339,10 @@ func TestWebhookSecretsAreReadAndNeverPrinted(t *testing.T) {
 			t.Fatalf("the token is printed: %s", s)
 		}
 	}
-	b, _ := json.Marshal(w)
+	b, err := json.Marshal(w)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if strings.Contains(string(b), "tok-123") {
 		t.Fatalf("the token is in JSON: %s", b)
 	}

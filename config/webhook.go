@@ -56,8 +56,8 @@ type Webhook struct {
 	Labels         labels.Selector        `mapstructure:"-"`
 	Program        cel.Program            `mapstructure:"-"` // nil without a filter
 	BearerToken    Secret                 `mapstructure:"-"`
-	SigningSecret  Secret                 `mapstructure:"-"` // decoded key bytes
-	TLSConfig      *tls.Config            `mapstructure:"-"` // nil: Go's defaults
+	SigningSecret  Secret                 `mapstructure:"-"`          // decoded key bytes
+	TLSConfig      *tls.Config            `mapstructure:"-" json:"-"` // nil: Go's defaults; never marshalled (it holds funcs)
 	DeadLetterURL  *url.URL               `mapstructure:"-"`
 	// FilesDigest is a digest of the TLS files' contents, so that a reload sees them change.
 	FilesDigest [sha256.Size]byte `mapstructure:"-"`

@@ -204,7 +204,7 @@ func TestOrderedScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
 	}
 	var read []string
 	s.Scan("", Key{}, func(u *unstructured.Unstructured) bool {
-		read = append(read, CacheKey(u))
+		read = append(read, object.KeyOf(u))
 		return len(read) < 3
 	})
 	if want := []string{"node-1", "node-2", "a/m"}; !slices.Equal(read, want) {

@@ -6,6 +6,7 @@ package image_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"go/version"
 	"io"
@@ -45,7 +46,7 @@ func stages(t *testing.T, root string) []instructions.Stage {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	ast, err := parser.Parse(f)
 	if err != nil {
 		t.Fatalf("parse the Dockerfile: %v", err)
@@ -68,7 +69,7 @@ func buildContext(t *testing.T, root, dir string) {
 		t.Fatal(err)
 	}
 	patterns, err := ignorefile.ReadAll(f)
-	f.Close()
+	_ = f.Close() // read only
 	if err != nil {
 		t.Fatalf("read .dockerignore: %v", err)
 	}
@@ -109,7 +110,7 @@ func copyFile(from, to string) error {
 	if err != nil {
 		return err
 	}
-	defer in.Close()
+	defer func() { _ = in.Close() }() // read only
 	info, err := in.Stat()
 	if err != nil {
 		return err
@@ -118,11 +119,8 @@ func copyFile(from, to string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	_, err = io.Copy(out, in)
+	return errors.Join(err, out.Close())
 }
 
 // replayCopy copies the sources of a COPY from the context into dest, an absolute path in the
