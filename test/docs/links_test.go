@@ -7,21 +7,22 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/dynwatch/dynwatch/test/runner"
 )
 
-// repoRoot is the repository's root: two directories above this file.
+// repoRoot is the repository's root.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the test's source file")
+	root, err := runner.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return root
 }
 
 // pages lists README.md and every docs/*.md, relative to root.

@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -27,16 +26,17 @@ import (
 	"github.com/moby/patternmatcher/ignorefile"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/test/runner"
 )
 
-// repoRoot is the module's root, two directories above this file.
+// repoRoot is the repository's root.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("no caller information")
+	root, err := runner.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return root
 }
 
 // stages parses the Dockerfile into its stages.

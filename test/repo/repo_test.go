@@ -6,8 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
+
+	"github.com/dynwatch/dynwatch/test/runner"
 )
 
 // maxTracked is the size above which a tracked file is most likely build output.
@@ -19,8 +20,10 @@ var largeOnPurpose = map[string]string{}
 // TestNoTrackedFileIsBuildOutput: every clone carries every tracked file; a binary or a
 // benchmark's output committed by mistake makes each one slower for good.
 func TestNoTrackedFileIsBuildOutput(t *testing.T) {
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
+	root, err := runner.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.CommandContext(t.Context(), "git", "ls-files", "-z")
 	cmd.Dir = root
 	out, err := cmd.Output()

@@ -24,14 +24,22 @@ import (
 	"github.com/dynwatch/dynwatch/httpapi"
 )
 
-// Build compiles dynwatch (with the race detector when race is true) into dir and returns the
-// binary's path.
-func Build(ctx context.Context, dir string, race bool) (string, error) {
+// ModuleRoot is the directory of dynwatch's go.mod, found from this source file.
+func ModuleRoot() (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
 		return "", errors.New("locate module root: no caller information")
 	}
-	root := filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Join(filepath.Dir(file), "..", ".."), nil
+}
+
+// Build compiles dynwatch (with the race detector when race is true) into dir and returns the
+// binary's path.
+func Build(ctx context.Context, dir string, race bool) (string, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
 	bin := filepath.Join(dir, "dynwatch")
 	args := []string{"build", "-o", bin}
 	if race {
