@@ -10,8 +10,10 @@
 // Guarantees: another replica takes the Lease over no sooner than the lease duration after it
 // saw the last renewal, which began after the fence's start; so a leader that is paused,
 // partitioned or slow stops delivering at least LeaseDuration - RenewDeadline before another
-// can start, provided the replicas' clocks run at about the same rate. Checkpoints in the
-// ConfigMap only ever rise.
+// can start, provided the replicas' clocks run at about the same rate. Losing or releasing the
+// Lease revokes the fence for what starts afterwards; a request already bound ends at the last
+// grant's deadline, which no other replica can reach first. Checkpoints in the ConfigMap only
+// ever rise.
 //
 // Concurrency: Run takes part until its context ends and gives the Lease up on the way out.
 // Leading, Status, Owns and the fence's methods (Bound, Lapsed, Wait) may be called from any
