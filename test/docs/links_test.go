@@ -15,16 +15,6 @@ import (
 	"github.com/dynwatch/dynwatch/test/runner"
 )
 
-// repoRoot is the repository's root.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := runner.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
 // pages lists README.md and every docs/*.md, relative to root.
 func pages(t *testing.T, root string) []string {
 	t.Helper()
@@ -180,7 +170,7 @@ func check(root, page string, l link) string {
 }
 
 func TestEveryRelativeLinkInTheDocsLeadsSomewhere(t *testing.T) {
-	root := repoRoot(t)
+	root := runner.Root(t)
 	for _, page := range pages(t, root) {
 		t.Run(page, func(t *testing.T) {
 			text, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(page)))

@@ -29,16 +29,6 @@ import (
 	"github.com/dynwatch/dynwatch/test/runner"
 )
 
-// repoRoot is the repository's root.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	root, err := runner.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
-}
-
 // stages parses the Dockerfile into its stages.
 func stages(t *testing.T, root string) []instructions.Stage {
 	t.Helper()
@@ -168,7 +158,7 @@ func TestTheImageBuildsFromItsContext(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the whole binary: not in the unit tier")
 	}
-	root := repoRoot(t)
+	root := runner.Root(t)
 	st := stages(t, root)
 	build, final := st[0], st[len(st)-1]
 
@@ -236,7 +226,7 @@ func TestTheImageBuildsFromItsContext(t *testing.T) {
 // TestTheImageExposesThePortsTheBinaryListensOn: EXPOSE names the ports of api.address and
 // metrics.address by default.
 func TestTheImageExposesThePortsTheBinaryListensOn(t *testing.T) {
-	st := stages(t, repoRoot(t))
+	st := stages(t, runner.Root(t))
 	var exposed []string
 	for _, cmd := range st[len(st)-1].Commands {
 		if c, ok := cmd.(*instructions.ExposeCommand); ok {

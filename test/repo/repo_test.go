@@ -20,10 +20,7 @@ var largeOnPurpose = map[string]string{}
 // TestNoTrackedFileIsBuildOutput: every clone carries every tracked file; a binary or a
 // benchmark's output committed by mistake makes each one slower for good.
 func TestNoTrackedFileIsBuildOutput(t *testing.T) {
-	root, err := runner.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := runner.Root(t)
 	cmd := exec.CommandContext(t.Context(), "git", "ls-files", "-z")
 	cmd.Dir = root
 	out, err := cmd.Output()

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/dynwatch/dynwatch/httpapi"
@@ -31,6 +32,16 @@ func ModuleRoot() (string, error) {
 		return "", errors.New("locate module root: no caller information")
 	}
 	return filepath.Join(filepath.Dir(file), "..", ".."), nil
+}
+
+// Root is ModuleRoot for a test, which fails when it cannot be found.
+func Root(t testing.TB) string {
+	t.Helper()
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 // Build compiles dynwatch (with the race detector when race is true) into dir and returns the
