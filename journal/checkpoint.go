@@ -1,6 +1,9 @@
 package journal
 
 import (
+	"maps"
+	"slices"
+
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -13,21 +16,9 @@ import (
 // integers, so the revision means the same on every replica.
 type Checkpoints map[string]map[schema.GroupVersionResource]uint64
 
-// Merge raises c to every checkpoint of o that is higher, and reports whether any was.
-func (c Checkpoints) Merge(o Checkpoints) bool {
-	changed := false
-	for sink, byResource := range o {
-		if c[sink] == nil {
-			c[sink] = map[schema.GroupVersionResource]uint64{}
-		}
-		for gvr, rev := range byResource {
-			if rev > c[sink][gvr] {
-				c[sink][gvr] = rev
-				changed = true
-			}
-		}
-	}
-	return changed
+// Equal reports whether c and o hold the same checkpoints.
+func (c Checkpoints) Equal(o Checkpoints) bool {
+	return maps.EqualFunc(c, o, maps.Equal)
 }
 
 // progress is how far a resource's committed events reach: per stream, a revision through
@@ -128,12 +119,31 @@ func (j *Journal) Checkpoints() Checkpoints {
 	return cp
 }
 
-// trim removes the outbox entries cp acknowledges and raises the floor below which nothing is
-// recorded.
+// Seen is how far this journal has seen a resource: the highest revision committed from any
+// of its streams, and those streams (namespaces, "" for all of them), sorted; no streams when
+// it does not watch the resource. A revision at or below it is one the cluster has reached.
+func (j *Journal) Seen(gvr schema.GroupVersionResource) (uint64, []string) {
+	j.idx.Lock()
+	defer j.idx.Unlock()
+	p := j.progress[gvr]
+	if p == nil {
+		return 0, nil
+	}
+	var rev uint64
+	for _, pos := range p.pos {
+		rev = max(rev, pos)
+	}
+	return rev, slices.Sorted(maps.Keys(p.pos))
+}
+
+// trim makes cp the floor below which nothing is recorded, replacing the last one (the floor
+// follows the checkpoints as they are now, lower ones too), and removes the outbox entries it
+// covers.
 func (j *Journal) trim(tx *bolt.Tx, cp Checkpoints, b *batch) error {
-	if !j.floor.Merge(cp) {
+	if j.floor.Equal(cp) {
 		return nil
 	}
+	j.floor = cp
 	j.idx.Lock()
 	var gone []removed
 	for sink, entries := range j.outbox {

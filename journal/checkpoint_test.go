@@ -3,6 +3,7 @@ package journal
 import (
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -100,5 +101,39 @@ func TestTrimRemovesWhatACheckpointCoversAndRecordsNothingBelowIt(t *testing.T) 
 	}
 	if len(revs) != 2 || revs[0] != 13 || revs[1] != 14 {
 		t.Errorf("outbox revisions %v; want [13 14]", revs)
+	}
+}
+
+func TestALowerCheckpointLowersTheFloor(t *testing.T) {
+	j, _ := newJournal(t)
+	j.Trim(Checkpoints{"sink": {configmaps: 100}})
+	j.Record(addedAt("under-the-first", 50))
+	flush(t, j)
+	if n := j.OutboxLen("sink"); n != 0 {
+		t.Fatalf("%d entries recorded at 50 under a checkpoint at 100; want none", n)
+	}
+	j.Trim(Checkpoints{"sink": {configmaps: 20}}) // the ConfigMap repaired
+	j.Record(addedAt("over-the-second", 50))
+	flush(t, j)
+	if n := j.OutboxLen("sink"); n != 1 {
+		t.Fatalf("%d entries recorded at 50 once the checkpoint is 20; want 1: the floor follows the checkpoints down", n)
+	}
+}
+
+func TestSeenIsTheHighestRevisionOfAnyStream(t *testing.T) {
+	j, _ := newJournal(t)
+	if rev, streams := j.Seen(configmaps); rev != 0 || streams != nil {
+		t.Fatalf("Seen of a resource never listed = %d, %v; want 0 and no streams", rev, streams)
+	}
+	j.ListStarted(configmaps, 1, []string{"b", "a"})
+	e := addedAt("x", 40)
+	e.Stream = "b"
+	j.Record(e)
+	e = addedAt("y", 30)
+	e.Stream = "a"
+	j.Record(e)
+	flush(t, j)
+	if rev, streams := j.Seen(configmaps); rev != 40 || !slices.Equal(streams, []string{"a", "b"}) {
+		t.Errorf("Seen = %d, %v; want 40 and [a b]", rev, streams)
 	}
 }

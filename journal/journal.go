@@ -283,8 +283,8 @@ func (j *Journal) DropSink(sink string) { j.submit(op{kind: opDropSink, sink: si
 // RemoveTarget hands t to Retired once everything recorded for it so far is committed.
 func (j *Journal) RemoveTarget(t Target) { j.submit(op{kind: opRemoveSink, target: t}) }
 
-// Trim removes, from every outbox, the entries cp acknowledges, and from now on does not
-// record what it covers.
+// Trim removes, from every outbox, the entries cp acknowledges, and until the next Trim does
+// not record what it covers. cp is the journal's from then on.
 func (j *Journal) Trim(cp Checkpoints) { j.submit(op{kind: opTrim, cp: cp}) }
 
 // OutboxLen counts a sink's outbox entries.

@@ -1,12 +1,20 @@
 package leader
 
 import (
+	"log/slog"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
 )
 
@@ -40,6 +48,62 @@ func TestMalformedCheckpointsNameWhatIsWrong(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := decodeCheckpoints(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("decodeCheckpoints(%s): %v; want an error containing %q", tc.in, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestCheckpointsAreActedOnOnlyWhenTheLeaseHolderWroteThemAndTheClusterReachedThem: what a
+// follower makes of the checkpoint ConfigMap, below what it has seen of the resource (a revision
+// past that is checked against the apiserver, in the e2e tier).
+func TestCheckpointsAreActedOnOnlyWhenTheLeaseHolderWroteThemAndTheClusterReachedThem(t *testing.T) {
+	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	j, err := journal.New(journal.Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Path: filepath.Join(t.TempDir(), "state.db"),
+		Targets: func() []journal.Target { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	j.ListStarted(configmaps, 1, []string{""})
+	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"namespace": "ns", "name": "a", "uid": "u", "resourceVersion": "50"}}}
+	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: u, Revision: 50, InOrder: true})
+	if err := j.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	el, err := New(Options{Config: config.LeaderElection{Identity: "me"}, Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := term{holder: "r0", transitions: 3}
+	byR0 := map[string]string{holderAnnotation: "r0", transitionsAnnotation: "3"}
+	for _, tc := range []struct {
+		name        string
+		data        string
+		annotations map[string]string
+		want        journal.Checkpoints
+		refused     string
+	}{
+		{"the holder's, at what was seen", `{"sink":{"configmaps.v1":"50"}}`, byR0, journal.Checkpoints{"sink": {configmaps: 50}}, ""},
+		{"the holder's, with a resource not watched here: left out", `{"sink":{"configmaps.v1":"40","secrets.v1":"90"}}`, byR0, journal.Checkpoints{"sink": {configmaps: 40}}, ""},
+		{"another holder's", `{"sink":{"configmaps.v1":"40"}}`, map[string]string{holderAnnotation: "r1", transitionsAnnotation: "3"}, nil, refusedNotLeaseHolder},
+		{"the holder's in an earlier term", `{"sink":{"configmaps.v1":"40"}}`, map[string]string{holderAnnotation: "r0", transitionsAnnotation: "2"}, nil, refusedNotLeaseHolder},
+		{"as releases before the annotations wrote them", `{"sink":{"configmaps.v1":"40"}}`, nil, nil, refusedNotLeaseHolder},
+		{"not JSON", `{"sink":`, byR0, nil, refusedMalformed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Annotations: tc.annotations}, Data: map[string]string{checkpointKey: tc.data}}
+			got, r, err := el.check(t.Context(), j, cm, lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.refused != "" {
+				if r == nil || r.reason != tc.refused {
+					t.Fatalf("refusal %v; want %s", r, tc.refused)
+				}
+				return
+			}
+			if r != nil || !got.Equal(tc.want) {
+				t.Fatalf("check = %v, refusal %v; want %v", got, r, tc.want)
 			}
 		})
 	}

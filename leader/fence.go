@@ -13,15 +13,16 @@ import (
 type fence struct {
 	mu      sync.Mutex
 	until   time.Time // carries a monotonic reading; zero: not held
+	term    term      // the leadership the last grant was for
 	renewed chan struct{}
 }
 
 func newFence() *fence { return &fence{renewed: make(chan struct{})} }
 
-func (f *fence) grant(until time.Time) {
+func (f *fence) grant(until time.Time, t term) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.until = until
+	f.until, f.term = until, t
 	close(f.renewed)
 	f.renewed = make(chan struct{})
 }
@@ -36,6 +37,13 @@ func (f *fence) held() (time.Time, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.until, !f.until.IsZero() && time.Now().Before(f.until)
+}
+
+// heldFor returns the leadership the fence holds for, and whether it holds now.
+func (f *fence) heldFor() (term, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.term, !f.until.IsZero() && time.Now().Before(f.until)
 }
 
 // bound returns a context that ends with ctx or when the fence lapses, and whether it holds
@@ -98,7 +106,7 @@ func (l *fencedLock) write(r resourcelock.LeaderElectionRecord, do func() error)
 	start := time.Now()
 	err := do()
 	if err == nil {
-		l.fence.grant(start.Add(l.hold))
+		l.fence.grant(start.Add(l.hold), term{holder: r.HolderIdentity, transitions: r.LeaderTransitions})
 	}
 	return err
 }

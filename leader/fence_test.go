@@ -12,14 +12,14 @@ func TestTheFenceCutsWhatItBoundOnceItLapses(t *testing.T) {
 	if _, _, held := f.bound(t.Context()); held {
 		t.Fatal("a fence never granted holds")
 	}
-	f.grant(time.Now().Add(50 * time.Millisecond))
+	f.grant(time.Now().Add(50*time.Millisecond), term{holder: "a"})
 	ctx, cancel, held := f.bound(t.Context())
 	defer cancel()
 	if !held {
 		t.Fatal("a fence just granted does not hold")
 	}
 	renewedUntil := time.Now().Add(400 * time.Millisecond)
-	f.grant(renewedUntil) // renewed before the first lapse
+	f.grant(renewedUntil, term{holder: "a"}) // renewed before the first lapse
 	select {
 	case <-ctx.Done():
 		if time.Now().Before(renewedUntil) {

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
@@ -35,7 +37,14 @@ type Status struct {
 	Transitions int    `json:"transitions"`
 	// Checkpoint is when checkpoints were last written (leading) or read (following).
 	Checkpoint *time.Time `json:"checkpointTime,omitempty"`
+	// Conditions holds CheckpointsAccepted: True once this replica's checkpoints are written
+	// (reason Written) or the ConfigMap's accepted (Accepted); False while the ConfigMap's are
+	// refused, with the refusal as reason (Malformed, NotLeaseHolder, AheadOfCluster).
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// conditionCheckpointsAccepted is the condition saying whether the checkpoints are acted on.
+const conditionCheckpointsAccepted = "CheckpointsAccepted"
 
 // Elector takes part in the leader election, holds the fence and exchanges checkpoints.
 type Elector struct {
@@ -176,6 +185,7 @@ func (el *Elector) Status() Status {
 	defer el.mu.Unlock()
 	s := el.status
 	s.Leading = s.Leading && held
+	s.Conditions = slices.Clone(s.Conditions)
 	return s
 }
 
