@@ -39,10 +39,11 @@ func (el *Elector) exchange(ctx context.Context, j *journal.Journal) {
 			if tm, held := el.fence.heldFor(); held {
 				err = el.publish(ctx, j, tm)
 			}
-		} else if r, ferr := el.follow(ctx, j); ferr != nil {
-			err = ferr
-		} else if r != nil {
-			result = "refused"
+		} else {
+			var r *refusal
+			if r, err = el.follow(ctx, j); r != nil {
+				result = "refused"
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -127,20 +128,22 @@ func (el *Elector) follow(ctx context.Context, j *journal.Journal) (*refusal, er
 	if err != nil {
 		return nil, err
 	}
-	cp := journal.Checkpoints{}
-	if cm != nil {
-		lease, err := el.leaseTerm(ctx)
-		if err != nil {
-			return nil, err
-		}
-		var r *refusal
-		if cp, r, err = el.check(ctx, j, cm, lease); err != nil {
-			return nil, err
-		}
-		if r != nil {
-			el.refused(*r)
-			return r, nil
-		}
+	if cm == nil {
+		el.accepted("NoCheckpoints", "the checkpoint ConfigMap does not exist: nothing is trimmed")
+		j.Trim(journal.Checkpoints{})
+		return nil, nil
+	}
+	lease, err := el.leaseTerm(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cp, r, err := el.check(ctx, j, cm, lease)
+	if err != nil {
+		return nil, err
+	}
+	if r != nil {
+		el.refused(*r)
+		return r, nil
 	}
 	el.accepted("Accepted", "the checkpoints are the Lease holder's and within what the cluster has reached")
 	j.Trim(cp)

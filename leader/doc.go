@@ -12,8 +12,12 @@
 // partitioned or slow stops delivering at least LeaseDuration - RenewDeadline before another
 // can start, provided the replicas' clocks run at about the same rate. Losing or releasing the
 // Lease revokes the fence for what starts afterwards; a request already bound ends at the last
-// grant's deadline, which no other replica can reach first. Checkpoints in the ConfigMap only
-// ever rise.
+// grant's deadline, which no other replica can reach first. A follower acts on the
+// ConfigMap's checkpoints only when they name the Lease's holder and term (its annotations)
+// and every revision in them is one the cluster has reached (at most what the replica has
+// seen, or the resource's list resourceVersion); its floor is then what they say, lower ones
+// too. Refused checkpoints trim nothing and are reported: log, metric, the
+// CheckpointsAccepted condition in Status.
 //
 // Concurrency: Run takes part until its context ends and gives the Lease up on the way out.
 // Leading, Status, Owns and the fence's methods (Bound, Lapsed, Wait) may be called from any

@@ -38,7 +38,8 @@ type Status struct {
 	// Checkpoint is when checkpoints were last written (leading) or read (following).
 	Checkpoint *time.Time `json:"checkpointTime,omitempty"`
 	// Conditions holds CheckpointsAccepted: True once this replica's checkpoints are written
-	// (reason Written) or the ConfigMap's accepted (Accepted); False while the ConfigMap's are
+	// (reason Written) or the ConfigMap's accepted (Accepted, or NoCheckpoints while there is no
+	// ConfigMap); False while the ConfigMap's are
 	// refused, with the refusal as reason (Malformed, NotLeaseHolder, AheadOfCluster).
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
