@@ -1,0 +1,224 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+// reply is what a server answered to a GET, read as far as its first JSON value: the status
+// code, the Status's reason for errors, and what came first (an object's kind, or "watch
+// event TYPE" for a watch stream).
+type reply struct {
+	code   int
+	reason metav1.StatusReason
+	first  string
+}
+
+// askFirst GETs url and reads the answer's first JSON value, then hangs up.
+func askFirst(t *testing.T, client *http.Client, url string) reply {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Kind   string              `json:"kind"`
+		Reason metav1.StatusReason `json:"reason"`
+		Type   string              `json:"type"`
+		Object json.RawMessage     `json:"object"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatalf("GET %s: %d with no JSON value first: %v", url, resp.StatusCode, err)
+	}
+	r := reply{code: resp.StatusCode, reason: v.Reason, first: v.Kind}
+	if v.Type != "" && v.Object != nil {
+		r.first = "watch event " + v.Type
+	}
+	return r
+}
+
+// TestVerbsAndBooleansAgreeWithTheAPIServer sends the same GETs, with the same token, to the
+// apiserver and to dynwatch: watch and the other boolean parameters in every spelling, and
+// watch on paths that name an object. Both must answer with the same status and the same
+// first value: a list, an object or a watch event.
+func TestVerbsAndBooleansAgreeWithTheAPIServer(t *testing.T) {
+	t.Parallel()
+	f := startSecured(t)
+	var paths []string
+	for _, v := range []string{"1", "true", "TRUE", "", "t", "f", "yes", "no", "0", "false", "False"} {
+		paths = append(paths, "/api/v1/namespaces/"+f.a+"/configmaps?timeoutSeconds=5&watch="+v)
+	}
+	for _, v := range []string{"1", "true", "f", "yes"} {
+		paths = append(paths, "/api/v1/namespaces/"+f.a+"/configmaps/cm?watch="+v)
+	}
+	paths = append(paths,
+		"/api/v1/namespaces/"+f.a+"/configmaps?timeoutSeconds=5&watch=1&allowWatchBookmarks=yes",
+		"/api/v1/namespaces/"+f.a+"/configmaps?timeoutSeconds=5&watch=1&allowWatchBookmarks=on&sendInitialEvents=yes&resourceVersionMatch=NotOlderThan",
+		"/api/v1/namespaces/"+f.a+"/configmaps?timeoutSeconds=5&watch=1&allowWatchBookmarks=&sendInitialEvents=&resourceVersionMatch=NotOlderThan",
+		"/api/v1/namespaces/"+f.a+"/configmaps?timeoutSeconds=5&watch=1&fieldSelector=metadata.name%3Dcm",
+		"/api/v1/namespaces/"+f.b+"/secrets/s?watch=1",
+		"/api/v1/namespaces/"+f.b+"/secrets/s?watch=true&timeoutSeconds=5",
+		"/api/v1/namespaces/"+f.b+"/secrets?watch=1&timeoutSeconds=5&fieldSelector=metadata.name%3Ds",
+		"/api/v1/namespaces/"+f.b+"/secrets?watch=f&timeoutSeconds=5",
+	)
+	callers := []caller{f.callers[2], f.callers[4], f.callers[5]} // alice, carol, dave
+	for _, c := range callers {
+		t.Run(c.name, func(t *testing.T) {
+			apiserver := httpClient(t, c.config(cluster.URL(), "", cluster.Config.CAData))
+			dynwatch := httpClient(t, c.config(f.url, f.caFile, nil))
+			for _, path := range paths {
+				want := askFirst(t, apiserver, cluster.URL()+path)
+				var got reply
+				// A denial cached from before the fixture's RoleBindings may linger for the deny
+				// cache's TTL; the apiserver's answer is the reference.
+				testbed.Eventually(t, 15*time.Second, func() error {
+					if got = askFirst(t, dynwatch, f.url+path); got != want {
+						return fmt.Errorf("GET %s: dynwatch answered %+v, the apiserver %+v", path, got, want)
+					}
+					return nil
+				})
+			}
+		})
+	}
+}
+
+// TestAGetOnlyCallerCannotHoldAWatch: dave may get the secret s and nothing else. A GET of it
+// with watch answers the object and ends, as the apiserver's does; the watch form is refused.
+func TestAGetOnlyCallerCannotHoldAWatch(t *testing.T) {
+	t.Parallel()
+	f := startSecured(t)
+	dave := f.callers[5]
+	client := httpClient(t, dave.config(f.url, f.caFile, nil))
+	url := f.url + "/api/v1/namespaces/" + f.b + "/secrets/s?watch=1"
+	var body []byte
+	testbed.Eventually(t, 20*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if body, err = io.ReadAll(resp.Body); err != nil {
+			return fmt.Errorf("GET %s did not end: %w (read %.200s)", url, err, body)
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s = %d %.200s", url, resp.StatusCode, body)
+		}
+		return nil
+	})
+	var secret struct{ Kind, Type string }
+	if err := json.Unmarshal(body, &secret); err != nil || secret.Kind != "Secret" || secret.Type != "Opaque" {
+		t.Errorf("GET %s answered %.300s; want the Secret alone", url, body)
+	}
+	watch := f.url + "/api/v1/namespaces/" + f.b + "/secrets?watch=1&fieldSelector=metadata.name%3Ds"
+	if got := askFirst(t, client, watch); got.code != http.StatusForbidden {
+		t.Errorf("GET %s as dave = %+v, want 403", watch, got)
+	}
+}
+
+// TestSubjectAccessReviewsCarryTheRequestsSelectors lists and watches with label and field
+// selectors, and reads the SubjectAccessReviews dynwatch sent from the apiserver's audit log:
+// each carries the selectors' requirements, as the apiserver passes them to its authorizers
+// (AuthorizeWithSelectors). RBAC ignores them, so the audit log is where they can be seen.
+func TestSubjectAccessReviewsCarryTheRequestsSelectors(t *testing.T) {
+	t.Parallel()
+	f := startSecured(t)
+	alice := f.callers[2]
+	client := httpClient(t, alice.config(f.url, f.caFile, nil))
+	// The label value is this test's own namespace, so no earlier review answers from a cache.
+	for _, verb := range []string{"list", "watch"} {
+		url := f.url + "/api/v1/namespaces/" + f.a + "/configmaps?labelSelector=app!%3D" + verb + "-" + f.a + "&fieldSelector=metadata.name%3Dcm"
+		if verb == "watch" {
+			url += "&watch=1&timeoutSeconds=1"
+		}
+		testbed.Eventually(t, 15*time.Second, func() error {
+			if got := askFirst(t, client, url); got.code != http.StatusOK {
+				return fmt.Errorf("GET %s as alice = %+v", url, got)
+			}
+			return nil
+		})
+		testbed.Eventually(t, 10*time.Second, func() error {
+			reviews, err := auditedReviews(cluster.AuditLog(), "alice", f.a, verb)
+			if err != nil {
+				return err
+			}
+			want := fmt.Sprintf("labels [{app NotIn [%s-%s]}], fields [{metadata.name In [cm]}]", verb, f.a)
+			var seen []string
+			for _, r := range reviews {
+				got := selectorsOf(r)
+				if got == want {
+					return nil
+				}
+				seen = append(seen, got)
+			}
+			return fmt.Errorf("no SubjectAccessReview for alice's %s in %s carries %s; seen: %q", verb, f.a, want, seen)
+		})
+	}
+}
+
+// auditedReviews are the SubjectAccessReviews in the audit log at path for user's verb in ns.
+func auditedReviews(path, user, ns, verb string) ([]authorizationv1.SubjectAccessReview, error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
+	var out []authorizationv1.SubjectAccessReview
+	s := bufio.NewScanner(file)
+	s.Buffer(nil, 1<<20)
+	for s.Scan() {
+		var event struct {
+			RequestObject *authorizationv1.SubjectAccessReview `json:"requestObject"`
+		}
+		if err := json.Unmarshal(s.Bytes(), &event); err != nil {
+			return nil, fmt.Errorf("audit log: %w", err)
+		}
+		r := event.RequestObject
+		if r == nil || r.Spec.User != user || r.Spec.ResourceAttributes == nil {
+			continue
+		}
+		if a := r.Spec.ResourceAttributes; a.Namespace == ns && a.Verb == verb {
+			out = append(out, *r)
+		}
+	}
+	return out, s.Err()
+}
+
+// selectorsOf writes a review's selector requirements as "labels [...], fields [...]".
+func selectorsOf(r authorizationv1.SubjectAccessReview) string {
+	a := r.Spec.ResourceAttributes
+	var labels, fields []string
+	if a.LabelSelector != nil {
+		for _, q := range a.LabelSelector.Requirements {
+			labels = append(labels, fmt.Sprintf("{%s %s %v}", q.Key, q.Operator, q.Values))
+		}
+	}
+	if a.FieldSelector != nil {
+		for _, q := range a.FieldSelector.Requirements {
+			fields = append(fields, fmt.Sprintf("{%s %s %v}", q.Key, q.Operator, q.Values))
+		}
+	}
+	slices.Sort(labels)
+	slices.Sort(fields)
+	return fmt.Sprintf("labels [%s], fields [%s]", strings.Join(labels, " "), strings.Join(fields, " "))
+}
