@@ -249,7 +249,7 @@ func (a *api) serve(c *gin.Context) {
 	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd)}
 	switch {
 	case t.watch(c.Request.URL.Query()):
-		a.watch(c, res, t, q, out)
+		a.serveWatch(c, res, t, q, out)
 	case t.name != "":
 		a.deadline(c, a.RequestTimeout)
 		obj, found := res.Get(t.namespace, t.name)

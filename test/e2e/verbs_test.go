@@ -2,11 +2,16 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"slices"
 	"strings"
@@ -15,6 +20,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -221,4 +227,145 @@ func selectorsOf(r authorizationv1.SubjectAccessReview) string {
 	slices.Sort(labels)
 	slices.Sort(fields)
 	return fmt.Sprintf("labels [%s], fields [%s]", strings.Join(labels, " "), strings.Join(fields, " "))
+}
+
+// wsAnswer is how a server answered a websocket upgrade: the status code and, for 101, the
+// first message read as askFirst reads a body; otherwise the kind of the JSON body, if any.
+type wsAnswer struct {
+	code     int
+	protocol string // the Sec-WebSocket-Protocol answered
+	first    string
+}
+
+// askWebSocket sends a websocket upgrade GET for path over HTTP/1.1 with cfg's bearer token
+// and the given extra headers, and reads the answer: the first frame's message after a 101.
+func askWebSocket(t *testing.T, cfg *rest.Config, base, path string, header http.Header) wsAnswer {
+	t.Helper()
+	tlsConfig, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsConfig.NextProtos = []string{"http/1.1"}
+	u, _ := neturl.Parse(base)
+	dialer := &tls.Dialer{Config: tlsConfig}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	conn, err := dialer.DialContext(ctx, "tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	req, _ := http.NewRequest(http.MethodGet, base+path, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if cfg.BearerToken != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.BearerToken)
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(r, req)
+	if err != nil {
+		t.Fatalf("GET %s with a websocket upgrade: %v", path, err)
+	}
+	a := wsAnswer{code: resp.StatusCode, protocol: resp.Header.Get("Sec-WebSocket-Protocol")}
+	var body io.Reader = resp.Body
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		msg, err := readFrame(r)
+		if err != nil {
+			t.Fatalf("GET %s: the first websocket frame: %v", path, err)
+		}
+		body = bytes.NewReader(msg)
+	}
+	var v struct {
+		Kind   string          `json:"kind"`
+		Type   string          `json:"type"`
+		Object json.RawMessage `json:"object"`
+	}
+	if json.NewDecoder(body).Decode(&v) == nil {
+		a.first = v.Kind
+		if v.Type != "" && v.Object != nil {
+			a.first = "watch event " + v.Type
+		}
+	}
+	return a
+}
+
+// readFrame reads one unmasked websocket frame from a server and returns its payload.
+func readFrame(r *bufio.Reader) ([]byte, error) {
+	var head [2]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return nil, err
+	}
+	n := uint64(head[1] & 0x7f)
+	switch n {
+	case 126:
+		var ext [2]byte
+		if _, err := io.ReadFull(r, ext[:]); err != nil {
+			return nil, err
+		}
+		n = uint64(binary.BigEndian.Uint16(ext[:]))
+	case 127:
+		var ext [8]byte
+		if _, err := io.ReadFull(r, ext[:]); err != nil {
+			return nil, err
+		}
+		n = binary.BigEndian.Uint64(ext[:])
+	}
+	if n > 1<<20 {
+		return nil, fmt.Errorf("a frame of %d bytes", n)
+	}
+	payload := make([]byte, n)
+	_, err := io.ReadFull(r, payload)
+	return payload, err
+}
+
+// TestAWebSocketWatchIsAnsweredAsTheAPIServerAnswersIt sends websocket upgrades, with the
+// same credentials, to the apiserver and to dynwatch: a watch with an Origin is upgraded and
+// its events are websocket messages; without an Origin the handshake is refused; a token may
+// ride in the websocket protocol header, next to the protocol the server echoes; a caller without rights is refused first; a get and
+// a list ignore the upgrade.
+func TestAWebSocketWatchIsAnsweredAsTheAPIServerAnswersIt(t *testing.T) {
+	t.Parallel()
+	f := startSecured(t)
+	alice, carol := f.callers[2], f.callers[4]
+	origin := http.Header{"Origin": {"https://dynwatch.example"}}
+	protocol := http.Header{
+		"Origin":                 {"https://dynwatch.example"},
+		"Sec-Websocket-Protocol": {"base64url.bearer.authorization.k8s.io." + base64.RawURLEncoding.EncodeToString([]byte(alice.token)) + ", dynwatch.test"},
+	}
+	watch := "/api/v1/namespaces/" + f.a + "/configmaps?watch=1&timeoutSeconds=5"
+	tests := []struct {
+		name   string
+		caller caller
+		path   string
+		header http.Header
+	}{
+		{"a watch with an Origin", alice, watch, origin},
+		{"a watch without an Origin", alice, watch, nil},
+		{"a watch with the token in the websocket protocol", caller{}, watch, protocol},
+		{"a watch by a caller without rights", carol, watch, origin},
+		{"a named get", alice, "/api/v1/namespaces/" + f.a + "/configmaps/cm?watch=1", origin},
+		{"a list", alice, "/api/v1/namespaces/" + f.a + "/configmaps", origin},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := askWebSocket(t, tt.caller.config(cluster.URL(), "", cluster.Config.CAData), cluster.URL(), tt.path, tt.header)
+			var got wsAnswer
+			testbed.Eventually(t, 15*time.Second, func() error {
+				if got = askWebSocket(t, tt.caller.config(f.url, f.caFile, nil), f.url, tt.path, tt.header); got != want {
+					return fmt.Errorf("GET %s upgraded: dynwatch answered %+v, the apiserver %+v", tt.path, got, want)
+				}
+				return nil
+			})
+			t.Logf("both answered %+v", got)
+		})
+	}
 }
