@@ -188,7 +188,7 @@ func auditedReviews(path, user, ns, verb string) ([]authorizationv1.SubjectAcces
 	if err != nil {
 		return nil, err
 	}
-	defer file.Close()
+	defer func() { _ = file.Close() }()
 	var out []authorizationv1.SubjectAccessReview
 	s := bufio.NewScanner(file)
 	s.Buffer(nil, 1<<20)
