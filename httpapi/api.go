@@ -248,8 +248,8 @@ func (a *api) serve(c *gin.Context) {
 	}
 	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd)}
 	switch {
-	case q.watch:
-		a.watch(c, res, t, q, out)
+	case t.watch(c.Request.URL.Query()):
+		a.serveWatch(c, res, t, q, out)
 	case t.name != "":
 		a.deadline(c, a.RequestTimeout)
 		obj, found := res.Get(t.namespace, t.name)
@@ -273,7 +273,7 @@ func routeOf(r *http.Request, t target) string {
 	case t.discovery != "":
 		return "discovery"
 	}
-	if watch, _ := strconv.ParseBool(r.URL.Query().Get("watch")); watch {
+	if t.watch(r.URL.Query()) {
 		return "watch"
 	}
 	if t.name != "" {

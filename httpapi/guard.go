@@ -9,6 +9,8 @@ import (
 	"github.com/gin-gonic/gin"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -122,13 +124,33 @@ func (a *api) guard(c *gin.Context) {
 }
 
 // attributes are the authorizer attributes the apiserver builds for the same request
-// (filters.GetAuthorizerAttributes).
+// (filters.GetAuthorizerAttributes), the requirements of a list's or watch's label and field
+// selectors included (AuthorizeWithSelectors, GA and locked on since Kubernetes 1.34, which
+// sets them in info): the delegating authorizer sends them in the SubjectAccessReview, so an
+// authorizer that grants reads by selector decides as it would for the apiserver. A selector
+// that does not parse reaches the authorizer as its parse error, and the request is refused
+// with 400 after authorization, as the apiserver refuses it.
 func attributes(resp *authenticator.Response, info *request.RequestInfo) *authorizer.AttributesRecord {
-	return &authorizer.AttributesRecord{
+	attrs := &authorizer.AttributesRecord{
 		User: resp.User, Verb: info.Verb, Path: info.Path, ResourceRequest: info.IsResourceRequest,
 		APIGroup: info.APIGroup, APIVersion: info.APIVersion, Resource: info.Resource,
 		Subresource: info.Subresource, Namespace: info.Namespace, Name: info.Name,
 	}
+	if info.FieldSelector != "" {
+		if s, err := fields.ParseSelector(info.FieldSelector); err != nil {
+			attrs.FieldSelectorParsingErr = err
+		} else if reqs := s.Requirements(); len(reqs) > 0 {
+			attrs.FieldSelectorRequirements = reqs
+		}
+	}
+	if info.LabelSelector != "" {
+		if s, err := labels.Parse(info.LabelSelector); err != nil {
+			attrs.LabelSelectorParsingErr = err
+		} else if reqs, _ := s.Requirements(); len(reqs) > 0 {
+			attrs.LabelSelectorRequirements = reqs
+		}
+	}
+	return attrs
 }
 
 // limit is how many requests s may hold at once.

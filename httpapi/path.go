@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"net/url"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -66,3 +67,10 @@ func parsePath(path string) (target, bool) {
 	}
 	return t, true
 }
+
+// watch reports whether a GET of t with query v is a watch, as the apiserver decides it: a
+// collection with the watch flag is watched; a path that names an object is a get, which
+// answers the object whatever its watch parameter (the apiserver authorizes it as get, and
+// its get handler ignores watch). A named watch is a collection's, with the field selector
+// metadata.name.
+func (t target) watch(v url.Values) bool { return t.name == "" && boolParameter(v, "watch") }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -19,7 +20,8 @@ import (
 	"github.com/dynwatch/dynwatch/object"
 )
 
-// query is a list or watch request's parameters, parsed.
+// query is a list or watch request's parameters, parsed. Whether the request is a watch is
+// the target's to say (target.watch).
 type query struct {
 	labels     labels.Selector
 	fields     fields.Selector
@@ -31,7 +33,6 @@ type query struct {
 	after      string // continue: the last key of the previous page
 	listRV     string // continue: the resourceVersion of the first page
 
-	watch               bool
 	resourceVersion     uint64
 	sendInitialEvents   bool
 	allowWatchBookmarks bool
@@ -72,32 +73,27 @@ func parseQuery(v url.Values, maxPage int) (*query, *apierrors.StatusError) {
 		}
 		q.after, q.listRV = tok.After, tok.RV
 	}
-	if s := v.Get("watch"); s != "" {
-		if q.watch, err = strconv.ParseBool(s); err != nil {
-			return nil, badParameter("watch", "must be true or false, got %q", s)
-		}
-	}
 	if s := v.Get("resourceVersion"); s != "" {
 		if q.resourceVersion, err = strconv.ParseUint(s, 10, 64); err != nil {
 			return nil, badParameter("resourceVersion", "must be a resourceVersion from this API, got %q", s)
 		}
 	}
-	for _, b := range []struct {
-		name string
-		dst  *bool
-	}{{"sendInitialEvents", &q.sendInitialEvents}, {"allowWatchBookmarks", &q.allowWatchBookmarks}} {
-		if s := v.Get(b.name); s != "" {
-			if *b.dst, err = strconv.ParseBool(s); err != nil {
-				return nil, badParameter(b.name, "must be true or false, got %q", s)
-			}
-		}
-	}
+	q.sendInitialEvents, q.allowWatchBookmarks = boolParameter(v, "sendInitialEvents"), boolParameter(v, "allowWatchBookmarks")
 	if s := v.Get("timeoutSeconds"); s != "" {
 		if q.timeoutSeconds, err = strconv.ParseInt(s, 10, 64); err != nil || q.timeoutSeconds < 0 {
 			return nil, badParameter("timeoutSeconds", "must be a non-negative integer, got %q", s)
 		}
 	}
 	return q, nil
+}
+
+// boolParameter reads the boolean query parameter name as the apiserver reads it
+// (runtime.Convert_Slice_string_To_bool): absent, "0" and "false" in any case are false;
+// any other value, the empty string included, is true.
+func boolParameter(v url.Values, name string) bool {
+	values, b := v[name], false
+	_ = runtime.Convert_Slice_string_To_bool(&values, &b, nil) // it never fails
+	return b
 }
 
 // selectFields checks the field selector's fields against those the resource accepts and

@@ -9,6 +9,12 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/gin-gonic/gin"
+	"golang.org/x/net/websocket"
+	"k8s.io/streaming/pkg/httpstream/wsstream"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // ShutdownTimeout bounds how long Serve waits for requests in flight when its context ends.
@@ -75,3 +81,57 @@ func streaming(w http.ResponseWriter, d time.Duration) {
 	_ = rc.SetReadDeadline(time.Time{})
 	_ = rc.SetWriteDeadline(time.Now().Add(d))
 }
+
+// serveWatch serves a watch as a stream of JSON lines or, when the request asks for a
+// websocket, over one (see overWebSocket), as the apiserver's watch handler does.
+func (a *api) serveWatch(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
+	if !wsstream.IsWebSocketRequest(c.Request) {
+		a.watch(c, res, t, q, out)
+		return
+	}
+	overWebSocket(c, func(c *gin.Context) { a.watch(c, res, t, q, out) })
+}
+
+// overWebSocket runs a streaming handler over a websocket, as the apiserver serves watches:
+// with the same library's handshake (golang.org/x/net/websocket: a request without an Origin
+// is refused with 403, a bad version with 400; a bearer token may ride in the protocol header,
+// which authentication has already taken out), then each Write as a text message. The client
+// sends nothing; its closing the websocket ends the handler's request context.
+func overWebSocket(c *gin.Context, handle func(*gin.Context)) {
+	websocket.Handler(func(ws *websocket.Conn) {
+		ctx, cancel := context.WithCancel(c.Request.Context())
+		defer cancel()
+		go func() {
+			wsstream.IgnoreReceives(ws, 0)
+			cancel()
+		}()
+		c.Request = c.Request.WithContext(ctx)
+		c.Writer = &messages{ResponseWriter: c.Writer, ws: ws, header: http.Header{}}
+		handle(c)
+	}).ServeHTTP(c.Writer, c.Request)
+}
+
+// messages is a watch's response writer over a websocket: each Write, which the watch makes
+// once per event, is one text message, as the apiserver frames JSON watch events. Status and
+// headers were settled by the handshake; flushing is sending. The write deadline a streaming
+// response sets (see streaming) applies to the websocket's connection, whose deadlines the
+// hijack cleared.
+type messages struct {
+	gin.ResponseWriter
+	ws     *websocket.Conn
+	header http.Header
+}
+
+func (m *messages) Write(p []byte) (int, error) {
+	if err := websocket.Message.Send(m.ws, string(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (m *messages) WriteString(s string) (int, error)  { return m.Write([]byte(s)) }
+func (m *messages) Header() http.Header                { return m.header }
+func (m *messages) WriteHeader(int)                    {}
+func (m *messages) WriteHeaderNow()                    {}
+func (m *messages) Flush()                             {}
+func (m *messages) SetWriteDeadline(t time.Time) error { return m.ws.SetWriteDeadline(t) }

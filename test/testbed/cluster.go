@@ -255,6 +255,13 @@ func (c *Cluster) prepareAPIServer(o Options) error {
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
 	}
+	// SubjectAccessReviews are audited with their bodies, so tests can see what a delegating
+	// authorizer asked (RBAC ignores some of it, such as selectors).
+	policy := filepath.Join(c.Dir, "audit-policy.yaml")
+	if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+		return err
+	}
+	c.apiArgs = append(c.apiArgs, "--audit-policy-file="+policy, "--audit-log-path="+c.AuditLog(), "--audit-log-format=json")
 	if o.NoWatchCache {
 		c.apiArgs = append(c.apiArgs, "--watch-cache=false")
 	}
@@ -425,6 +432,20 @@ func (c *Cluster) Stop() {
 		}
 	})
 }
+
+// auditPolicy logs every SubjectAccessReview with its request body, and nothing else.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    resources: [{group: authorization.k8s.io, resources: [subjectaccessreviews]}]
+  - level: None
+`
+
+// AuditLog is the apiserver's audit log: one JSON event per line, for every
+// SubjectAccessReview, with its request body.
+func (c *Cluster) AuditLog() string { return filepath.Join(c.Dir, "audit.log") }
 
 // Users have bearer tokens the apiserver accepts, and no permissions until a test grants them
 // some with RBAC. Their groups are only system:authenticated.

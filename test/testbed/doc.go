@@ -2,7 +2,9 @@
 // benchmarks: etcd and kube-apiserver, built from the test/tools module (k8s.io/kubernetes
 // v1.36.3, etcd v3.6) into a cache directory outside the repository and started on free
 // loopback ports. A Cluster hands back a *rest.Config and a kubeconfig file for an admin token,
-// and can restart its apiserver and compact etcd for fault tests.
+// and can restart its apiserver and compact etcd for fault tests. The apiserver writes every
+// SubjectAccessReview, with its body, to an audit log (AuditLog), so tests can see what a
+// delegating authorizer asked.
 //
 // Binaries are built once per version of test/tools (the cache key hashes its go.mod and
 // go.sum); concurrent test processes share the build through a file lock. The cache lives in
