@@ -8,7 +8,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	clientfeatures "k8s.io/client-go/features"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -28,11 +30,13 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	}
 	encodings := newEncodings()
 	restConfig.Wrap(encodings.wrap)
-	clientset, dyn, err := clients(restConfig)
+	limits := cfg.Client.RateLimits
+	informers := forConcern(restConfig, "informers", limits.Informers)
+	dyn, err := dynamic.NewForConfig(informers)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
-	disco, err := discovery.NewDiscoveryClientForConfig(restConfig)
+	disco, err := discovery.NewDiscoveryClientForConfig(informers)
 	if err != nil {
 		return nil, fmt.Errorf("discovery client: %w", err)
 	}
@@ -46,7 +50,11 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	var election webhook.Election
 	var status func() any
 	if cfg.LeaderElection.Enabled {
-		elector, err := leader.New(leader.Options{Config: cfg.LeaderElection, Client: clientset, Logger: log, Registerer: reg})
+		client, err := kubernetes.NewForConfig(forConcern(restConfig, "leader-election", limits.LeaderElection))
+		if err != nil {
+			return nil, fmt.Errorf("leader election client: %w", err)
+		}
+		elector, err := leader.New(leader.Options{Config: cfg.LeaderElection, Client: client, Logger: log, Registerer: reg})
 		if err != nil {
 			return nil, err
 		}
@@ -80,7 +88,11 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	}); err != nil {
 		return nil, err
 	}
-	if s.security, err = httpapi.NewSecurity(log, cfg.API, clientset); err != nil {
+	reviews, err := kubernetes.NewForConfig(forConcern(restConfig, "reviews", limits.Reviews))
+	if err != nil {
+		return nil, fmt.Errorf("review client: %w", err)
+	}
+	if s.security, err = httpapi.NewSecurity(log, cfg.API, reviews, limits.Reviews); err != nil {
 		return nil, err
 	}
 	if s.api, err = newAPI(log, cfg, restConfig, s, watches, status, reg); err != nil {
@@ -94,11 +106,14 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 // OpenAPI, CRDs) goes through clients with a rate limit of their own: callers cannot starve
 // the informers or the leader's renewals.
 func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *service, watches *httpapi.Hub, leaderStatus func() any, reg *prometheus.Registry) (http.Handler, error) {
-	upstream := rest.CopyConfig(restConfig)
-	upstream.QPS, upstream.Burst = 20, 40
-	upstreamClient, upstreamDynamic, err := clients(upstream)
+	reads := forConcern(restConfig, "reads", cfg.Client.RateLimits.Reads)
+	upstreamClient, err := kubernetes.NewForConfig(reads)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	upstreamDynamic, err := dynamic.NewForConfig(reads)
+	if err != nil {
+		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
 	return httpapi.NewAPI(httpapi.APIOptions{
 		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus,

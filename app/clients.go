@@ -6,11 +6,11 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/dynamic"
 	clientfeatures "k8s.io/client-go/features"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dynwatch/dynwatch/config"
 )
 
 // clientGates are client-go's feature gates with ClientsAllowCBOR as configured. With it, the
@@ -71,17 +71,15 @@ type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
-// clients returns a typed and a dynamic client for c, sharing nothing with other clients.
-func clients(c *rest.Config) (*kubernetes.Clientset, *dynamic.DynamicClient, error) {
-	typed, err := kubernetes.NewForConfig(c)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(c)
-	if err != nil {
-		return nil, nil, fmt.Errorf("dynamic client: %w", err)
-	}
-	return typed, dyn, nil
+// forConcern is base for one of dynwatch's concerns (informers, leader-election, reviews,
+// reads): its own client-side rate limit, so that no concern's requests wait behind another's
+// (a flood of callers cannot delay a Lease renewal), and its own User-Agent, dynwatch/<concern>,
+// so that the apiserver's metrics and audit log tell them apart.
+func forConcern(base *rest.Config, concern string, l config.RateLimit) *rest.Config {
+	c := rest.CopyConfig(base)
+	c.QPS, c.Burst = l.QPS, l.Burst
+	c.UserAgent = base.UserAgent + "/" + concern
+	return c
 }
 
 // clientConfig resolves the apiserver connection as client-go tools do: the kubeconfig path,
@@ -94,6 +92,5 @@ func clientConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
 	c.UserAgent = "dynwatch"
-	c.QPS, c.Burst = 50, 100
 	return c, nil
 }

@@ -100,6 +100,10 @@ type Limits struct {
 	// MaxWatches and MaxWatchesPerUser cap open watches, in all and per user (429 beyond).
 	MaxWatches        int `mapstructure:"maxWatches"`
 	MaxWatchesPerUser int `mapstructure:"maxWatchesPerUser"`
+	// MaxAuthenticating caps requests whose credential is being reviewed (a TokenReview) at
+	// once, before they hold any other slot; one client address holds at most a quarter of it
+	// (at least 1). Credentials authenticated before are reviewed outside it. 429 beyond.
+	MaxAuthenticating int `mapstructure:"maxAuthenticating"`
 }
 
 func setAPIDefaults(set func(key string, value any)) {
@@ -126,6 +130,7 @@ func setAPIDefaults(set func(key string, value any)) {
 	set("api.limits.maxInFlightPerUser", 100)
 	set("api.limits.maxWatches", 2000)
 	set("api.limits.maxWatchesPerUser", 200)
+	set("api.limits.maxAuthenticating", 32)
 }
 
 func (a *API) validate(p *problems) {
@@ -184,7 +189,7 @@ func (a *API) validate(p *problems) {
 	for path, v := range map[string]int{
 		"api.limits.maxURLLength": a.Limits.MaxURLLength, "api.limits.maxInFlight": a.Limits.MaxInFlight,
 		"api.limits.maxInFlightPerUser": a.Limits.MaxInFlightPerUser, "api.limits.maxWatches": a.Limits.MaxWatches,
-		"api.limits.maxWatchesPerUser": a.Limits.MaxWatchesPerUser,
+		"api.limits.maxWatchesPerUser": a.Limits.MaxWatchesPerUser, "api.limits.maxAuthenticating": a.Limits.MaxAuthenticating,
 	} {
 		if v < 1 {
 			p.add(path, "must be at least 1, got %d", v)

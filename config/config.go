@@ -103,6 +103,30 @@ type Client struct {
 	// in CBOR, which decodes in a fraction of JSON's time; any other answers in JSON, as
 	// before. It sets client-go's ClientsAllowCBOR feature gate for the whole process.
 	CBOR bool `mapstructure:"cbor"`
+	// RateLimits are the client-side rate limits of dynwatch's requests to the apiserver, one
+	// client per concern, so that no concern's requests wait behind another's.
+	RateLimits RateLimits `mapstructure:"rateLimits"`
+}
+
+// RateLimits are the client-side rate limits of each of dynwatch's clients.
+type RateLimits struct {
+	// Informers list and watch the watched resources (and discover them).
+	Informers RateLimit `mapstructure:"informers"`
+	// LeaderElection renews the Lease and reads and writes the checkpoints.
+	LeaderElection RateLimit `mapstructure:"leaderElection"`
+	// Reviews are the query API's TokenReviews and SubjectAccessReviews. Credentials never
+	// authenticated before may use half of it, so that known callers are re-reviewed promptly
+	// whatever else arrives.
+	Reviews RateLimit `mapstructure:"reviews"`
+	// Reads are what the query API reads from the apiserver itself: OpenAPI documents,
+	// CustomResourceDefinitions and events.
+	Reads RateLimit `mapstructure:"reads"`
+}
+
+// RateLimit is a token bucket: QPS requests a second on average, Burst at once.
+type RateLimit struct {
+	QPS   float32 `mapstructure:"qps"`
+	Burst int     `mapstructure:"burst"`
 }
 
 // Log configures the process's structured log.
@@ -202,6 +226,10 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("metrics.pprof", false)
 	v.SetDefault("discovery.interval", "5s")
 	v.SetDefault("client.cbor", true)
+	for name, l := range map[string]RateLimit{"informers": {50, 100}, "leaderElection": {10, 20}, "reviews": {20, 40}, "reads": {20, 40}} {
+		v.SetDefault("client.rateLimits."+name+".qps", l.QPS)
+		v.SetDefault("client.rateLimits."+name+".burst", l.Burst)
+	}
 	v.SetDefault("log.level", "info")
 	v.SetDefault("log.format", "json")
 	v.SetDefault("shutdownTimeout", DefaultShutdownTimeout.String())

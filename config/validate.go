@@ -62,6 +62,7 @@ func (c *Config) validate() error {
 		}
 	}
 	c.API.validate(&p)
+	c.Client.RateLimits.validate(&p)
 	checkAddress("metrics.address", c.Metrics.Address, &p)
 	if c.Discovery.Interval < time.Second {
 		p.add("discovery.interval", "must be at least 1s, got %s", c.Discovery.Interval)
@@ -80,6 +81,18 @@ func (c *Config) validate() error {
 	}
 	c.LeaderElection.validate(c.State, &p)
 	return errors.Join(p...)
+}
+
+func (r RateLimits) validate(p *problems) {
+	for name, l := range map[string]RateLimit{"informers": r.Informers, "leaderElection": r.LeaderElection, "reviews": r.Reviews, "reads": r.Reads} {
+		path := "client.rateLimits." + name
+		if l.QPS <= 0 {
+			p.add(path+".qps", "must be above 0, got %g", l.QPS)
+		}
+		if l.Burst < 1 {
+			p.add(path+".burst", "must be at least 1, got %d", l.Burst)
+		}
+	}
 }
 
 func (l *LeaderElection) validate(state State, p *problems) {

@@ -96,7 +96,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 		openAPI:    newOpenAPI(o.Kubernetes),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_rejected_requests_total",
-			Help: "API requests refused before they were answered, by reason: url_too_long, unauthenticated, forbidden, server_busy, user_busy (429), auth_error, timeout.",
+			Help: "API requests refused before they were answered, by reason: url_too_long, unauthenticated, forbidden, server_busy, user_busy, authenticating_busy (429), auth_error, timeout.",
 		}, []string{"reason"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_requests_total",
@@ -147,14 +147,28 @@ func (a *api) instrument(c *gin.Context) {
 	}
 	a.requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
 	a.latency.WithLabelValues(route).Observe(time.Since(start).Seconds())
-	a.Logger.Debug("request", "method", c.Request.Method, "path", c.Request.URL.Path, "query", c.Request.URL.RawQuery,
+	a.Logger.Debug("request", "method", c.Request.Method, "path", truncated(c.Request.URL.Path), "query", truncated(c.Request.URL.RawQuery),
 		"route", route, "status", c.Writer.Status(), "duration", time.Since(start))
 }
 
+// loggedLength is how much of a request's path or query string a log line carries: a URL may
+// be up to api.limits.maxURLLength long, and anyone may send one.
+const loggedLength = 256
+
+// truncated is s cut to loggedLength bytes, saying how long it was.
+func truncated(s string) string {
+	if len(s) <= loggedLength {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:loggedLength], len(s))
+}
+
+// recovery answers a request whose handler panicked with a 500 that names nothing internal;
+// the log has the panic.
 func recovery(log *slog.Logger) gin.HandlerFunc {
 	return gin.CustomRecoveryWithWriter(nil, func(c *gin.Context, err any) {
-		log.Error("panic serving request", "method", c.Request.Method, "path", c.Request.URL.Path, "err", err)
-		writeStatus(c.Writer, apierrors.NewInternalError(fmt.Errorf("panic: %v", err)))
+		log.Error("panic serving request", "method", c.Request.Method, "path", truncated(c.Request.URL.Path), "err", err)
+		writeStatus(c.Writer, apierrors.NewInternalError(errors.New("the request could not be answered")))
 		c.Abort()
 	})
 }
@@ -310,7 +324,7 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	}
 	p, err := q.paginate(ctx, l, t.namespace, rv)
 	if err != nil {
-		a.interrupted(c, err)
+		a.interrupted(c)
 		return
 	}
 	c.Header("X-Dynwatch-Lookup", l.strategy)
@@ -319,12 +333,12 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 
 // interrupted ends a request whose work was cut short: by its client going away (nobody to
 // answer) or by api.requestTimeout (504, as the apiserver answers).
-func (a *api) interrupted(c *gin.Context, err error) {
+func (a *api) interrupted(c *gin.Context) {
 	if c.Request.Context().Err() != nil {
 		c.Abort()
 		return
 	}
-	a.reject(c, rejectRequestTimeout, apierrors.NewTimeoutError(fmt.Sprintf("request did not complete within %s (%v)", a.RequestTimeout, err), 0))
+	a.reject(c, rejectRequestTimeout, apierrors.NewTimeoutError(fmt.Sprintf("request did not complete within %s", a.RequestTimeout), 0))
 }
 
 // withTypeMeta returns obj's content with apiVersion and kind set, copying the top level of

@@ -7,12 +7,20 @@ import (
 	"log/slog"
 	"time"
 
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
+	"k8s.io/apiserver/pkg/authentication/group"
+	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
+	unionauth "k8s.io/apiserver/pkg/authentication/request/union"
+	"k8s.io/apiserver/pkg/authentication/request/websocket"
+	"k8s.io/apiserver/pkg/authentication/request/x509"
+	"k8s.io/apiserver/pkg/authentication/token/cache"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	webhooktoken "k8s.io/apiserver/plugin/pkg/authenticator/token/webhook"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -28,20 +36,30 @@ func reviewBackoff() *wait.Backoff {
 }
 
 // newDelegatedAuth returns the authenticator and authorizer that kube-apiserver's own
-// aggregated servers use: bearer tokens checked with TokenReview, client certificates against
-// clientCA (when not nil), and every decision taken by SubjectAccessReview, all cached for the
-// configured TTLs. Anonymous requests are not authenticated.
-func newDelegatedAuth(client kubernetes.Interface, c config.Auth, clientCA dynamiccertificates.CAContentProvider) (authenticator.Request, authorizer.Authorizer, error) {
-	authn, _, err := authenticatorfactory.DelegatingAuthenticatorConfig{
-		TokenAccessReviewClient:            client.AuthenticationV1(),
-		TokenAccessReviewTimeout:           reviewTimeout,
-		WebhookRetryBackoff:                reviewBackoff(),
-		CacheTTL:                           c.TokenCacheTTL,
-		ClientCertificateCAContentProvider: clientCA,
-	}.New()
+// aggregated servers use (authenticatorfactory.DelegatingAuthenticatorConfig, assembled from
+// the same parts so that admission can stand between its token cache and its TokenReviews):
+// client certificates against clientCA (when not nil), bearer tokens (in the Authorization
+// header or a websocket's protocol) checked with TokenReview, and every decision taken by
+// SubjectAccessReview, all cached for the configured TTLs. Anonymous requests are not
+// authenticated. Credentials the cache does not know are reviewed only as admission allows:
+// at most maxReviewing at once and, for credentials never authenticated before, half the
+// review client's rate.
+func newDelegatedAuth(client kubernetes.Interface, c config.Auth, maxReviewing int, reviews config.RateLimit, clientCA dynamiccertificates.CAContentProvider) (authenticator.Request, authorizer.Authorizer, error) {
+	webhook, err := webhooktoken.NewFromInterface(client.AuthenticationV1(), nil, *reviewBackoff(), reviewTimeout, webhooktoken.AuthenticatorMetrics{
+		RecordRequestTotal:   authenticatorfactory.RecordRequestTotal,
+		RecordRequestLatency: authenticatorfactory.RecordRequestLatency,
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("delegated authentication: %w", err)
 	}
+	unknown := rate.NewLimiter(rate.Limit(reviews.QPS/2), max(1, reviews.Burst/2))
+	tokens := cache.New(newAdmission(webhook, maxReviewing, unknown), false, c.TokenCacheTTL, c.TokenCacheTTL)
+	var authenticators []authenticator.Request
+	if clientCA != nil {
+		authenticators = append(authenticators, x509.NewDynamic(clientCA.VerifyOptions, x509.CommonNameUserConversion))
+	}
+	authenticators = append(authenticators, bearertoken.New(tokens), websocket.NewProtocolAuthenticator(tokens))
+	authn := group.NewAuthenticatedGroupAdder(unionauth.New(authenticators...))
 	authz, err := authorizerfactory.DelegatingAuthorizerConfig{
 		SubjectAccessReviewClient: client.AuthorizationV1(),
 		AllowCacheTTL:             c.AllowCacheTTL,
@@ -64,8 +82,8 @@ type Security struct {
 }
 
 // NewSecurity builds what c.Auth and c.TLS ask for, with client to reach the apiserver's
-// TokenReview and SubjectAccessReview. It warns about every insecure choice it is given.
-func NewSecurity(log *slog.Logger, c config.API, client kubernetes.Interface) (Security, error) {
+// TokenReview and SubjectAccessReview; reviews is that client's rate limit. It warns about every insecure choice it is given.
+func NewSecurity(log *slog.Logger, c config.API, client kubernetes.Interface, reviews config.RateLimit) (Security, error) {
 	var s Security
 	if c.TLS.Enabled {
 		t, err := newTLS(log, c)
@@ -85,7 +103,7 @@ func NewSecurity(log *slog.Logger, c config.API, client kubernetes.Interface) (S
 		clientCA = s.TLS.ClientCA()
 	}
 	var err error
-	s.Authenticator, s.Authorizer, err = newDelegatedAuth(client, c.Auth, clientCA)
+	s.Authenticator, s.Authorizer, err = newDelegatedAuth(client, c.Auth, c.Limits.MaxAuthenticating, reviews, clientCA)
 	return s, err
 }
 

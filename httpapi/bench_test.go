@@ -130,7 +130,7 @@ func newBenchFixture(n int) (*benchFixture, error) {
 		return nil, err
 	}
 	cached := config.Auth{TokenCacheTTL: time.Hour, AllowCacheTTL: time.Hour, DenyCacheTTL: time.Hour}
-	if opts.Authenticator, opts.Authorizer, err = newDelegatedAuth(kubernetes.NewForConfigOrDie(cluster.Config), cached, nil); err != nil {
+	if opts.Authenticator, opts.Authorizer, err = newDelegatedAuth(kubernetes.NewForConfigOrDie(cluster.Config), cached, cfg.API.Limits.MaxAuthenticating, cfg.Client.RateLimits.Reviews, nil); err != nil {
 		return nil, err
 	}
 	opts.Registerer = prometheus.NewRegistry()

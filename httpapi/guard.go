@@ -1,7 +1,9 @@
 package httpapi
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -28,10 +30,11 @@ const (
 	rejectServerBusy     = "server_busy"
 	rejectUserBusy       = "user_busy"
 	rejectAuthError      = "auth_error"
+	rejectAuthenticating = "authenticating_busy"
 	rejectRequestTimeout = "timeout"
 )
 
-var rejectReasons = []string{rejectURLTooLong, rejectUnauthorized, rejectForbidden, rejectServerBusy, rejectUserBusy, rejectAuthError, rejectRequestTimeout}
+var rejectReasons = []string{rejectURLTooLong, rejectUnauthorized, rejectForbidden, rejectServerBusy, rejectUserBusy, rejectAuthenticating, rejectAuthError, rejectRequestTimeout}
 
 // retryAfterSeconds is the Retry-After of a 429, as the apiserver's max-in-flight filter sends.
 const retryAfterSeconds = 1
@@ -84,36 +87,21 @@ func (a *api) guard(c *gin.Context) {
 		return
 	}
 	watch := info.Verb == "watch"
+	user := ""
+	if g.authn != nil {
+		// Authentication and authorization come first and hold no slot: what they cost is
+		// bounded by admission (see newDelegatedAuth) and the review caches, so that requests
+		// no one vouches for never crowd out the ones being answered.
+		if user = a.authorize(c, info); user == "" {
+			return
+		}
+	}
 	if !g.acquire(slot{watch: watch}) {
 		a.busy(c, rejectServerBusy, "the server has too many requests in flight")
 		return
 	}
 	defer g.release(slot{watch: watch})
-	user := ""
-	if g.authn != nil {
-		resp, ok, err := g.authn.AuthenticateRequest(c.Request)
-		if err != nil || !ok {
-			if err != nil {
-				a.Logger.Debug("authentication failed", "err", err)
-			}
-			a.reject(c, rejectUnauthorized, apierrors.NewUnauthorized("Unauthorized"))
-			return
-		}
-		// The credential has done its work; nothing after this needs it.
-		c.Request.Header.Del("Authorization")
-		attrs := attributes(resp, info)
-		decision, reason, err := g.authz.Authorize(c.Request.Context(), attrs)
-		switch {
-		case decision == authorizer.DecisionAllow:
-		case err != nil:
-			a.Logger.Warn("authorization failed", "user", attrs.User.GetName(), "err", err)
-			a.reject(c, rejectAuthError, apierrors.NewInternalError(fmt.Errorf("authorization: %w", err)))
-			return
-		default:
-			a.reject(c, rejectForbidden, responsewriters.ForbiddenStatusError(attrs, reason))
-			return
-		}
-		user = attrs.User.GetName()
+	if user != "" {
 		if !g.acquire(slot{user: user, watch: watch}) {
 			a.busy(c, rejectUserBusy, fmt.Sprintf("user %q has too many requests in flight", user))
 			return
@@ -121,6 +109,48 @@ func (a *api) guard(c *gin.Context) {
 		defer g.release(slot{user: user, watch: watch})
 	}
 	c.Next()
+}
+
+// authorize authenticates and authorizes the request as the apiserver would and returns the
+// user's name, or answers the request (401, 403, 429 or 500) and returns "".
+func (a *api) authorize(c *gin.Context, info *request.RequestInfo) string {
+	g := a.gate
+	c.Request = c.Request.WithContext(withSource(c.Request.Context(), clientAddress(c.Request)))
+	resp, ok, err := g.authn.AuthenticateRequest(c.Request)
+	switch {
+	case errors.Is(err, errReviewsBusy):
+		a.busy(c, rejectAuthenticating, "too many requests are being authenticated")
+		return ""
+	case err != nil || !ok:
+		if err != nil {
+			a.Logger.Debug("authentication failed", "err", err)
+		}
+		a.reject(c, rejectUnauthorized, apierrors.NewUnauthorized("Unauthorized"))
+		return ""
+	}
+	// The credential has done its work; nothing after this needs it.
+	c.Request.Header.Del("Authorization")
+	attrs := attributes(resp, info)
+	decision, reason, err := g.authz.Authorize(c.Request.Context(), attrs)
+	switch {
+	case decision == authorizer.DecisionAllow:
+		return attrs.User.GetName()
+	case err != nil:
+		// The cause (a timeout, a throttled review) is the operator's to read, not the caller's.
+		a.Logger.Warn("authorization failed", "user", attrs.User.GetName(), "err", err)
+		a.reject(c, rejectAuthError, apierrors.NewInternalError(errors.New("the request could not be authorized now; retry later")))
+	default:
+		a.reject(c, rejectForbidden, responsewriters.ForbiddenStatusError(attrs, reason))
+	}
+	return ""
+}
+
+// clientAddress is the address a request came from, without its port.
+func clientAddress(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 // attributes are the authorizer attributes the apiserver builds for the same request

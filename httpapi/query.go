@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/url"
 	"slices"
 	"strconv"
@@ -215,7 +216,8 @@ func byIndex(r *dynamicinformer.Resource, index string, values ...string) (looku
 	for _, v := range values {
 		objs, err := r.ByIndex(index, v)
 		if err != nil {
-			return lookup{}, apierrors.NewInternalError(err)
+			// Only a configured index is asked for: this is a bug, and its detail is not the caller's.
+			return lookup{}, apierrors.NewInternalError(errors.New("the index could not be read"))
 		}
 		l.objs = append(l.objs, objs...)
 	}
