@@ -144,6 +144,8 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"api.auth.clientCAFile: client certificates need api.tls.enabled", "api.auth.clientCAFile: stat /nonexistent/ca.crt"}},
 		{"limits below their minimum", "resources: [{version: v1, resource: pods}]\napi: {limits: {maxURLLength: 100, maxWatchesPerUser: 0}}\n",
 			[]string{"api.limits.maxURLLength: must be at least 1024", "api.limits.maxWatchesPerUser: must be at least 1"}},
+		{"a rate limit that allows nothing", "resources: [{version: v1, resource: pods}]\napi: {limits: {maxAuthenticating: 0}}\nclient: {rateLimits: {reviews: {qps: 0}, leaderElection: {burst: 0}}}\n",
+			[]string{"api.limits.maxAuthenticating: must be at least 1", "client.rateLimits.reviews.qps: must be above 0, got 0", "client.rateLimits.leaderElection.burst: must be at least 1, got 0"}},
 		{"a webhook without url", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a}]\n",
 			[]string{"webhooks[0].url: is required"}},
 		{"a webhook with a bad url", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'ftp://x'}]\n",

@@ -1,0 +1,82 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"golang.org/x/time/rate"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
+)
+
+// reviewer is a TokenReview stand-in: "good" is alice, anything else is no one. While held,
+// every review waits until released.
+type reviewer struct {
+	mu      sync.Mutex
+	reviews int
+	hold    chan struct{}
+	entered chan struct{}
+}
+
+func (r *reviewer) AuthenticateToken(ctx context.Context, token string) (*authenticator.Response, bool, error) {
+	r.mu.Lock()
+	r.reviews++
+	hold := r.hold
+	r.mu.Unlock()
+	if hold != nil {
+		r.entered <- struct{}{}
+		<-hold
+	}
+	if token == "good" {
+		return &authenticator.Response{User: &user.DefaultInfo{Name: "alice"}}, true, nil
+	}
+	return nil, false, nil
+}
+
+func TestAdmissionSpendsTheUnknownRateOnlyOnUnknownCredentials(t *testing.T) {
+	r := &reviewer{}
+	a := newAdmission(r, 32, rate.NewLimiter(0, 2)) // two unknown credentials, then none
+	ctx := withSource(context.Background(), "192.0.2.1")
+	if _, ok, err := a.AuthenticateToken(ctx, "good"); !ok || err != nil {
+		t.Fatalf("the first review of a good credential: ok %v, err %v", ok, err)
+	}
+	if _, _, err := a.AuthenticateToken(ctx, "forged-1"); err != nil {
+		t.Fatalf("the second unknown credential: %v; the burst allows two", err)
+	}
+	if _, _, err := a.AuthenticateToken(ctx, "forged-2"); !errors.Is(err, errReviewsBusy) {
+		t.Fatalf("the third unknown credential: %v; want errReviewsBusy", err)
+	}
+	for range 3 {
+		if _, ok, err := a.AuthenticateToken(ctx, "good"); !ok || err != nil {
+			t.Fatalf("a known credential once the rate is spent: ok %v, err %v", ok, err)
+		}
+	}
+	if r.reviews != 5 {
+		t.Errorf("%d reviews reached the reviewer; want 5 (2 unknown, 3 known)", r.reviews)
+	}
+}
+
+func TestAdmissionGivesOneAddressAQuarterOfTheCap(t *testing.T) {
+	r := &reviewer{hold: make(chan struct{}), entered: make(chan struct{}, 8)}
+	a := newAdmission(r, 8, rate.NewLimiter(rate.Inf, 0))
+	flood := withSource(context.Background(), "192.0.2.1")
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { _, _, _ = a.AuthenticateToken(flood, "forged") })
+		<-r.entered
+	}
+	if _, _, err := a.AuthenticateToken(flood, "forged"); !errors.Is(err, errReviewsBusy) {
+		t.Errorf("a third review from one address with a cap of 8: %v; want errReviewsBusy", err)
+	}
+	other := withSource(context.Background(), "192.0.2.2")
+	wg.Go(func() {
+		if _, ok, err := a.AuthenticateToken(other, "good"); !ok || err != nil {
+			t.Errorf("another address's review: ok %v, err %v", ok, err)
+		}
+	})
+	<-r.entered
+	close(r.hold)
+	wg.Wait()
+}
