@@ -25,14 +25,14 @@ const (
 
 // admission stands between the token cache and the TokenReview webhook: only what the cache
 // does not answer reaches it. A credential authenticated before is reviewed at once; any other
-// needs a share of the concurrency cap (max in all, a quarter of it per client address) and a
+// needs a share of the concurrency cap (limit in all, a quarter of it per client address) and a
 // token from the unknown-credential rate, or is refused with errReviewsBusy without waiting. So
 // a flood of made-up tokens costs the apiserver no more than that rate, and a known caller is
 // neither queued behind it nor refused.
 type admission struct {
 	next    authenticator.Token
 	unknown *rate.Limiter
-	max     int
+	limit   int
 
 	mu        sync.Mutex
 	reviewing int
@@ -40,8 +40,8 @@ type admission struct {
 	known     *lru.Cache // sha256 of a credential → when it was last authenticated
 }
 
-func newAdmission(next authenticator.Token, max int, unknown *rate.Limiter) *admission {
-	return &admission{next: next, unknown: unknown, max: max, bySource: map[string]int{}, known: lru.New(knownCredentials)}
+func newAdmission(next authenticator.Token, limit int, unknown *rate.Limiter) *admission {
+	return &admission{next: next, unknown: unknown, limit: limit, bySource: map[string]int{}, known: lru.New(knownCredentials)}
 }
 
 // AuthenticateToken implements authenticator.Token.
@@ -70,7 +70,7 @@ func (a *admission) isKnown(sum [sha256.Size]byte) bool {
 func (a *admission) enter(source string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.reviewing >= a.max || a.bySource[source] >= max(1, a.max/4) || !a.unknown.Allow() {
+	if a.reviewing >= a.limit || a.bySource[source] >= max(1, a.limit/4) || !a.unknown.Allow() {
 		return false
 	}
 	a.reviewing++
