@@ -34,7 +34,10 @@ type Webhook struct {
 	// LabelSelector selects events whose object (or, for MODIFIED, old object) matches.
 	LabelSelector string `mapstructure:"labelSelector"`
 	// Filter is a CEL expression over type, object, oldObject and resource; true delivers.
-	Filter            string        `mapstructure:"filter"`
+	Filter string `mapstructure:"filter"`
+	// FilterErrors is what becomes of an event the filter cannot decide on (an evaluation
+	// error, its cost limit): FilterErrorsDeadLetter, FilterErrorsDeliver or FilterErrorsDrop.
+	FilterErrors      FilterErrors  `mapstructure:"filterErrors"`
 	Headers           []Header      `mapstructure:"headers"`
 	BearerTokenFile   string        `mapstructure:"bearerTokenFile"`
 	SigningSecretFile string        `mapstructure:"signingSecretFile"` // Standard Webhooks secret, whsec_...
@@ -167,7 +170,26 @@ func ReadSigningSecret(path string) (Secret, error) {
 	return key, nil
 }
 
+// FilterErrors is a sink's policy for events its filter cannot decide on.
+type FilterErrors string
+
+const (
+	// FilterErrorsDeadLetter, the default, writes the event to the sink's dead letters with
+	// reason filterError: a filter may be access control, so failing open could leak, and
+	// failing closed silently would lose the event.
+	FilterErrorsDeadLetter FilterErrors = "deadLetter"
+	// FilterErrorsDeliver sends the event, flagged with the CloudEvents extension attribute
+	// filtererror.
+	FilterErrorsDeliver FilterErrors = "deliver"
+	// FilterErrorsDrop leaves the event out, as if the filter had returned false (it is still
+	// counted and logged).
+	FilterErrorsDrop FilterErrors = "drop"
+)
+
 func (w *Webhook) setDefaults() {
+	if w.FilterErrors == "" {
+		w.FilterErrors = FilterErrorsDeadLetter
+	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -229,6 +251,9 @@ func (w *Webhook) validate(path string, resources []Resource, env *cel.Env, p *p
 	}
 	if w.Filter != "" {
 		w.Program = compileFilter(path+".filter", w.Filter, env, p)
+	}
+	if !slices.Contains([]FilterErrors{FilterErrorsDeadLetter, FilterErrorsDeliver, FilterErrorsDrop}, w.FilterErrors) {
+		p.add(path+".filterErrors", "must be %s, %s or %s, got %q", FilterErrorsDeadLetter, FilterErrorsDeliver, FilterErrorsDrop, w.FilterErrors)
 	}
 	seen := map[string]bool{}
 	for j, h := range w.Headers {

@@ -19,9 +19,9 @@ var configmaps = schema.GroupVersionResource{Version: "v1", Resource: "configmap
 // target selects everything and keeps what it is handed.
 type target struct{ entries []Entry }
 
-func (*target) Name() string                       { return "sink" }
-func (*target) Selects(dynamicinformer.Event) bool { return true }
-func (t *target) Queue(e Entry)                    { t.entries = append(t.entries, e) }
+func (*target) Name() string                                { return "sink" }
+func (*target) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
+func (t *target) Queue(e Entry)                             { t.entries = append(t.entries, e) }
 
 func newJournal(t *testing.T) (*Journal, *target) {
 	t.Helper()

@@ -31,6 +31,10 @@ type Entry struct {
 	Deadline time.Time
 	// Revision is the event's: a checkpoint at or past it acknowledges the entry.
 	Revision uint64
+	// FilterError is why the sink's filter could not decide on the event (an evaluation error,
+	// its cost limit); empty when it selected the event. The sink acts on it as its
+	// filterErrors says: a dead letter, or a delivery flagged with it.
+	FilterError string
 }
 
 // EventID is the event's idempotency key: its object's uid and resourceVersion and its type.

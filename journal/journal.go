@@ -57,8 +57,10 @@ type Journal struct {
 type Target interface {
 	// Name is the sink's name; its outbox is kept under it.
 	Name() string
-	// Selects reports whether the sink's filters select the event.
-	Selects(dynamicinformer.Event) bool
+	// Selects reports whether the sink's filters select the event and, when its filter could
+	// not decide, why: such an event is recorded (selected) with that error for the sink to
+	// act on, or left out (not selected), as the sink chooses.
+	Selects(dynamicinformer.Event) (bool, error)
 	// Queue is handed each entry recorded for the sink once it is committed, in order, from
 	// the journal's goroutine; it must not block.
 	Queue(Entry)
@@ -625,7 +627,8 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 	var body []byte
 	now := j.now()
 	for _, t := range targets {
-		if !t.Selects(e) {
+		selected, filterErr := t.Selects(e)
+		if !selected {
 			continue
 		}
 		if tx != nil && e.Revision != 0 && e.Revision <= j.floor[t.Name()][e.Resource] {
@@ -635,6 +638,9 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 			body = appendPayload(make([]byte, 0, len(objJSON)+len(oldJSON)+256), e, objJSON, oldJSON)
 		}
 		d := Entry{Event: e, ID: EventID(e), Key: object.OrderingKey(e.Resource, e.Object.GetNamespace(), e.Object.GetName()), Enqueued: now, Body: body, Revision: e.Revision}
+		if filterErr != nil {
+			d.FilterError = filterErr.Error()
+		}
 		if tx != nil {
 			j.seq++
 			d.Seq = j.seq

@@ -19,8 +19,8 @@ type syncTarget struct {
 	queued  chan struct{}
 }
 
-func (*syncTarget) Name() string                       { return "sink" }
-func (*syncTarget) Selects(dynamicinformer.Event) bool { return true }
+func (*syncTarget) Name() string                                { return "sink" }
+func (*syncTarget) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
 func (t *syncTarget) Queue(e Entry) {
 	t.mu.Lock()
 	t.entries = append(t.entries, e)

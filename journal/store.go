@@ -32,9 +32,10 @@ var (
 )
 
 // format is the store's format. 2 added the entries' revision; 3 names resources as
-// object.ResourceName does, where 2 wrote schema.GroupVersionResource's String. A store of an
-// earlier format (1 has no meta bucket) is converted when it is opened, in one transaction.
-const format = "3"
+// object.ResourceName does, where 2 wrote schema.GroupVersionResource's String; 4 added the
+// entries' filter error. A store of an earlier format (1 has no meta bucket) is converted when
+// it is opened, in one transaction.
+const format = "4"
 
 // store is the journal's file, a bbolt database: per resource the last state of every object
 // handed to the sinks, and per sink the outbox of events neither delivered nor dead-lettered
@@ -174,7 +175,7 @@ func upgrade(tx *bolt.Tx) error {
 	steps := []struct {
 		from, to string
 		convert  func(*bolt.Tx) error
-	}{{"1", "2", addRevisions}, {"2", "3", renameResources}}
+	}{{"1", "2", addRevisions}, {"2", "3", renameResources}, {"3", "4", addFilterErrors}}
 	for _, st := range steps {
 		if was == st.from {
 			if err := st.convert(tx); err != nil {
@@ -209,6 +210,30 @@ func addRevisions(tx *bolt.Tx) error {
 			nv = append(nv, v[:3*8]...)
 			nv = binary.BigEndian.AppendUint64(nv, rev)
 			return append(nv, v[3*8:]...)
+		})
+	})
+}
+
+// addFilterErrors converts format 3 outbox entries, which had no filter error, giving each an
+// empty one.
+func addFilterErrors(tx *bolt.Tx) error {
+	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
+		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(name), func(v []byte) []byte {
+			if len(v) < entryHeader {
+				return nil // corrupt: removed when it is read
+			}
+			_, rest, err := readString(v[entryHeader:])
+			if err == nil {
+				_, rest, err = readString(rest)
+			}
+			if err != nil {
+				return nil
+			}
+			at := len(v) - len(rest) // after the id and the key
+			nv := make([]byte, 0, len(v)+1)
+			nv = append(nv, v[:at]...)
+			nv = appendString(nv, "")
+			return append(nv, rest...)
 		})
 	})
 }
@@ -425,13 +450,14 @@ func (s stored) object() (*unstructured.Unstructured, error) {
 const entryHeader = 4 * 8
 
 func encodeEntry(d Entry) []byte {
-	buf := make([]byte, entryHeader, entryHeader+2*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.Body))
+	buf := make([]byte, entryHeader, entryHeader+3*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.FilterError)+len(d.Body))
 	binary.BigEndian.PutUint64(buf[0:], uint64(unixNano(d.Deadline)))
 	binary.BigEndian.PutUint64(buf[8:], uint64(unixNano(d.Enqueued)))
 	binary.BigEndian.PutUint64(buf[16:], uint64(unixNano(d.Event.Observed)))
 	binary.BigEndian.PutUint64(buf[24:], d.Revision)
 	buf = appendString(buf, d.ID)
 	buf = appendString(buf, d.Key)
+	buf = appendString(buf, d.FilterError)
 	return append(buf, d.Body...)
 }
 
@@ -483,6 +509,9 @@ func decodeEntry(v []byte) (Entry, error) {
 		return d, err
 	}
 	if d.Key, rest, err = readString(rest); err != nil {
+		return d, err
+	}
+	if d.FilterError, rest, err = readString(rest); err != nil {
 		return d, err
 	}
 	d.Body = append([]byte(nil), rest...)

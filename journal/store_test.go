@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -107,5 +108,42 @@ func TestAStoreOfALaterFormatIsRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Errorf("the store of a later format was moved: %v", err)
+	}
+}
+
+// undecided is a sink whose filter cannot decide on any event.
+type undecided struct{ target }
+
+func (*undecided) Selects(dynamicinformer.Event) (bool, error) {
+	return true, errors.New("operation cancelled: actual cost limit exceeded")
+}
+
+// TestAFilterErrorIsKeptInTheOutbox: an entry recorded with its sink's filter error reads back
+// with it, after the store is closed and opened again, so a restart acts on it as the sink's
+// filterErrors says rather than delivering it as selected.
+func TestAFilterErrorIsKeptInTheOutbox(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	open := func(tg Target) *Journal {
+		j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+			Path: path, Targets: func() []Target { return []Target{tg} }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	j := open(&undecided{})
+	j.Record(addedAt("a", 11))
+	flush(t, j)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j = open(&target{})
+	t.Cleanup(func() { _ = j.Close() })
+	var got []string
+	if _, _, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool { got = append(got, e.FilterError); return true }); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"operation cancelled: actual cost limit exceeded"}; !slices.Equal(got, want) {
+		t.Errorf("the outbox read back after a restart has filter errors %q; want %q", got, want)
 	}
 }

@@ -27,9 +27,10 @@ const (
 	reasonQueueFull        = "queue_full"
 	reasonShutdown         = "shutdown"
 	reasonRemoved          = "sink_removed"
+	reasonFilterError      = "filterError"
 )
 
-var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, reasonShutdown, reasonRemoved}
+var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, reasonShutdown, reasonRemoved, reasonFilterError}
 
 // DeadLetter is one undeliverable event as written to a dead-letter file (one JSON object per
 // line), POSTed to a dead-letter URL, or logged. It names the event; it carries the request

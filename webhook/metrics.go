@@ -39,7 +39,7 @@ func newMetrics(j *journal.Journal) *metrics {
 		delivered:          counter("deliveries_total", "Events finished, by result: delivered (2xx) or dead_lettered.", "result"),
 		attempts:           counter("attempts_total", "HTTP requests made to a sink."),
 		retries:            counter("retries_total", "HTTP requests that repeated an earlier failed one."),
-		filterErrors:       counter("filter_errors_total", "Events whose CEL filter failed to evaluate; they are not delivered."),
+		filterErrors:       counter("filter_errors_total", "Events the sink's CEL filter could not decide on (an error, a result not a bool, the cost limit); handled as its filterErrors says."),
 		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown, sink_removed.", "reason"),
 		deadLetterFailures: counter("dead_letter_failures_total", "Dead letters that could not be written to their file or URL, or not before the shutdown deadline without a state store; they are logged instead, without the object."),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -19,11 +19,13 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Sink delivers the events one webhook selects. It lives as long as its webhook's name is
@@ -48,6 +50,9 @@ type Sink struct {
 		spilled    bool
 		next, last uint64
 	}
+
+	// filterLog lets through at most one log line a second of the filter's errors.
+	filterLog rate.Sometimes
 
 	run     sync.Mutex // guards cancel and workers
 	cancel  context.CancelFunc
@@ -81,7 +86,8 @@ func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{name: cfg.Name, log: log.With("sink", cfg.Name), j: j, now: now, queue: NewQueue(cfg.QueueSize), fence: f}
+	s := &Sink{name: cfg.Name, log: log.With("sink", cfg.Name), j: j, now: now, queue: NewQueue(cfg.QueueSize), fence: f,
+		filterLog: rate.Sometimes{Interval: time.Second}}
 	s.m = m.forSink(s.name, s.queue)
 	s.cur.Store(st)
 	s.dead = newDeadLetters(s.name, s.log, s.m, j, cfg)
@@ -121,24 +127,27 @@ func (s *Sink) cfg() *config.Webhook { return s.cur.Load().cfg }
 // Name implements journal.Target.
 func (s *Sink) Name() string { return s.name }
 
-// Selects implements journal.Target: it reports whether the sink's filters select e.
-func (s *Sink) Selects(e dynamicinformer.Event) bool {
+// Selects implements journal.Target: it reports whether the sink's filters select e. An event
+// its filter cannot decide on is counted, logged (at most a line a second, naming the object,
+// never its content) and, as filterErrors says, selected with the error (deadLetter, deliver)
+// or left out (drop).
+func (s *Sink) Selects(e dynamicinformer.Event) (bool, error) {
 	c := s.cfg()
 	if len(c.EventTypes) > 0 && !slices.Contains(c.EventTypes, string(e.Type)) {
-		return false
+		return false, nil
 	}
 	if len(c.GroupResources) > 0 && !slices.Contains(c.GroupResources, e.Resource.GroupResource()) {
-		return false
+		return false, nil
 	}
 	if len(c.Namespaces) > 0 && !slices.Contains(c.Namespaces, e.Object.GetNamespace()) {
-		return false
+		return false, nil
 	}
 	if !c.Labels.Empty() && !c.Labels.Matches(dynamicinformer.ObjectLabels(e.Object)) &&
 		(e.OldObject == nil || !c.Labels.Matches(dynamicinformer.ObjectLabels(e.OldObject))) {
-		return false
+		return false, nil
 	}
 	if c.Program == nil {
-		return true
+		return true, nil
 	}
 	vars := map[string]any{
 		"type":      string(e.Type),
@@ -150,12 +159,19 @@ func (s *Sink) Selects(e dynamicinformer.Event) bool {
 		vars["oldObject"] = e.OldObject.Object
 	}
 	out, _, err := c.Program.Eval(vars)
-	if err != nil {
-		s.m.filterErrors.Inc()
-		return false
+	if err == nil {
+		ok, isBool := out.Value().(bool)
+		if isBool {
+			return ok, nil
+		}
+		err = fmt.Errorf("the filter returned %s, not a bool", out.Type().TypeName())
 	}
-	ok, _ := out.Value().(bool)
-	return ok
+	s.m.filterErrors.Inc()
+	s.filterLog.Do(func() {
+		s.log.Warn("the filter could not decide on an event", "resource", object.ResourceName(e.Resource), "namespace", e.Object.GetNamespace(),
+			"name", e.Object.GetName(), "type", string(e.Type), "filterErrors", string(c.FilterErrors), "err", err)
+	})
+	return c.FilterErrors != config.FilterErrorsDrop, fmt.Errorf("filter: %w", err)
 }
 
 // Queue implements journal.Target: it queues e. Without a state store (e.Seq 0) a full queue
@@ -297,6 +313,12 @@ func (s *Sink) work(ctx context.Context) {
 // deliver makes d, fails it for good (dead letter) or queues it to retry. It reports whether
 // ctx cut it short, in which case d is still to be made and the caller returns it to the queue.
 func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
+	if d.FilterError != "" && s.cfg().FilterErrors != config.FilterErrorsDeliver {
+		// Recorded under deadLetter (or drop, since a reload): the filter decided nothing.
+		s.dead.submit(*d, reasonFilterError, errors.New(d.FilterError))
+		s.queue.Done(*d)
+		return false
+	}
 	if !d.Deadline.IsZero() && s.now().After(d.Deadline) {
 		s.dead.submit(*d, reasonRetriesExhausted, errors.New("the retry deadline passed while dynwatch was stopped"))
 		s.queue.Done(*d)
@@ -440,6 +462,11 @@ func (st *settings) setHeaders(h http.Header, d Delivery, now time.Time) {
 	h.Set("ce-type", "io.dynwatch.resource."+strings.ToLower(string(e.Type)))
 	h.Set("ce-subject", subject)
 	h.Set("ce-time", e.Observed.UTC().Format(time.RFC3339Nano))
+	if d.FilterError != "" {
+		// A CloudEvents extension attribute: the filter could not decide, and filterErrors
+		// is deliver.
+		h.Set("ce-filtererror", ceString(d.FilterError))
+	}
 	h.Set("webhook-id", d.ID)
 	h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
 	if st.signer != nil {
@@ -447,6 +474,20 @@ func (st *settings) setHeaders(h http.Header, d Delivery, now time.Time) {
 			h.Set("webhook-signature", sig)
 		}
 	}
+}
+
+// ceString is a CloudEvents string attribute as the HTTP binding carries it in a header: space,
+// '"', '%' and anything outside printable ASCII percent-encoded (UTF-8 bytes).
+func ceString(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // resourcePath is the resource's collection path in the Kubernetes API, used as ce-source.
