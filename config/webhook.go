@@ -174,7 +174,7 @@ func ReadSigningSecret(path string) (Secret, error) {
 type FilterErrors string
 
 const (
-	// FilterErrorsDeadLetter, the default, writes the event to the sink's dead letters with
+	// FilterErrorsDeadLetter is the default: the event goes to the sink's dead letters with
 	// reason filterError: a filter may be access control, so failing open could leak, and
 	// failing closed silently would lose the event.
 	FilterErrorsDeadLetter FilterErrors = "deadLetter"

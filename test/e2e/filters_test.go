@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -59,8 +60,11 @@ func TestAFilterThatCannotDecideLosesNothingSilently(t *testing.T) {
 	}
 	testbed.Eventually(t, 30*time.Second, func() error {
 		b, err := os.ReadFile(deadLetters)
-		if err != nil || len(b) == 0 {
-			return fmt.Errorf("no dead letter yet (%v)", err)
+		if err != nil {
+			return err
+		}
+		if len(b) == 0 {
+			return errors.New("no dead letter yet")
 		}
 		return json.Unmarshal(b, &rec)
 	})
