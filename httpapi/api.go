@@ -75,6 +75,8 @@ type api struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	rejected *prometheus.CounterVec
+	// watchInitial counts the cached objects read to open watches.
+	watchInitial prometheus.Counter
 }
 
 // routes are the values of the route label.
@@ -102,13 +104,17 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 			Name: "dynwatch_api_requests_total",
 			Help: "API requests, by route (discovery, openapi, list, get, watch, status, version, write, other) and HTTP status code.",
 		}, []string{"route", "code"}),
+		watchInitial: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dynwatch_api_watch_initial_objects_total",
+			Help: "Cached objects read to open watches with initial events: a namespaced watch reads its namespace's, a watch of one object that object.",
+		}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dynwatch_api_request_duration_seconds",
 			Help:    "Time to answer API requests, by route; for watches, how long they lasted.",
 			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300},
 		}, []string{"route"}),
 	}
-	if err := registerAll(o.Registerer, a.requests, a.latency, a.rejected); err != nil {
+	if err := registerAll(o.Registerer, a.requests, a.latency, a.rejected, a.watchInitial); err != nil {
 		return nil, err
 	}
 	for _, route := range routes {

@@ -13,7 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 
+	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -70,6 +72,8 @@ type watcher struct {
 	wake    chan struct{}     // capacity 1: a value means pending or done changed
 	minRV   uint64            // events at or below this are already known to the client
 	fresh   map[string]uint64 // snapshot objects newer than minRV: key → their resourceVersion
+	// settling is set while the watch's snapshot is read: every event is kept, for settle.
+	settling bool
 }
 
 func rvOf(o *unstructured.Unstructured) uint64 { return object.Revision(o.GetResourceVersion()) }
@@ -91,7 +95,7 @@ func (s *stream) publish(e dynamicinformer.Event) {
 		s.next = (s.next + 1) % len(s.ring)
 	}
 	for w := range s.watchers {
-		if !w.wants(e, rv) {
+		if !w.settling && !w.wants(e, rv) {
 			continue
 		}
 		if len(w.pending) >= watcherBuffer { // too slow: disconnect it
@@ -100,7 +104,9 @@ func (s *stream) publish(e dynamicinformer.Event) {
 		} else {
 			w.pending = append(w.pending, e)
 		}
-		w.signal()
+		if !w.settling {
+			w.signal()
+		}
 	}
 }
 
@@ -142,29 +148,27 @@ func (w *watcher) wants(e dynamicinformer.Event, rv uint64) bool {
 	return true
 }
 
-// subscribe registers a watcher. With initial, it returns the current objects of res, to be
-// sent first; without, the watch resumes after resourceVersion rv from the history, or fails
-// with 410 Gone when the history no longer reaches back that far.
-func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial bool) (*watcher, []*unstructured.Unstructured, uint64, *apierrors.StatusError) {
+// subscribe registers a watcher. With initial, it returns the snapshot read reads, to be sent
+// first, and the resourceVersion read reads before it: every change up to it is in the
+// snapshot; without, the watch resumes after resourceVersion rv from the history, or fails with
+// 410 Gone when the history no longer reaches back that far.
+//
+// The snapshot is read outside the stream's lock, which publish needs: a watch opening never
+// holds up the informer's handlers. The watcher is registered before it is read and keeps, while
+// it is, every event published, unfiltered; once it is read, what the snapshot already shows is
+// filtered out of them (see settle) as wants filters what follows.
+func (s *stream) subscribe(rv uint64, initial bool, read func() (uint64, []*unstructured.Unstructured)) (*watcher, []*unstructured.Unstructured, uint64, *apierrors.StatusError) {
+	if initial {
+		w := &watcher{wake: make(chan struct{}, 1), settling: true}
+		s.mu.Lock()
+		s.watchers[w] = struct{}{}
+		s.mu.Unlock()
+		minRV, snapshot := read()
+		s.settle(w, minRV, snapshot)
+		return w, snapshot, minRV, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if initial {
-		// The resourceVersion first: every change up to it is in the snapshot that follows.
-		// The snapshot is the cache's (the informer's indexer), not the handlers' order, which
-		// may not yet show a change the resourceVersion covers.
-		w := &watcher{wake: make(chan struct{}, 1), minRV: res.ResourceVersion()}
-		snapshot := res.List()
-		for _, o := range snapshot {
-			if orv := rvOf(o); orv > w.minRV {
-				if w.fresh == nil {
-					w.fresh = map[string]uint64{}
-				}
-				w.fresh[object.KeyOf(o)] = orv
-			}
-		}
-		s.watchers[w] = struct{}{}
-		return w, snapshot, w.minRV, nil
-	}
 	if rv < s.floor {
 		return nil, nil, 0, apierrors.NewResourceExpired("too old resource version: " + strconv.FormatUint(rv, 10) + " (" + strconv.FormatUint(s.floor, 10) + ")")
 	}
@@ -179,6 +183,41 @@ func (s *stream) subscribe(res *dynamicinformer.Resource, rv uint64, initial boo
 	w.signal()
 	s.watchers[w] = struct{}{}
 	return w, nil, rv, nil
+}
+
+// settle ends a watcher's settling: the snapshot's objects newer than minRV are remembered, so
+// that their own events are not sent again, and the events kept while it was read are filtered
+// as wants would have: what the snapshot shows is dropped, and so is the deletion of an object
+// it never showed (deleted before it was read, and not added since).
+func (s *stream) settle(w *watcher, minRV uint64, snapshot []*unstructured.Unstructured) {
+	fresh := map[string]uint64{}
+	shown := make(map[string]bool, len(snapshot))
+	for _, o := range snapshot {
+		k := object.KeyOf(o)
+		shown[k] = true
+		if orv := rvOf(o); orv > minRV {
+			fresh[k] = orv
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.minRV, w.fresh, w.settling = minRV, fresh, false
+	kept := w.pending[:0]
+	for _, e := range w.pending {
+		k := object.KeyOf(e.Object)
+		if e.Type == dynamicinformer.Deleted && !shown[k] {
+			continue
+		}
+		if w.wants(e, rvOf(e.Object)) {
+			shown[k] = true
+			kept = append(kept, e)
+		}
+	}
+	clear(w.pending[len(kept):])
+	w.pending = kept
+	if len(kept) > 0 {
+		w.signal()
+	}
 }
 
 func (s *stream) unsubscribe(w *watcher) {
@@ -218,7 +257,14 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	q.name = t.name
 	gvr, _, _ := res.API()
 	s := a.Watches.stream(gvr)
-	w, snapshot, snapRV, serr := s.subscribe(res, q.resourceVersion, q.resourceVersion == 0 || q.sendInitialEvents)
+	w, snapshot, snapRV, serr := s.subscribe(q.resourceVersion, q.resourceVersion == 0 || q.sendInitialEvents, func() (uint64, []*unstructured.Unstructured) {
+		// The resourceVersion first: every change up to it is in the snapshot that follows.
+		// The snapshot is the cache's (the informer's indexer), not the handlers' order, which
+		// may not yet show a change the resourceVersion covers.
+		rv := res.ResourceVersion()
+		return rv, visible(res, t.namespace, q)
+	})
+	a.watchInitial.Add(float64(len(snapshot)))
 	timeout := a.MaxWatchTimeout
 	if q.timeoutSeconds > 0 {
 		timeout = min(timeout, time.Duration(q.timeoutSeconds)*time.Second)
@@ -289,6 +335,36 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 			return
 		}
 	}
+}
+
+// visible reads what a watch in namespace ("" for all) with query q can see: the one object a
+// metadata.name field selector names, the namespace's objects (its index), or, for a
+// cluster-wide watch, every object. So opening a watch costs what its caller may see, not the
+// whole cache.
+func visible(res *dynamicinformer.Resource, namespace string, q *query) []*unstructured.Unstructured {
+	_, api, _ := res.API()
+	if name, ok := nameSelected(q); ok && (namespace != "" || !api.Namespaced) {
+		if o, found := res.Get(namespace, name); found {
+			return []*unstructured.Unstructured{o}
+		}
+		return nil
+	}
+	if namespace != "" {
+		if objs, err := res.ByIndex(config.NamespaceIndex, namespace); err == nil {
+			return objs
+		}
+	}
+	return res.List()
+}
+
+// nameSelected is the name a metadata.name=... field selector names, if q has one.
+func nameSelected(q *query) (string, bool) {
+	for _, req := range q.fields.Requirements() {
+		if req.Field == "metadata.name" && (req.Operator == selection.Equals || req.Operator == selection.DoubleEquals) {
+			return req.Value, true
+		}
+	}
+	return "", false
 }
 
 // errorEvent is a watch stream's ERROR event carrying err's Status.
