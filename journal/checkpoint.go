@@ -86,7 +86,8 @@ func (j *Journal) committed(b *batch) {
 
 // Checkpoints computes what this journal's outboxes acknowledge, per target and per resource
 // whose initial lists have synced: the revision just below its oldest entry still in the
-// outbox, and no further than every stream of the resource has been recorded. They hold for
+// outbox, and no further than every stream of the resource has been recorded, nor than any
+// of its events the preselector still holds. They hold for
 // a replica that delivers: what it has not delivered is in its outboxes.
 func (j *Journal) Checkpoints() Checkpoints {
 	targets := j.targets()
@@ -100,7 +101,10 @@ func (j *Journal) Checkpoints() Checkpoints {
 				continue
 			}
 			reach, first := uint64(0), true
-			for _, pos := range p.pos {
+			for stream, pos := range p.pos {
+				if low, ok := j.preselecting(gvr, stream); ok && low-1 < pos {
+					pos = low - 1 // the preselector holds an earlier event of the stream
+				}
 				if first || pos < reach {
 					reach, first = pos, false
 				}
@@ -117,6 +121,14 @@ func (j *Journal) Checkpoints() Checkpoints {
 		cp[t.Name()] = byResource
 	}
 	return cp
+}
+
+// preselecting is the lowest revision of a stream's events the preselector holds, if any.
+func (j *Journal) preselecting(gvr schema.GroupVersionResource, stream string) (uint64, bool) {
+	if j.pre == nil {
+		return 0, false
+	}
+	return j.pre.pending(gvr, stream)
 }
 
 // Seen is how far this journal has seen a resource: the highest revision committed from any

@@ -34,7 +34,15 @@
 //     that delivers next loses nothing; it repeats at most what was acknowledged after the
 //     last checkpoint it received.
 //
-// Concurrency: Record, Ack and the other operations never block and do no I/O; one goroutine
-// (Run) applies them in order, a batch per transaction. Targets' Queue is called from that
-// goroutine. Checkpoints, OutboxLen, ReadOutbox and Sinks may be called from any goroutine.
+//   - Events of one object are committed in the order they were recorded. With Options.Workers,
+//     events of different objects may be committed in another order (each is filtered, and its
+//     object encoded, by the preselector's workers, off the writer, so that one tenant's costly
+//     object holds up only its own events); checkpoints then stay below every event the
+//     preselector still holds, and a list's start and end wait until it holds nothing.
+//
+// Concurrency: Record, Ack and the other operations never block and do no I/O (ListStarted and
+// ListSynced wait, with workers, for the preselector to empty); one goroutine (Run) applies
+// them, a batch per transaction. Targets' Queue is called from that goroutine; their Selects
+// from it and, with workers, from the workers at once. Checkpoints, OutboxLen, ReadOutbox and
+// Sinks may be called from any goroutine.
 package journal

@@ -35,6 +35,7 @@ type Journal struct {
 	targets func() []Target
 	m       *metrics
 	retired func(Target)
+	pre     *preselector // nil: the writer filters and encodes
 
 	mu      sync.Mutex
 	pending []op
@@ -78,6 +79,10 @@ type Options struct {
 	Targets func() []Target
 	// Retired is called, after the commit, for each target RemoveTarget removed.
 	Retired func(Target)
+	// Workers evaluate the targets' filters and encode objects for events seen on a watch, off
+	// the writer and in parallel across objects (each object's events in order); 0 leaves it
+	// to the writer. Targets' Selects must then be safe to call from several goroutines.
+	Workers int
 }
 
 type opKind int
@@ -101,10 +106,11 @@ type op struct {
 	sink     string
 	seq      uint64
 	deadline time.Time
-	target   Target      // opRemoveSink
-	streams  []string    // opListStarted
-	revision uint64      // opListSynced
-	cp       Checkpoints // opTrim
+	target   Target       // opRemoveSink
+	streams  []string     // opListStarted
+	revision uint64       // opListSynced
+	cp       Checkpoints  // opTrim
+	pre      *preselected // opEvent: what the preselector computed; nil for the writer to
 }
 
 // listing is a resource's initial list being compared with the stored state.
@@ -169,6 +175,9 @@ func New(o Options) (*Journal, error) {
 		_ = j.Close()
 		return nil, err
 	}
+	if o.Workers > 0 {
+		j.pre = newPreselector(j, o.Workers)
+	}
 	return j, nil
 }
 
@@ -195,9 +204,12 @@ func open(log *slog.Logger, path string) (*store, error) {
 // process, and there are no outboxes to read back.
 func (j *Journal) Durable() bool { return j.store != nil }
 
-// Close closes the state store, if there is one. Call it once Run has returned and nothing
-// reads the outboxes any more.
+// Close stops the preselector's workers and closes the state store, if there is one. Call it
+// once Run has returned and nothing reads the outboxes any more.
 func (j *Journal) Close() error {
+	if j.pre != nil {
+		j.pre.stop()
+	}
 	if j.store == nil {
 		return nil
 	}
@@ -252,16 +264,32 @@ func (j *Journal) Sinks() ([]string, error) {
 	return j.store.sinks()
 }
 
-// Record hands an informer's event to the journal. It never blocks.
-func (j *Journal) Record(e dynamicinformer.Event) { j.submit(op{kind: opEvent, event: e}) }
+// Record hands an informer's event to the journal. It never blocks. With workers, an event
+// other than an initial list's is filtered by them first; an initial list's, mostly unchanged
+// objects after a restart, goes straight to the writer, which filters only what changed.
+func (j *Journal) Record(e dynamicinformer.Event) {
+	if j.pre != nil && !e.InitialList {
+		j.pre.add(op{kind: opEvent, event: e})
+		return
+	}
+	j.submit(op{kind: opEvent, event: e})
+}
 
-// ListStarted implements dynamicinformer.ListObserver.
+// ListStarted implements dynamicinformer.ListObserver. With workers, it first waits until what
+// they hold is committed: the list's comparison starts after every earlier event.
 func (j *Journal) ListStarted(gvr schema.GroupVersionResource, run uint64, streams []string) {
+	if j.pre != nil {
+		j.pre.drain()
+	}
 	j.submit(op{kind: opListStarted, gvr: gvr, run: run, streams: streams})
 }
 
-// ListSynced implements dynamicinformer.ListObserver.
+// ListSynced implements dynamicinformer.ListObserver. With workers, it first waits until what
+// they hold is committed, as ListStarted does.
 func (j *Journal) ListSynced(gvr schema.GroupVersionResource, run uint64, revision uint64) {
+	if j.pre != nil {
+		j.pre.drain()
+	}
 	j.submit(op{kind: opListSynced, gvr: gvr, run: run, revision: revision})
 }
 
@@ -376,7 +404,7 @@ func (j *Journal) Run(ctx context.Context) {
 			}
 		case <-retry.C:
 		case <-ctx.Done():
-			_ = j.Flush()
+			j.finish()
 			return
 		}
 		if err := j.Flush(); err != nil {
@@ -384,6 +412,16 @@ func (j *Journal) Run(ctx context.Context) {
 			retry.Reset(delay)
 		} else {
 			delay = 0
+		}
+	}
+}
+
+// finish commits what is pending and what the workers still evaluate, until a commit fails.
+func (j *Journal) finish() {
+	for j.Flush() == nil && j.pre != nil && !j.pre.empty() {
+		select {
+		case <-j.wake:
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
@@ -466,6 +504,13 @@ func (j *Journal) flushBatch() error {
 		}
 	}
 	j.committed(&b)
+	if j.pre != nil {
+		for _, o := range ops {
+			if o.pre != nil {
+				j.pre.committed(o)
+			}
+		}
+	}
 	for _, gvr := range b.finished {
 		delete(j.lists, gvr)
 	}
@@ -499,7 +544,7 @@ func (j *Journal) apply(tx *bolt.Tx, targets []Target, o op, b *batch) error {
 	var err error
 	switch o.kind {
 	case opEvent:
-		err = j.applyEvent(tx, targets, o.event, b)
+		err = j.applyEvent(tx, targets, o.event, o.pre, b)
 		b.advance(o.event)
 	case opListStarted:
 		j.listStarted(tx, o.gvr, o.run)
@@ -531,10 +576,14 @@ func (j *Journal) apply(tx *bolt.Tx, targets []Target, o op, b *batch) error {
 }
 
 // applyEvent compares an informer's event with the stored state of its object, stores the
-// new state, and fans out what changed.
-func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, bt *batch) error {
+// new state, and fans out what changed. pre, when not nil, is what the preselector computed
+// for e as recorded: its verdicts hold unless the comparison changes the event.
+func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, pre *preselected, bt *batch) error {
+	if pre == nil {
+		pre = &preselected{}
+	}
 	if tx == nil {
-		return j.fanOut(nil, targets, e, nil, nil, bt)
+		return j.fanOut(nil, targets, e, pre.objJSON, nil, pre.verdicts, bt)
 	}
 	b, err := tx.Bucket(objectsBucket).CreateBucketIfNotExists(resourceBucket(e.Resource))
 	if err != nil {
@@ -557,7 +606,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 		if err := b.Delete(key); err != nil {
 			return err
 		}
-		return j.fanOut(tx, targets, e, nil, nil, bt)
+		return j.fanOut(tx, targets, e, nil, nil, pre.verdicts, bt)
 	}
 	if l != nil {
 		l.seen[string(key)] = struct{}{}
@@ -583,7 +632,11 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 	if prev != nil && prev.uid == string(e.Object.GetUID()) {
 		oldJSON = append([]byte(nil), prev.json...)
 	}
-	objJSON := dynamicinformer.AppendJSON(make([]byte, 0, 2048), e.Object.Object)
+	objJSON := pre.objJSON
+	if objJSON == nil {
+		objJSON = dynamicinformer.AppendJSON(make([]byte, 0, 2048), e.Object.Object)
+	}
+	verdicts := pre.verdicts // hold while the event stays as recorded
 	if err := b.Put(key, storedObject(e.Object, objJSON)); err != nil {
 		return err
 	}
@@ -593,25 +646,25 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 			l.count.added++
 		}
 		if rederived {
-			e.Type, e.OldObject = dynamicinformer.Added, nil
+			e.Type, e.OldObject, verdicts = dynamicinformer.Added, nil, nil
 		}
 	case prev.uid != string(e.Object.GetUID()):
 		// Deleted and created again under the same name while nobody was looking.
 		gone := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision}
-		if err := j.fanOut(tx, targets, gone, nil, nil, bt); err != nil {
+		if err := j.fanOut(tx, targets, gone, nil, nil, nil, bt); err != nil {
 			return err
 		}
-		e.Type, e.OldObject = dynamicinformer.Added, nil
+		e.Type, e.OldObject, verdicts = dynamicinformer.Added, nil, nil
 	default:
 		if old != nil {
 			// The sinks last saw the stored state, not the cache's: that is the old object.
-			e.Type, e.OldObject = dynamicinformer.Modified, old
+			e.Type, e.OldObject, verdicts = dynamicinformer.Modified, old, nil
 		}
 		if l != nil {
 			l.count.modified++
 		}
 	}
-	return j.fanOut(tx, targets, e, objJSON, oldJSON, bt)
+	return j.fanOut(tx, targets, e, objJSON, oldJSON, verdicts, bt)
 }
 
 // corruptObject counts and logs a stored object that does not decode.
@@ -622,12 +675,17 @@ func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err
 
 // fanOut makes an entry of e for every target whose filters select it, and with a store
 // writes it to the target's outbox, unless a checkpoint Trim was given already covers it.
-// objJSON and oldJSON are e.Object and e.OldObject encoded, or nil.
-func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, objJSON, oldJSON []byte, bt *batch) error {
+// objJSON and oldJSON are e.Object and e.OldObject encoded, or nil; verdicts are the targets'
+// on e, computed before, or nil (a target missing from them, added since, is asked now).
+func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, objJSON, oldJSON []byte, verdicts map[Target]verdict, bt *batch) error {
 	var body []byte
 	now := j.now()
 	for _, t := range targets {
-		selected, filterErr := t.Selects(e)
+		v, ok := verdicts[t]
+		if !ok {
+			v.selected, v.err = t.Selects(e)
+		}
+		selected, filterErr := v.selected, v.err
 		if !selected {
 			continue
 		}
@@ -725,7 +783,7 @@ func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVers
 		if err := b.Delete(k); err != nil {
 			return err
 		}
-		if err := j.fanOut(tx, targets, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now, Revision: revision}, nil, nil, bt); err != nil {
+		if err := j.fanOut(tx, targets, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now, Revision: revision}, nil, nil, nil, bt); err != nil {
 			return err
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -68,7 +69,8 @@ func New(o Options) (*Dispatcher, error) {
 	if o.Election != nil && o.StatePath == "" {
 		return nil, errors.New("leader election needs a state store (state.path)")
 	}
-	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, Now: d.now, Targets: d.targets, Retired: d.retire})
+	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, Now: d.now, Targets: d.targets, Retired: d.retire,
+		Workers: filterWorkers()})
 	if err != nil {
 		return nil, err
 	}
@@ -418,3 +420,8 @@ func (d *Dispatcher) retire(t journal.Target) {
 }
 
 var errRemoved = errors.New("the webhook was removed from the configuration")
+
+// filterWorkers is how many goroutines filter events and encode objects off the journal's
+// writer: twice the CPUs, at least 4, so that a few costly objects being filtered at once do not
+// hold up everyone else's.
+func filterWorkers() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
