@@ -229,24 +229,34 @@ metrics: {address: "127.0.0.1:0"}
 	}
 }
 
-// grantConfigMapReads lets user get, list and watch configmaps in ns: a Role and a
-// RoleBinding, both named dynwatch.
+// grantConfigMapReads lets user get, list and watch configmaps in ns of the shared test bed: a
+// Role and a RoleBinding, both named dynwatch.
 func grantConfigMapReads(t *testing.T, ns, user string) {
 	t.Helper()
-	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	grantConfigMapReadsIn(t, kubernetes.NewForConfigOrDie(cluster.Config), ns, user)
+}
+
+// grantConfigMapReadsIn is grantConfigMapReads through cs, in whichever apiserver it reaches.
+func grantConfigMapReadsIn(t *testing.T, cs kubernetes.Interface, ns, user string) {
+	t.Helper()
 	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
 		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	bindConfigMapReads(t, ns, user)
+	bindConfigMapReadsIn(t, cs, ns, user)
 }
 
 // bindConfigMapReads binds the Role grantConfigMapReads made to user.
 func bindConfigMapReads(t *testing.T, ns, user string) {
 	t.Helper()
-	if _, err := kubernetes.NewForConfigOrDie(cluster.Config).RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+	bindConfigMapReadsIn(t, kubernetes.NewForConfigOrDie(cluster.Config), ns, user)
+}
+
+func bindConfigMapReadsIn(t *testing.T, cs kubernetes.Interface, ns, user string) {
+	t.Helper()
+	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},
 		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},

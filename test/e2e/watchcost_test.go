@@ -34,24 +34,35 @@ const (
 // (dynwatch_api_watch_initial_objects_total counts them), and the other tenant's webhook keeps
 // a p99 under 250 ms from update to receipt.
 //
-// It runs alone (no t.Parallel): it fills the shared apiserver with 100,000 objects.
+// It has an apiserver of its own, so that its 100,000 objects burden no other test's, and runs
+// alone (no t.Parallel): what it measures is one caller's cost to the others.
 func TestAWatchCostsWhatItsCallerMaySee(t *testing.T) {
 	testbed.Need(t)
-	big, small, tenant := namespace(t), namespace(t), namespace(t)
-	if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, otherObjects, testbed.NumberedConfigMap(big, "cm-%06d")); err != nil {
+	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, watchedObjects, testbed.NumberedConfigMap(small, "cm-%d")); err != nil {
+	t.Cleanup(c.Stop)
+	cs := kubernetes.NewForConfigOrDie(c.Config)
+	big, small, tenant := "big", "small", "tenant"
+	for _, ns := range []string{big, small, tenant} {
+		if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := testbed.CreateConfigMaps(t.Context(), c.Config, otherObjects, testbed.NumberedConfigMap(big, "cm-%06d")); err != nil {
 		t.Fatal(err)
 	}
-	grantConfigMapReads(t, small, "bob")
-	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	if err := testbed.CreateConfigMaps(t.Context(), c.Config, watchedObjects, testbed.NumberedConfigMap(small, "cm-%d")); err != nil {
+		t.Fatal(err)
+	}
+	grantConfigMapReadsIn(t, cs, small, "bob")
 	if _, err := cs.CoreV1().ConfigMaps(tenant).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	rc := newJudge(t, func(received, int, http.Header) int { return http.StatusOK })
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+	p := start(t, c.Kubeconfig, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps}]
 webhooks: [{name: tenant, url: %s, namespaces: [%s], eventTypes: [MODIFIED]}]
 api:
@@ -95,7 +106,7 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	for i := range watchesOpened {
 		go func() {
-			opened <- openWatch(ctx, clients[i%len(clients)], watchURL, cluster.Token("bob"), watchedObjects)
+			opened <- openWatch(ctx, clients[i%len(clients)], watchURL, c.Token("bob"), watchedObjects)
 		}()
 	}
 	for range watchesOpened {
