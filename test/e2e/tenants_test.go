@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -26,7 +28,7 @@ const (
 
 // TestOneTenantsBigObjectHoldsUpNoOneElse: a tenant replaces a 900 KB, 40,000-key configmap
 // once a second for 30 s; six sinks receive it, four through filters that walk its keys (one
-// pairwise, past its cost limit). Another tenant's configmap, changed five times a second, reaches
+// comparing each with the old object's, one pairwise, past its cost limit). Another tenant's configmap, changed five times a second, reaches
 // its own sink with a p99 under 250 ms from update to receipt. The log reports dynwatch's CPU
 // time per replacement.
 //
@@ -38,9 +40,9 @@ func TestOneTenantsBigObjectHoldsUpNoOneElse(t *testing.T) {
 	mine := newJudge(t, ok)
 	var sinks []string
 	for i, filter := range []string{
-		`object.data.all(k, size(k) < 64)`,
-		`!object.data.exists(k, k.startsWith("forbidden"))`,
-		`type != "MODIFIED" || object.data != oldObject.data`,
+		`object.data.all(k, size(k) < 64 && size(object.data[k]) < 64)`,
+		`!object.data.exists(k, k.startsWith("forbidden") || object.data[k].contains("secret"))`,
+		`type != "MODIFIED" || object.data.exists(k, !(k in oldObject.data) || oldObject.data[k] != object.data[k])`,
 		pairwise,
 		"",
 	} {
@@ -51,7 +53,10 @@ func TestOneTenantsBigObjectHoldsUpNoOneElse(t *testing.T) {
 		sinks = append(sinks, line+"}")
 	}
 	sinks = append(sinks, fmt.Sprintf("  - {name: other, url: %s, namespaces: [%s]}", mine.URL, other))
-	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+	// The binary without the race detector: its CPU time is what a cluster would see, where
+	// the race detector's is several times that and would measure the detector.
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, path, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s, %s]}]
 webhooks:
 %s
@@ -59,6 +64,11 @@ state: {path: %s/state.db}
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, big, other, strings.Join(sinks, "\n"), t.TempDir()))
+	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: cluster.Kubeconfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
