@@ -33,7 +33,6 @@
 //     trims to them keeps everything the deliverer might not have acknowledged, so the one
 //     that delivers next loses nothing; it repeats at most what was acknowledged after the
 //     last checkpoint it received.
-//
 //   - Events of one object are committed in the order they were recorded. With Options.Workers,
 //     events of different objects may be committed in another order (each is filtered, and its
 //     object encoded, by the preselector's workers, off the writer, so that one tenant's costly
