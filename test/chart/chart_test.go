@@ -310,33 +310,9 @@ config:
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfgPath, caFile := filepath.Join(t.TempDir(), "config.yaml"), filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(cfgPath, []byte(renderedConfig(t, objs)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	bin, err := runner.Build(t.Context(), t.TempDir(), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := runner.Start(runner.Options{Binary: bin, Config: cfgPath, Kubeconfig: kubeconfig,
-		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0", "DYNWATCH_STATE_PATH=" + filepath.Join(t.TempDir(), "state.db"),
-			"DYNWATCH_API_TLS_SELFSIGNEDCAFILE=" + caFile}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := p.Stop(10 * time.Second); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("dynwatch log:\n%s", p.Log())
-		}
-	}()
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	p, caFile := startRendered(t, objs, kubeconfig, sa)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	if err := p.WaitReady(ctx); err != nil {
-		t.Fatalf("dynwatch as %s did not become ready: %v", sa, err)
-	}
 	// It leads, holding the release's Lease, and writes checkpoints to the release's ConfigMap.
 	testbed.Eventually(t, 30*time.Second, func() error {
 		lease, err := cs.CoordinationV1().Leases(release).Get(ctx, "dw-dynwatch", metav1.GetOptions{})
@@ -525,4 +501,40 @@ func loadRendered(t *testing.T, objs []*unstructured.Unstructured) (*config.Conf
 		t.Fatal(err)
 	}
 	return config.Load(path)
+}
+
+// startRendered runs dynwatch, built without the race detector, with the ConfigMap's config
+// from the rendered objs and the given kubeconfig (the chart's ServiceAccount sa), on loopback
+// ports and a state file of its own, and waits until it is ready; it stops when the test ends.
+// It returns the process and the file of the CA its self-signed API certificate is signed by.
+func startRendered(t *testing.T, objs []*unstructured.Unstructured, kubeconfig, sa string) (*runner.Process, string) {
+	t.Helper()
+	cfgPath, caFile := filepath.Join(t.TempDir(), "config.yaml"), filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(cfgPath, []byte(renderedConfig(t, objs)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := runner.Build(t.Context(), t.TempDir(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := runner.Start(runner.Options{Binary: bin, Config: cfgPath, Kubeconfig: kubeconfig,
+		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0", "DYNWATCH_STATE_PATH=" + filepath.Join(t.TempDir(), "state.db"),
+			"DYNWATCH_API_TLS_SELFSIGNEDCAFILE=" + caFile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(10 * time.Second); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("dynwatch log:\n%s", p.Log())
+		}
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatalf("dynwatch as %s did not become ready: %v", sa, err)
+	}
+	return p, caFile
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -128,33 +127,9 @@ config:
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfgPath, caFile := filepath.Join(t.TempDir(), "config.yaml"), filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(cfgPath, []byte(renderedConfig(t, objects(t, out))), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	bin, err := runner.Build(t.Context(), t.TempDir(), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := runner.Start(runner.Options{Binary: bin, Config: cfgPath, Kubeconfig: kubeconfig,
-		Env: []string{"DYNWATCH_API_ADDRESS=127.0.0.1:0", "DYNWATCH_METRICS_ADDRESS=127.0.0.1:0", "DYNWATCH_STATE_PATH=" + filepath.Join(t.TempDir(), "state.db"),
-			"DYNWATCH_API_TLS_SELFSIGNEDCAFILE=" + caFile}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := p.Stop(10 * time.Second); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			t.Logf("dynwatch log:\n%s", p.Log())
-		}
-	}()
+	p, caFile := startRendered(t, objects(t, out), kubeconfig, sa)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	if err := p.WaitReady(ctx); err != nil {
-		t.Fatalf("dynwatch as %s did not become ready: %v", sa, err)
-	}
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	testbed.Eventually(t, 30*time.Second, func() error {
 		lease, err := cs.CoordinationV1().Leases(release).Get(ctx, "fs-dynwatch", metav1.GetOptions{})
