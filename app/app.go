@@ -43,6 +43,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log := newLogger(o.Log, cfg.Log)
 	klog.SetSlogLogger(log)
+	setMemoryLimit(ctx, log)
 	gin.SetMode(gin.ReleaseMode)
 	s, err := build(log, cfg, o)
 	if err != nil {

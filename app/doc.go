@@ -10,5 +10,6 @@
 // draining; the leader gives its Lease up only once delivery has stopped.
 //
 // Concurrency: Run may be called once per process at a time: it sets process-wide state that
-// client-go and klog read (client feature gates, klog's logger, gin's mode).
+// client-go and klog read (client feature gates, klog's logger, gin's mode) and the Go
+// runtime's memory limit (90% of the cgroup's, unless GOMEMLIMIT is set).
 package app

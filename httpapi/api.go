@@ -119,6 +119,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	}
 	for _, route := range routes {
 		a.latency.WithLabelValues(route)
+		a.requests.WithLabelValues(route, "200") // so that ratios over it have a denominator from the start
 	}
 	for _, reason := range rejectReasons {
 		a.rejected.WithLabelValues(reason)

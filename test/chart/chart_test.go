@@ -175,6 +175,14 @@ const serviceMonitorCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"Custo
   "versions":[{"name":"v1","served":true,"storage":true,
    "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
 
+// prometheusRuleCRD stands in for the Prometheus Operator's PrometheusRule CRD, likewise.
+const prometheusRuleCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+ "metadata":{"name":"prometheusrules.monitoring.coreos.com"},
+ "spec":{"group":"monitoring.coreos.com","scope":"Namespaced",
+  "names":{"kind":"PrometheusRule","plural":"prometheusrules","singular":"prometheusrule","listKind":"PrometheusRuleList"},
+  "versions":[{"name":"v1","served":true,"storage":true,
+   "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+
 // certificateCRD stands in for cert-manager's Certificate CRD, likewise.
 const certificateCRD = `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
  "metadata":{"name":"certificates.cert-manager.io"},
@@ -188,14 +196,14 @@ func TestEveryCIRenderingIsAcceptedByTheAPIServer(t *testing.T) {
 		namespace(t, ns)
 	}
 	crd := filepath.Join(t.TempDir(), "crd.json")
-	if err := os.WriteFile(crd, []byte(serviceMonitorCRD+"\n"+certificateCRD), 0o600); err != nil {
+	if err := os.WriteFile(crd, []byte(serviceMonitorCRD+"\n"+prometheusRuleCRD+"\n"+certificateCRD), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", crd); err != nil {
 		t.Fatal(err)
 	}
 	testbed.Eventually(t, 30*time.Second, func() error {
-		_, err := cluster.Kubectl(t.Context(), "get", "servicemonitors,certificates", "-A")
+		_, err := cluster.Kubectl(t.Context(), "get", "servicemonitors,prometheusrules,certificates", "-A")
 		return err
 	})
 	for _, f := range ciValues(t) {

@@ -278,6 +278,7 @@ webhooks:
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 state: {path: %s}
+leaderElection: {enabled: true, namespace: %[1]s, identity: golden}
 `, ns, rc.URL, filepath.Join(t.TempDir(), "state.db")))
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
@@ -294,12 +295,13 @@ state: {path: %s}
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
-	// The dynwatch series, without values, against testdata/metrics.golden.
+	// The dynwatch series, without values, and the types of the Go runtime's and the process'
+	// families (the alerts and the dashboard use them), against testdata/metrics.golden.
 	var series []string
 	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "dynwatch_") || strings.HasPrefix(line, "# HELP dynwatch_") || strings.HasPrefix(line, "# TYPE dynwatch_") {
+		if strings.HasPrefix(line, "dynwatch_") || strings.HasPrefix(line, "# HELP dynwatch_") || strings.HasPrefix(line, "# TYPE ") {
 			if !strings.HasPrefix(line, "#") {
 				line = line[:strings.LastIndex(line, " ")]
 			}

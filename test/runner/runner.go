@@ -74,6 +74,9 @@ type Options struct {
 	// APIClient makes Status's request: one that trusts the API's CA and sends a token, when
 	// the API serves TLS and authenticates. http.DefaultClient when nil.
 	APIClient *http.Client
+	// Cgroup is a cgroup directory (v1 or v2) the process starts in, so that it runs under
+	// that cgroup's limits from its first instruction; empty: the parent's.
+	Cgroup string
 }
 
 // Process is a running dynwatch.
@@ -97,6 +100,10 @@ func Start(o Options) (*Process, error) {
 		args = append(args, "--kubeconfig", o.Kubeconfig)
 	}
 	cmd := exec.Command(o.Binary, args...)
+	if o.Cgroup != "" {
+		// A shell moves itself into the cgroup, then becomes dynwatch (same process).
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, o.Cgroup, o.Binary}, args...)...)
+	}
 	cmd.Env = append(os.Environ(), o.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()

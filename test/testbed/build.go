@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 )
 
@@ -19,12 +20,23 @@ const KubernetesVersion = "v1.36.3"
 // HelmVersion is the version of helm the chart's tests use.
 const HelmVersion = "v4.3.1"
 
+// PrometheusVersion is the Go module version of Prometheus (v0.316.0 is Prometheus 3.16.0)
+// whose prometheus and promtool the alerting rules' tests run.
+const PrometheusVersion = "v0.316.0"
+
+// prometheusRelease is the release PrometheusVersion stands for, which the binaries report.
+const prometheusRelease = "3.16.0"
+
 // Binaries are the paths of the test bed's executables.
 type Binaries struct {
 	APIServer string
 	Etcd      string
 	Kubectl   string
 	Helm      string
+	// Prometheus and Promtool are built without service discovery (tag remove_all_sd): the
+	// tests scrape static targets on 127.0.0.1.
+	Prometheus string
+	Promtool   string
 }
 
 var ldflags = "-s -w" +
@@ -33,14 +45,18 @@ var ldflags = "-s -w" +
 	" -X k8s.io/client-go/pkg/version.gitVersion=" + KubernetesVersion +
 	" -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
 
-// packages are built in the test/tools module, except helm, which go install builds from its
-// own module at HelmVersion.
-var packages = []struct{ name, pkg string }{
-	{"etcd", "go.etcd.io/etcd/server/v3"},
-	{"kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"},
-	{"kubectl", "k8s.io/kubernetes/cmd/kubectl"},
-	{"helm", "helm.sh/helm/v4/cmd/helm@" + HelmVersion},
+// packages are built in the test/tools module, except those named with a version (pkg@v),
+// which go install builds from their own modules.
+var packages = []struct{ name, pkg, tags, ldflags string }{
+	{"etcd", "go.etcd.io/etcd/server/v3", "", ldflags},
+	{"kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver", "", ldflags},
+	{"kubectl", "k8s.io/kubernetes/cmd/kubectl", "", ldflags},
+	{"helm", "helm.sh/helm/v4/cmd/helm@" + HelmVersion, "", ""},
+	{"prometheus", "github.com/prometheus/prometheus/cmd/prometheus@" + PrometheusVersion, "remove_all_sd", prometheusLDFlags},
+	{"promtool", "github.com/prometheus/prometheus/cmd/promtool@" + PrometheusVersion, "remove_all_sd", prometheusLDFlags},
 }
+
+var prometheusLDFlags = "-s -w -X github.com/prometheus/common/version.Version=" + prometheusRelease
 
 // toolsDir is the test/tools module, found next to this source file.
 func toolsDir() (string, error) {
@@ -81,17 +97,19 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 		}
 		h.Write(b)
 	}
-	h.Write([]byte(ldflags + HelmVersion))
+	h.Write([]byte(ldflags + HelmVersion + prometheusLDFlags + PrometheusVersion))
 	root, err := cacheRoot()
 	if err != nil {
 		return Binaries{}, err
 	}
 	dir := filepath.Join(root, KubernetesVersion+"-"+hex.EncodeToString(h.Sum(nil))[:12])
 	bins := Binaries{
-		APIServer: filepath.Join(dir, "kube-apiserver"),
-		Etcd:      filepath.Join(dir, "etcd"),
-		Kubectl:   filepath.Join(dir, "kubectl"),
-		Helm:      filepath.Join(dir, "helm"),
+		APIServer:  filepath.Join(dir, "kube-apiserver"),
+		Etcd:       filepath.Join(dir, "etcd"),
+		Kubectl:    filepath.Join(dir, "kubectl"),
+		Helm:       filepath.Join(dir, "helm"),
+		Prometheus: filepath.Join(dir, "prometheus"),
+		Promtool:   filepath.Join(dir, "promtool"),
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Binaries{}, fmt.Errorf("create binary cache: %w", err)
@@ -112,17 +130,17 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 		}
 		fmt.Fprintf(out, "testbed: building %s (%s) into %s; the first build takes minutes\n", p.name, p.pkg, dir)
 		tmp := target + ".tmp"
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", tmp, "-ldflags", ldflags, p.pkg)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", tmp, "-ldflags", p.ldflags, p.pkg)
 		cmd.Dir = tools
-		if p.name == "helm" {
+		if strings.Contains(p.pkg, "@") {
 			gobin, err := os.MkdirTemp(dir, "gobin-")
 			if err != nil {
 				return Binaries{}, err
 			}
 			defer func() { _ = os.RemoveAll(gobin) }() // a leftover temporary directory harms nothing
-			cmd = exec.CommandContext(ctx, "go", "install", p.pkg)
+			cmd = exec.CommandContext(ctx, "go", "install", "-tags", p.tags, "-ldflags", p.ldflags, p.pkg)
 			cmd.Env = append(os.Environ(), "GOBIN="+gobin, "GOFLAGS=-mod=mod")
-			tmp = filepath.Join(gobin, "helm")
+			tmp = filepath.Join(gobin, p.name)
 		}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Run(); err != nil {

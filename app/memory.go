@@ -1,0 +1,32 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+)
+
+// memoryLimitRatio is the share of the container's memory limit that the Go runtime gets as
+// its soft memory limit. The rest is headroom for what the garbage collector does not see and
+// the container's limit counts all the same: the state store's page cache, kernel buffers,
+// stacks and the runtime's own overhead. The Go GC guide asks for 5–10%.
+const memoryLimitRatio = 0.9
+
+// memoryLimitRefresh is how often the cgroup's limit is read again, so that an in-place
+// resize of the pod's memory limit moves the Go limit with it.
+const memoryLimitRefresh = time.Minute
+
+// setMemoryLimit sets the Go runtime's soft memory limit to memoryLimitRatio of the memory
+// limit of the process' cgroup (v1 or v2), and keeps it there until ctx ends. GOMEMLIMIT in
+// the environment wins; AUTOMEMLIMIT sets another ratio, or "off". Without a cgroup limit the
+// Go limit stays unset. The library logs what it set, and why it set nothing.
+func setMemoryLimit(ctx context.Context, log *slog.Logger) {
+	_, _ = memlimit.Set( // a failure is logged by the library and leaves the runtime's default
+		memlimit.WithRatio(memoryLimitRatio),
+		memlimit.WithProvider(memlimit.FromCgroup),
+		memlimit.WithLogger(log),
+		memlimit.WithRefreshInterval(ctx, memoryLimitRefresh),
+	)
+}
