@@ -224,8 +224,7 @@ func TestEveryCIRenderingIsAcceptedByTheAPIServer(t *testing.T) {
 func renderedConfig(t *testing.T, objs []*unstructured.Unstructured) string {
 	t.Helper()
 	for _, o := range objs {
-		if o.GetKind() == "ConfigMap" {
-			data, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml")
+		if data, ok, _ := unstructured.NestedString(o.Object, "data", "config.yaml"); o.GetKind() == "ConfigMap" && ok {
 			return data
 		}
 	}
