@@ -47,6 +47,8 @@ type Webhook struct {
 	QueueSize         int           `mapstructure:"queueSize"`
 	Retry             Retry         `mapstructure:"retry"`
 	DeadLetter        DeadLetter    `mapstructure:"deadLetter"`
+	// Payload shapes the request body: a diff with MODIFIED events, or the diff alone.
+	Payload Payload `mapstructure:"payload"`
 	// AllowCredentialsOverHTTP permits a bearer token or signing secret with a plain http://
 	// URL to a host other than loopback, where anyone on the path can read or replay them.
 	AllowCredentialsOverHTTP bool `mapstructure:"allowCredentialsOverHTTP"`
@@ -186,9 +188,45 @@ const (
 	FilterErrorsDrop FilterErrors = "drop"
 )
 
+// Payload shapes a sink's request bodies.
+type Payload struct {
+	// Diff adds to MODIFIED events the change from oldObject to object, as a patch: none
+	// (the default), DiffJSONPatch or DiffMergePatch.
+	Diff Diff `mapstructure:"diff"`
+	// Object is PayloadFull (the default): MODIFIED events carry object and oldObject; or
+	// PayloadNone: they carry the diff alone. ADDED and DELETED events always carry object.
+	Object PayloadObject `mapstructure:"object"`
+}
+
+// Diff is the form of the change a MODIFIED event carries.
+type Diff string
+
+const (
+	// DiffNone adds no patch.
+	DiffNone Diff = "none"
+	// DiffJSONPatch adds an RFC 6902 JSON Patch (application/json-patch+json).
+	DiffJSONPatch Diff = "jsonPatch"
+	// DiffMergePatch adds an RFC 7386 JSON merge patch (application/merge-patch+json).
+	DiffMergePatch Diff = "mergePatch"
+)
+
+// PayloadObject says whether MODIFIED events carry object and oldObject beside their diff.
+type PayloadObject string
+
+const (
+	PayloadFull PayloadObject = "full" // object and oldObject
+	PayloadNone PayloadObject = "none" // the diff alone
+)
+
 func (w *Webhook) setDefaults() {
 	if w.FilterErrors == "" {
 		w.FilterErrors = FilterErrorsDeadLetter
+	}
+	if w.Payload.Diff == "" {
+		w.Payload.Diff = DiffNone
+	}
+	if w.Payload.Object == "" {
+		w.Payload.Object = PayloadFull
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -255,6 +293,7 @@ func (w *Webhook) validate(path string, resources []Resource, env *cel.Env, p *p
 	if !slices.Contains([]FilterErrors{FilterErrorsDeadLetter, FilterErrorsDeliver, FilterErrorsDrop}, w.FilterErrors) {
 		p.add(path+".filterErrors", "must be %s, %s or %s, got %q", FilterErrorsDeadLetter, FilterErrorsDeliver, FilterErrorsDrop, w.FilterErrors)
 	}
+	w.Payload.validate(path+".payload", p)
 	seen := map[string]bool{}
 	for j, h := range w.Headers {
 		hpath := fmt.Sprintf("%s.headers[%d]", path, j)
@@ -299,6 +338,18 @@ func (w *Webhook) validate(path string, resources []Resource, env *cel.Env, p *p
 	}
 	if w.DeadLetter.URL != "" {
 		w.DeadLetterURL = checkURL(path+".deadLetter.url", w.DeadLetter.URL, false, p)
+	}
+}
+
+func (pl Payload) validate(path string, p *problems) {
+	if !slices.Contains([]Diff{DiffNone, DiffJSONPatch, DiffMergePatch}, pl.Diff) {
+		p.add(path+".diff", "must be %s, %s or %s, got %q", DiffNone, DiffJSONPatch, DiffMergePatch, pl.Diff)
+	}
+	switch {
+	case !slices.Contains([]PayloadObject{PayloadFull, PayloadNone}, pl.Object):
+		p.add(path+".object", "must be %s or %s, got %q", PayloadFull, PayloadNone, pl.Object)
+	case pl.Object == PayloadNone && pl.Diff == DiffNone:
+		p.add(path+".object", "is none, so MODIFIED events would carry nothing of the change; set payload.diff to %s or %s", DiffJSONPatch, DiffMergePatch)
 	}
 }
 

@@ -363,13 +363,17 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 	if d.Body == nil {
 		d.Body = journal.Payload(d.Event)
 	}
-	err := s.send(ctx, st, d)
+	body, err := shape(d.Body, st.cfg.Payload)
+	if err != nil {
+		return &rejectedError{err} // the recorded body is damaged: no attempt can send it
+	}
+	err = s.send(ctx, st, d, body)
 	var unauthorized *unauthorizedError
 	if !errors.As(err, &unauthorized) {
 		return err
 	}
 	if fresh := s.rereadCredentials(st); fresh != nil {
-		err = s.send(ctx, fresh, d)
+		err = s.send(ctx, fresh, d, body)
 	}
 	if errors.As(err, &unauthorized) {
 		return &rejectedError{err}
@@ -410,18 +414,18 @@ func (s *Sink) rereadCredentials(st *settings) *settings {
 	return s.cur.Load()
 }
 
-// send makes one request.
-func (s *Sink) send(ctx context.Context, st *settings, d *Delivery) error {
+// send makes one request for d with body.
+func (s *Sink) send(ctx context.Context, st *settings, d *Delivery, body []byte) error {
 	d.Attempts++
 	s.m.attempts.Inc()
 	if d.Attempts > 1 {
 		s.m.retries.Inc()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, st.cfg.Endpoint.String(), bytes.NewReader(d.Body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, st.cfg.Endpoint.String(), bytes.NewReader(body))
 	if err != nil {
 		return &rejectedError{fmt.Errorf("POST %s: %w", st.endpoint, err)}
 	}
-	st.setHeaders(req.Header, *d, s.now())
+	st.setHeaders(req.Header, *d, body, s.now())
 	start := time.Now()
 	resp, err := st.client.Do(req)
 	s.m.requestDuration.Observe(time.Since(start).Seconds())
@@ -442,7 +446,7 @@ func (s *Sink) send(ctx context.Context, st *settings, d *Delivery) error {
 
 // setHeaders sets the configured headers, the bearer token, the CloudEvents binary-mode
 // attributes and, with a signing secret, the Standard Webhooks signature.
-func (st *settings) setHeaders(h http.Header, d Delivery, now time.Time) {
+func (st *settings) setHeaders(h http.Header, d Delivery, body []byte, now time.Time) {
 	for _, x := range st.cfg.Headers {
 		h.Set(x.Name, x.Value)
 	}
@@ -470,7 +474,7 @@ func (st *settings) setHeaders(h http.Header, d Delivery, now time.Time) {
 	h.Set("webhook-id", d.ID)
 	h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
 	if st.signer != nil {
-		if sig, err := st.signer.Sign(d.ID, now, d.Body); err == nil {
+		if sig, err := st.signer.Sign(d.ID, now, body); err == nil {
 			h.Set("webhook-signature", sig)
 		}
 	}

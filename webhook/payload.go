@@ -1,0 +1,106 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"reflect"
+
+	"github.com/wI2L/jsondiff"
+
+	"github.com/dynwatch/dynwatch/config"
+)
+
+// The media types of the patches a MODIFIED event may carry, in its patchType.
+const (
+	jsonPatchType  = "application/json-patch+json"
+	mergePatchType = "application/merge-patch+json"
+)
+
+// shape returns the request body a sink with payload p sends for an event whose recorded body
+// (journal.Payload) is body. It is body itself unless p asks for a diff and the event is
+// MODIFIED: then the body gains "patch", the change from oldObject to object as p.Diff says,
+// and "patchType", its media type; with p.Object none it loses object and oldObject. The
+// outbox and dead letters keep the recorded body, whole.
+func shape(body []byte, p config.Payload) ([]byte, error) {
+	if p.Diff == config.DiffNone {
+		return body, nil
+	}
+	var ev map[string]json.RawMessage
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return nil, fmt.Errorf("decode the event: %w", err)
+	}
+	if !bytes.Equal(ev["type"], []byte(`"MODIFIED"`)) || ev["oldObject"] == nil {
+		return body, nil
+	}
+	patch, mediaType, err := diff(p.Diff, ev["oldObject"], ev["object"])
+	if err != nil {
+		return nil, fmt.Errorf("diff oldObject and object: %w", err)
+	}
+	ev["patch"], ev["patchType"] = patch, json.RawMessage(`"`+mediaType+`"`)
+	if p.Object == config.PayloadNone {
+		delete(ev, "object")
+		delete(ev, "oldObject")
+	}
+	return json.Marshal(ev) // keys in order: the same event always makes the same body
+}
+
+// diff returns the patch from old to new as kind says, and its media type.
+func diff(kind config.Diff, old, new []byte) (json.RawMessage, string, error) {
+	switch kind {
+	case config.DiffJSONPatch:
+		patch, err := jsondiff.CompareJSON(old, new, jsondiff.UnmarshalFunc(unmarshalNumbers))
+		if err != nil {
+			return nil, "", err
+		}
+		if len(patch) == 0 {
+			return json.RawMessage(`[]`), jsonPatchType, nil
+		}
+		b, err := json.Marshal(patch)
+		return b, jsonPatchType, err
+	case config.DiffMergePatch:
+		var o, n any
+		if err := unmarshalNumbers(old, &o); err != nil {
+			return nil, "", err
+		}
+		if err := unmarshalNumbers(new, &n); err != nil {
+			return nil, "", err
+		}
+		b, err := json.Marshal(mergePatch(o, n))
+		return b, mergePatchType, err
+	}
+	return nil, "", fmt.Errorf("unknown diff %q", kind)
+}
+
+// unmarshalNumbers is json.Unmarshal keeping numbers as they are written (json.Number), so
+// that an integer beyond 2^53 survives a patch exactly.
+func unmarshalNumbers(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	return dec.Decode(v)
+}
+
+// mergePatch is the RFC 7386 merge patch that turns old into new: new itself unless both are
+// objects; else an object with each member removed from old as null, and each member added or
+// changed as its merge patch. (jsondiff's and json-patch's generators decode numbers as
+// float64, which rounds integers beyond 2^53; this one keeps json.Number.) A member whose new
+// value is null cannot be told from a removal: RFC 7386 has no way to set null.
+func mergePatch(old, new any) any {
+	o, ok := old.(map[string]any)
+	n, ok2 := new.(map[string]any)
+	if !ok || !ok2 {
+		return new
+	}
+	patch := map[string]any{}
+	for k := range o {
+		if _, kept := n[k]; !kept {
+			patch[k] = nil
+		}
+	}
+	for k, nv := range n {
+		if ov, had := o[k]; !had || !reflect.DeepEqual(ov, nv) {
+			patch[k] = mergePatch(ov, nv)
+		}
+	}
+	return patch
+}
