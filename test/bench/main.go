@@ -1,15 +1,14 @@
 // Command bench measures dynwatch side by side with its fair baselines, in one run on the same
 // data: B0, a bare client-go dynamic informer (./baseline), and the kube-apiserver's own LIST.
-// It starts the test bed, creates realistic configmaps, runs both watchers as separate
-// processes, storms them with updates, queries both dynwatch and the apiserver, and prints one
-// table of figures and ratios (and writes it as JSON with -json). Run it with `make bench`.
+// It starts the test bed, creates realistic configmaps (or pods, with -resource pods), runs
+// both watchers as separate processes, storms them with updates, queries both dynwatch and the
+// apiserver, and prints one table of figures and ratios (and writes it as JSON with -json).
+// Run it with `make bench`.
 package main
 
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -25,14 +24,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1apply "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -43,15 +38,16 @@ import (
 const namespace = "bench"
 
 type options struct {
-	objects, updates, rate, queries int
-	jsonPath, profile, heapProfile  string
-	json                            bool
-	env                             []string
+	objects, updates, rate, queries          int
+	resource, jsonPath, profile, heapProfile string
+	json, chart                              bool
+	env                                      []string
 }
 
 func main() {
 	var o options
-	flag.IntVar(&o.objects, "objects", 20000, "configmaps to create")
+	flag.IntVar(&o.objects, "objects", 20000, "objects to create")
+	flag.StringVar(&o.resource, "resource", "configmaps", "the objects: configmaps (about 4 KB each) or pods (a Deployment's, running, about 10 KB)")
 	flag.IntVar(&o.updates, "updates", 5000, "updates in the storm")
 	flag.IntVar(&o.rate, "rate", 1000, "updates per second in the storm")
 	flag.IntVar(&o.queries, "queries", 200, "requests per query measurement")
@@ -63,7 +59,12 @@ func main() {
 		return nil
 	})
 	flag.BoolVar(&o.json, "json-only", false, "run the apiserver without CBOR (its CBORServingAndStorage feature gate off), so that dynwatch reads JSON as B0 does")
+	flag.BoolVar(&o.chart, "chart", false, "run dynwatch with the chart's default configuration: the resource cluster-wide, one indexer, no webhook; the storm's updates are received from a watch of its API")
 	flag.Parse()
+	if o.resource != "configmaps" && o.resource != "pods" {
+		fmt.Fprintf(os.Stderr, "bench: -resource %q: configmaps or pods\n", o.resource)
+		os.Exit(2)
+	}
 	ctx := context.Background()
 	if err := run(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -104,11 +105,11 @@ func run(ctx context.Context, o options) error {
 	fast := rest.CopyConfig(cluster.Config)
 	fast.QPS, fast.Burst = -1, 0
 	cs := kubernetes.NewForConfigOrDie(fast)
-	objBytes, err := load(ctx, cs, o.objects)
+	objBytes, err := load(ctx, cs, o.resource, o.objects)
 	if err != nil {
 		return err
 	}
-	logf("created %d configmaps of %d bytes each (with managedFields of 2 managers and last-applied) in %s", o.objects, objBytes, time.Since(start).Round(time.Second))
+	logf("created %d %s of %d bytes each (with managedFields) in %s", o.objects, o.resource, objBytes, time.Since(start).Round(time.Second))
 
 	baselineBin := filepath.Join(cluster.Dir, "baseline")
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", baselineBin, "./test/bench/baseline").CombinedOutput(); err != nil {
@@ -120,7 +121,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// B0 first, alone: time to synced and heap.
-	b0, err := startBaseline(ctx, baselineBin, cluster.Kubeconfig)
+	b0, err := startBaseline(ctx, baselineBin, cluster.Kubeconfig, o.resource)
 	if err != nil {
 		return err
 	}
@@ -133,15 +134,24 @@ func run(ctx context.Context, o options) error {
 	b0RSS := residentMemory(b0.pid)
 	logf("B0 synced in %s, live heap %d MB, resident %d MB (peak %d MB)", b0Synced.Round(time.Millisecond), b0Heap>>20, b0RSS.now>>20, b0.peak>>20)
 
-	// dynwatch, alone: time to synced, then the initial-list deliveries drain, then heap.
+	// dynwatch, alone: time to synced, then the initial-list deliveries drain (without a
+	// webhook: the state store stops committing), then heap.
 	recv := newReceiver()
-	defer recv.close()
-	dw, err := startDynwatch(ctx, dwBin, cluster, recv.url, o.env)
+	webhook := ""
+	if !o.chart {
+		webhook = recv.serve()
+		defer recv.close()
+	}
+	dw, err := startDynwatch(ctx, dwBin, cluster, o, webhook)
 	if err != nil {
 		return err
 	}
 	defer dw.stop()
-	if err := waitFor(ctx, 5*time.Minute, func() bool { return recv.count() >= o.objects }); err != nil {
+	if o.chart {
+		if err := waitSteady(ctx, 5*time.Minute, func() float64 { return counter(ctx, dw.metrics, "dynwatch_state_commits_total") }); err != nil {
+			return fmt.Errorf("state store commits: %w", err)
+		}
+	} else if err := waitFor(ctx, 5*time.Minute, func() bool { return recv.count() >= o.objects }); err != nil {
 		return fmt.Errorf("initial-list deliveries: %d of %d: %w", recv.count(), o.objects, err)
 	}
 	dwHeap, err := liveHeap(ctx, dw.metrics)
@@ -153,6 +163,14 @@ func run(ctx context.Context, o options) error {
 		dw.synced.Round(time.Millisecond), dwHeap>>20, dwRSS.now>>20, dwRSS.file>>20, dw.peak>>20, dwRSS.peak>>20, recv.count())
 
 	// The storm, both running: CPU per update and event latency.
+	api, _, _ := dw.rp.WaitListening(ctx)
+	collection := "/api/v1/namespaces/" + namespace + "/" + o.resource
+	watchErr := make(chan error, 1)
+	if o.chart {
+		watchCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { watchErr <- recv.watch(watchCtx, api+collection) }()
+	}
 	b0CPU0, dwCPU0 := cpuSeconds(b0.pid), cpuSeconds(dw.pid)
 	commits0 := counter(ctx, dw.metrics, "dynwatch_state_commits_total")
 	profiled := make(chan error, 1)
@@ -172,7 +190,12 @@ func run(ctx context.Context, o options) error {
 		return err == nil && covers(b0Arrivals, written) && recv.covers(written)
 	})
 	if err != nil {
-		return fmt.Errorf("storm events not all seen (B0 %d, dynwatch %d of %d): %w", len(b0Arrivals), recv.count()-o.objects, len(written), err)
+		select {
+		case werr := <-watchErr:
+			err = errors.Join(err, werr)
+		default:
+		}
+		return fmt.Errorf("storm events not all seen (B0 %d, dynwatch %d of %d): %w", len(b0Arrivals), len(recv.arrivals()), len(written), err)
 	}
 	b0CPU, dwCPU := cpuSeconds(b0.pid)-b0CPU0, cpuSeconds(dw.pid)-dwCPU0
 	commits := counter(ctx, dw.metrics, "dynwatch_state_commits_total") - commits0
@@ -188,8 +211,10 @@ func run(ctx context.Context, o options) error {
 	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs; %.0f state store commits", len(written), b0CPU, dwCPU, commits)
 
 	// Queries for the same label selector: dynwatch (indexed) against the apiserver's LIST.
-	api, _, _ := dw.rp.WaitListening(ctx)
-	path := "/api/v1/namespaces/" + namespace + "/configmaps?labelSelector=app%3Dapp-07"
+	path := collection + "?labelSelector=app%3Dapp-07"
+	if o.chart {
+		path = collection + "?labelSelector=app.kubernetes.io%2Fname%3Dapp-07" // the chart's indexer
+	}
 	apiClient, err := rest.HTTPClientFor(cluster.Config)
 	if err != nil {
 		return err
@@ -199,19 +224,25 @@ func run(ctx context.Context, o options) error {
 	mb := func(b uint64) float64 { return float64(b) / (1 << 20) }
 	n := float64(len(written))
 	always := func(float64) bool { return true }
+	drained, delivery, receipt := "initial deliveries done", "incl. webhook delivery", "webhook"
+	if o.chart {
+		drained, delivery, receipt = "state store caught up", "incl. serving one API watch", "API watch"
+	}
 	rows = append(rows,
 		row("time to synced", "s", dw.synced.Seconds(), b0Synced.Seconds(), "B0", "≤ 1.1x", func(r float64) bool { return r <= 1.1 }),
 		row("resident memory (VmRSS) after sync", "MB", mb(dwRSS.now), mb(b0RSS.now), "B0", "≤ 0.6x", func(r float64) bool { return r <= 0.6 }),
+		row("resident memory after sync: anonymous (RssAnon)", "MB", mb(dwRSS.anon), mb(b0RSS.anon), "B0", "", always),
+		row("resident memory after sync: file-backed (RssFile)", "MB", mb(dwRSS.file), mb(b0RSS.file), "B0", "", always),
 		row("peak resident memory (VmHWM), start → synced", "MB", mb(dw.peak), mb(b0.peak), "B0", "≤ 0.6x", func(r float64) bool { return r <= 0.6 }),
-		row("peak resident memory, start → initial deliveries done", "MB", mb(dwRSS.peak), mb(b0.peak), "B0", "", always),
+		row("peak resident memory, start → "+drained, "MB", mb(dwRSS.peak), mb(b0.peak), "B0", "", always),
 		row("live heap after sync and GC", "MB", mb(dwHeap), mb(b0Heap), "B0", "", always),
 		row("resident memory per object after sync", "KiB", perObj(dwRSS.now), perObj(b0RSS.now), "B0", "", always),
-		row("CPU per update (dynwatch incl. webhook delivery)", "µs", dwCPU/n*1e6, b0CPU/n*1e6, "B0", "≤ 1.3x", func(r float64) bool { return r <= 1.3 }),
+		row("CPU per update (dynwatch "+delivery+")", "µs", dwCPU/n*1e6, b0CPU/n*1e6, "B0", "≤ 1.3x", func(r float64) bool { return r <= 1.3 }),
 		row("state store commits per update", "", commits/n, 0, "", "", always),
-		row("update → receipt p50 (dynwatch: webhook; B0: handler)", "ms", pct(dwLat, 50), pct(b0Lat, 50), "B0", "", always),
-		row("update → receipt p99 (dynwatch: webhook; B0: handler)", "ms", pct(dwLat, 99), pct(b0Lat, 99), "B0", "≤ B0 + 2 ms", func(float64) bool { return pct(dwLat, 99) <= pct(b0Lat, 99)+2 }),
+		row("update → receipt p50 (dynwatch: "+receipt+"; B0: handler)", "ms", pct(dwLat, 50), pct(b0Lat, 50), "B0", "", always),
+		row("update → receipt p99 (dynwatch: "+receipt+"; B0: handler)", "ms", pct(dwLat, 99), pct(b0Lat, 99), "B0", "≤ B0 + 2 ms", func(float64) bool { return pct(dwLat, 99) <= pct(b0Lat, 99)+2 }),
 	)
-	unindexed := "/api/v1/namespaces/" + namespace + "/configmaps?labelSelector=tier%3Dcache&limit=1"
+	unindexed := collection + "?labelSelector=tier%3Dcache&limit=1"
 	for _, q := range []struct{ name, query, target string }{
 		{"query, full result", path, "≤ 0.1x (10x faster)"},
 		{"query, page of 100", path + "&limit=100", "≤ 0.1x (10x faster)"},
@@ -232,7 +263,7 @@ func run(ctx context.Context, o options) error {
 		)
 	}
 	// A watch's initial events: from the request to the first event, every object sent.
-	watch := "/api/v1/namespaces/" + namespace + "/configmaps?watch=1&resourceVersion=0"
+	watch := collection + "?watch=1&resourceVersion=0"
 	dwW, err := timeFirstEvents(ctx, http.DefaultClient, api+watch, "", o.objects, 10)
 	if err != nil {
 		return err
@@ -247,64 +278,24 @@ func run(ctx context.Context, o options) error {
 	)
 	// Steady: after the storm and the queries, both processes idle.
 	b0End, dwEnd := residentMemory(b0.pid), residentMemory(dw.pid)
-	rows = append(rows, row("resident memory at the end (steady, idle)", "MB", mb(dwEnd.now), mb(b0End.now), "B0", "", always))
+	rows = append(rows,
+		row("resident memory at the end (steady, idle)", "MB", mb(dwEnd.now), mb(b0End.now), "B0", "", always),
+		row("resident memory at the end: anonymous (RssAnon)", "MB", mb(dwEnd.anon), mb(b0End.anon), "B0", "", always),
+		row("resident memory at the end: file-backed (RssFile)", "MB", mb(dwEnd.file), mb(b0End.file), "B0", "", always),
+		row("peak resident memory (VmHWM), whole run", "MB", mb(dwEnd.peak), mb(b0End.peak), "B0", "", always),
+	)
 	logf("at the end: dynwatch resident %d MB of which %d MB file-backed; B0 %d MB", dwEnd.now>>20, dwEnd.file>>20, b0End.now>>20)
 	printTable(o, objBytes, rows, time.Since(start))
 	if o.jsonPath != "" {
 		b, _ := json.MarshalIndent(map[string]any{
-			"machine": machine(), "cbor": !o.json, "objects": o.objects, "objectBytes": objBytes, "updates": len(written), "rate": o.rate, "results": rows,
+			"machine": machine(), "cbor": !o.json, "chart": o.chart, "resource": o.resource, "objects": o.objects, "objectBytes": objBytes,
+			"updates": len(written), "rate": o.rate, "results": rows,
 		}, "", "  ")
 		if err := os.WriteFile(o.jsonPath, b, 0o644); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// load creates n configmaps of about 4 KB: applied by two field managers with server-side
-// apply, carrying kubectl's last-applied annotation, labelled from small sets.
-func load(ctx context.Context, cs kubernetes.Interface, n int) (int, error) {
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
-		return 0, err
-	}
-	payload := func(size int) string {
-		b := make([]byte, size/2)
-		_, _ = rand.Read(b)
-		return hex.EncodeToString(b)
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 16)
-	for range 16 {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				name := fmt.Sprintf("cm-%05d", i)
-				data := map[string]string{"config.json": payload(1100), "settings.ini": payload(400)}
-				lastApplied, _ := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": name, "namespace": namespace}, "data": data})
-				deployer := corev1apply.ConfigMap(name, namespace).
-					WithLabels(map[string]string{"app": fmt.Sprintf("app-%02d", i%20), "tier": []string{"web", "db", "cache", "batch"}[i%4]}).
-					WithAnnotations(map[string]string{"kubectl.kubernetes.io/last-applied-configuration": string(lastApplied), "example.com/team": fmt.Sprintf("team-%d", i%5)}).
-					WithData(data)
-				operator := corev1apply.ConfigMap(name, namespace).WithData(map[string]string{"operator-note": payload(200)})
-				for _, a := range []struct {
-					manager string
-					cfg     *corev1apply.ConfigMapApplyConfiguration
-				}{{"deployer", deployer}, {"operator", operator}} {
-					if _, err := cs.CoreV1().ConfigMaps(namespace).Apply(ctx, a.cfg, metav1.ApplyOptions{FieldManager: a.manager}); err != nil {
-						errs <- err
-						return
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return 0, err
-	}
-	b, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces", namespace, "configmaps", "cm-00000").DoRaw(ctx)
-	return len(b), err
 }
 
 type proc struct {
@@ -317,9 +308,9 @@ type proc struct {
 }
 
 // startBaseline starts B0 and waits until it has synced, timing it from the start.
-func startBaseline(ctx context.Context, bin, kubeconfig string) (*proc, error) {
+func startBaseline(ctx context.Context, bin, kubeconfig, resource string) (*proc, error) {
 	t0 := time.Now()
-	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--namespace", namespace)
+	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--namespace", namespace, "--resource", resource)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -347,28 +338,15 @@ type dwProc struct {
 	metrics string
 }
 
-func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, receiver string, env []string) (*dwProc, error) {
+// startDynwatch starts dynwatch, delivering to the webhook URL (with -chart: to none), and
+// waits until it has synced, timing it from the start.
+func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o options, webhook string) (*dwProc, error) {
 	cfg := filepath.Join(cluster.Dir, "bench-dynwatch.yaml")
-	yaml := fmt.Sprintf(`
-resources:
-  - version: v1
-    resource: configmaps
-    namespaces: [%s]
-    indexers:
-      - {name: byApp, type: label, key: app}
-      - {name: byTeam, type: annotation, key: example.com/team}
-      - {name: byOwner, type: owner}
-webhooks:
-  - {name: bench, url: %s, workers: 4}  # the default queue: what it cannot hold waits in the outbox
-api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
-metrics: {address: "127.0.0.1:0", pprof: true}
-state: {path: %s}  # as the chart runs it: every event through the state store, in a directory of its own
-`, namespace, receiver, filepath.Join(cluster.Dir, "state", "bench-state.db"))
-	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(dynwatchConfig(o, webhook, filepath.Join(cluster.Dir, "state", "bench-state.db"))), 0o600); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
-	p, err := runner.Start(runner.Options{Binary: bin, Config: cfg, Kubeconfig: cluster.Kubeconfig, Log: io.Discard, Env: env})
+	p, err := runner.Start(runner.Options{Binary: bin, Config: cfg, Kubeconfig: cluster.Kubeconfig, Log: io.Discard, Env: o.env})
 	if err != nil {
 		return nil, err
 	}
@@ -388,6 +366,40 @@ state: {path: %s}  # as the chart runs it: every event through the state store, 
 	return &dwProc{proc: proc{pid: p.PID(), synced: synced, peak: residentMemory(p.PID()).peak, stop: stop}, rp: p, metrics: metrics}, nil
 }
 
+// dynwatchConfig is dynwatch's configuration file for the run. Both keep the state store in a
+// directory of its own, as the chart does, and serve the API and metrics on loopback.
+func dynwatchConfig(o options, webhook, state string) string {
+	if o.chart {
+		return fmt.Sprintf(`# The chart's default config (charts/dynwatch/values.yaml), but with the API and metrics on
+# loopback, the API without TLS or authentication, and pprof on.
+resources:
+  - group: ""
+    version: v1
+    resource: %s
+    indexers:
+      - {name: byApp, type: label, key: app.kubernetes.io/name}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0", pprof: true}
+state: {path: %s}
+`, o.resource, state)
+	}
+	return fmt.Sprintf(`
+resources:
+  - version: v1
+    resource: %s
+    namespaces: [%s]
+    indexers:
+      - {name: byApp, type: label, key: app}
+      - {name: byTeam, type: annotation, key: example.com/team}
+      - {name: byOwner, type: owner}
+webhooks:
+  - {name: bench, url: %s, workers: 4}  # the default queue: what it cannot hold waits in the outbox
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0", pprof: true}
+state: {path: %s}  # as the chart runs it: every event through the state store
+`, o.resource, namespace, webhook, state)
+}
+
 type write struct {
 	rv      string
 	started time.Time
@@ -404,15 +416,13 @@ func storm(ctx context.Context, cs kubernetes.Interface, o options) ([]write, er
 	for range 16 {
 		wg.Go(func() {
 			for i := range jobs {
-				name := fmt.Sprintf("cm-%05d", (i*7919)%o.objects)
-				patch := fmt.Appendf(nil, `{"data":{"touched":"%d"}}`, i)
 				t0 := time.Now()
-				cm, err := cs.CoreV1().ConfigMaps(namespace).Patch(ctx, name, "application/merge-patch+json", patch, metav1.PatchOptions{})
+				rv, err := update(ctx, cs, o.resource, objectName(o.resource, (i*7919)%o.objects), i)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
 				} else if err == nil {
-					out = append(out, write{rv: cm.ResourceVersion, started: t0})
+					out = append(out, write{rv: rv, started: t0})
 				}
 				mu.Unlock()
 			}
@@ -429,36 +439,76 @@ func storm(ctx context.Context, cs kubernetes.Interface, o options) ([]write, er
 	return out, firstErr
 }
 
-// receiver is the webhook receiver: it reads and discards each request, noting when each
-// resourceVersion (from ce-id, uid.rv.type) arrived.
+// receiver notes when each resourceVersion reached dynwatch's consumer: the webhook receiver
+// it serves, or a watch of dynwatch's API.
 type receiver struct {
-	url  string
 	srv  *http.Server
 	mu   sync.Mutex
 	seen map[string]int64
 	n    int
 }
 
-func newReceiver() *receiver {
-	r := &receiver{seen: map[string]int64{}}
+func newReceiver() *receiver { return &receiver{seen: map[string]int64{}} }
+
+func (r *receiver) note(rv string) {
+	now := time.Now().UnixNano()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if rv != "" {
+		r.seen[rv] = now
+	}
+}
+
+// serve starts the webhook receiver and returns its URL. It reads and discards each request,
+// noting the resourceVersion in its ce-id (uid.rv.type).
+func (r *receiver) serve() string {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	r.url = "http://" + ln.Addr().String() + "/events"
 	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		_, _ = io.Copy(io.Discard, req.Body)
-		now := time.Now().UnixNano()
-		parts := strings.Split(req.Header.Get("ce-id"), ".")
-		r.mu.Lock()
-		r.n++
-		if len(parts) == 3 {
-			r.seen[parts[1]] = now
+		var rv string
+		if parts := strings.Split(req.Header.Get("ce-id"), "."); len(parts) == 3 {
+			rv = parts[1]
 		}
-		r.mu.Unlock()
+		r.note(rv)
 	})}
 	go func() { _ = r.srv.Serve(ln) }()
-	return r
+	return "http://" + ln.Addr().String() + "/events"
 }
 
 func (r *receiver) close() { _ = r.srv.Close() }
+
+// watch watches the collection at url from its current resourceVersion until ctx ends, noting
+// each event's resourceVersion.
+func (r *receiver) watch(ctx context.Context, url string) error {
+	var list struct {
+		Metadata struct{ ResourceVersion string } `json:"metadata"`
+	}
+	if err := getJSON(ctx, url+"?limit=1", &list); err != nil {
+		return err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"?watch=1&resourceVersion="+list.Metadata.ResourceVersion, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var e struct {
+			Object struct {
+				Metadata struct{ ResourceVersion string } `json:"metadata"`
+			} `json:"object"`
+		}
+		if err := dec.Decode(&e); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("watch %s: %w", url, err)
+		}
+		r.note(e.Object.Metadata.ResourceVersion)
+	}
+}
 
 func (r *receiver) count() int {
 	r.mu.Lock()
@@ -488,14 +538,22 @@ func covers(arrivals map[string]int64, ws []write) bool {
 }
 
 func baselineArrivals(ctx context.Context, url string) (map[string]int64, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/events", nil)
+	var m map[string]int64
+	return m, getJSON(ctx, url+"/events", &m)
+}
+
+// getJSON decodes what url answers into v.
+func getJSON(ctx context.Context, url string, v any) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
-	var m map[string]int64
-	return m, json.NewDecoder(resp.Body).Decode(&m)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // latencies are the times from each update's request to its arrival, sorted.
@@ -556,8 +614,9 @@ func saveURL(ctx context.Context, url, path string) error {
 }
 
 // resident is a process's resident memory as its memory limit sees it, file-backed mappings
-// included: now (VmRSS) and the peak since it started (VmHWM), in bytes.
-type resident struct{ now, peak, file uint64 }
+// included: now (VmRSS, anonymous and file-backed) and the peak since it started (VmHWM), in
+// bytes.
+type resident struct{ now, anon, file, peak uint64 }
 
 func residentMemory(pid int) resident {
 	var r resident
@@ -573,6 +632,8 @@ func residentMemory(pid int) resident {
 			r.now = kb << 10
 		case "VmHWM":
 			r.peak = kb << 10
+		case "RssAnon":
+			r.anon = kb << 10
 		case "RssFile":
 			r.file = kb << 10
 		}
@@ -710,6 +771,24 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 	return nil
 }
 
+// waitSteady waits until value, polled every second, is above zero and has not changed for 3 s.
+func waitSteady(ctx context.Context, timeout time.Duration, value func() float64) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	last, since := value(), time.Now()
+	for last == 0 || time.Since(since) < 3*time.Second {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("still changing after %s: %w", timeout, ctx.Err())
+		case <-time.After(time.Second):
+		}
+		if v := value(); v != last {
+			last, since = v, time.Now()
+		}
+	}
+	return nil
+}
+
 func machine() string {
 	model := "unknown CPU"
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
@@ -728,8 +807,12 @@ func printTable(o options, objBytes int, rows []result, took time.Duration) {
 	if o.json {
 		served = "JSON to both (CBORServingAndStorage off)"
 	}
-	fmt.Printf("dynwatch benchmark: %d configmaps of %d bytes, %d updates at %d/s, %d requests per query; apiserver serving %s; %s; took %s\n\n",
-		o.objects, objBytes, o.updates, o.rate, o.queries, served, machine(), took.Round(time.Second))
+	config := "3 indexers, one webhook"
+	if o.chart {
+		config = "the chart's default config: cluster-wide, 1 indexer, no webhook"
+	}
+	fmt.Printf("dynwatch benchmark: %d %s of %d bytes, %d updates at %d/s, %d requests per query; dynwatch with %s; apiserver serving %s; %s; took %s\n\n",
+		o.objects, o.resource, objBytes, o.updates, o.rate, o.queries, config, served, machine(), took.Round(time.Second))
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "measure\tunit\tdynwatch\tbaseline\tbaseline is\tratio\ttarget\tmet")
 	for _, r := range rows {

@@ -38,6 +38,7 @@ func main() {
 func run(ctx context.Context) error {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file")
 	namespace := flag.String("namespace", "", "namespace to watch")
+	resource := flag.String("resource", "configmaps", "core v1 resource to watch")
 	flag.Parse()
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -45,7 +46,7 @@ func run(ctx context.Context) error {
 	}
 	cfg.QPS, cfg.Burst = 50, 100
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dynamic.NewForConfigOrDie(cfg), 0, *namespace, nil)
-	informer := factory.ForResource(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}).Informer()
+	informer := factory.ForResource(schema.GroupVersionResource{Version: "v1", Resource: *resource}).Informer()
 	var mu sync.Mutex
 	arrivals := map[string]int64{} // resourceVersion → unix nanoseconds
 	_, err = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
