@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path"
 	"reflect"
 	"slices"
 	"strings"
@@ -140,14 +141,19 @@ type Log struct {
 
 // Resource is one watched resource: one informer per listed namespace, or one for all.
 type Resource struct {
-	Group         string        `mapstructure:"group"`
-	Version       string        `mapstructure:"version"`
-	Resource      string        `mapstructure:"resource"`
-	Kind          string        `mapstructure:"kind"`
-	Namespaces    []string      `mapstructure:"namespaces"`
-	LabelSelector string        `mapstructure:"labelSelector"`
-	FieldSelector string        `mapstructure:"fieldSelector"`
-	Resync        time.Duration `mapstructure:"resync"`
+	Group      string   `mapstructure:"group"`
+	Version    string   `mapstructure:"version"`
+	Resource   string   `mapstructure:"resource"`
+	Kind       string   `mapstructure:"kind"`
+	Namespaces []string `mapstructure:"namespaces"`
+	// ExcludeNamespaces leaves out the objects of these namespaces: names, or globs of
+	// path.Match (*, ?, [a-z]). One informer watches the whole cluster; the apiserver leaves
+	// out the named namespaces (a field selector), dynwatch those a glob matches, as objects
+	// arrive. Not with Namespaces.
+	ExcludeNamespaces []string      `mapstructure:"excludeNamespaces"`
+	LabelSelector     string        `mapstructure:"labelSelector"`
+	FieldSelector     string        `mapstructure:"fieldSelector"`
+	Resync            time.Duration `mapstructure:"resync"`
 	// StaleAfter is how long the resource's list and watch may keep failing (forbidden, not
 	// found, unreachable) before it is Stale: /readyz fails naming it and query answers carry
 	// a Warning that the data is stale.
@@ -158,6 +164,10 @@ type Resource struct {
 	// Source is the entry as written in the file, canonically encoded: two entries with the
 	// same Source configure the same thing.
 	Source string `mapstructure:"-"`
+	// ExcludedNames and ExcludedGlobs are ExcludeNamespaces, parsed: the exact names, and the
+	// patterns.
+	ExcludedNames []string `mapstructure:"-"`
+	ExcludedGlobs []string `mapstructure:"-"`
 	// Labels and Fields are LabelSelector and FieldSelector, parsed; never nil after Load.
 	Labels labels.Selector `mapstructure:"-"`
 	Fields fields.Selector `mapstructure:"-"`
@@ -196,6 +206,27 @@ type Indexer struct {
 
 	// JSONPath is Path, parsed, for type jsonPath.
 	JSONPath *JSONPath `mapstructure:"-"`
+}
+
+// Excludes reports whether one of the resource's ExcludeNamespaces globs matches namespace.
+// (The named ones never reach dynwatch: the apiserver leaves them out.)
+func (r *Resource) Excludes(namespace string) bool {
+	for _, g := range r.ExcludedGlobs {
+		if ok, _ := path.Match(g, namespace); ok { // the pattern was checked at load
+			return true
+		}
+	}
+	return false
+}
+
+// Exclusions is the field selector that leaves out the objects of the excluded names:
+// metadata.namespace!=name for each, and the configured field selector.
+func (r *Resource) Exclusions() fields.Selector {
+	sel := []fields.Selector{r.Fields}
+	for _, ns := range r.ExcludedNames {
+		sel = append(sel, fields.OneTermNotEqualSelector("metadata.namespace", ns))
+	}
+	return fields.AndSelectors(sel...)
 }
 
 // GroupVersion returns the resource's group and version.

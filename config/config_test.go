@@ -96,6 +96,14 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"informers"}},
 		{"a duplicate resource", "resources: [{version: v1, resource: pods}, {group: '', version: v1, resource: pods}]\n",
 			[]string{"resources[1]: duplicate of resources[0] (pods.v1)"}},
+		{"namespaces to watch and to leave out", "resources: [{version: v1, resource: pods, namespaces: [a], excludeNamespaces: [b]}]\n",
+			[]string{"resources[0].excludeNamespaces: cannot be set with namespaces"}},
+		{"an exclusion of every namespace", "resources: [{version: v1, resource: pods, excludeNamespaces: [kube-system, '*']}]\n",
+			[]string{`resources[0].excludeNamespaces[1]: "*" excludes every namespace`}},
+		{"an exclusion that is no glob", "resources: [{version: v1, resource: pods, excludeNamespaces: ['team-[a']}]\n",
+			[]string{`resources[0].excludeNamespaces[0]: "team-[a" is not a valid glob`}},
+		{"an exclusion that is no namespace name", "resources: [{version: v1, resource: pods, excludeNamespaces: [Team_A]}]\n",
+			[]string{"resources[0].excludeNamespaces[0]: a lowercase RFC 1123 label"}},
 		{"a bad label selector", "resources: [{version: v1, resource: pods, labelSelector: 'app in (a'}]\n",
 			[]string{"resources[0].labelSelector:"}},
 		{"a bad field selector", "resources: [{version: v1, resource: pods, fieldSelector: 'spec.nodeName'}]\n",
@@ -367,5 +375,21 @@ func TestDocsShowTheFullExample(t *testing.T) {
 	}
 	if !strings.Contains(string(doc), "```yaml\n"+string(full)+"```") {
 		t.Fatal("docs/configuration.md's full example differs from config/testdata/full.yaml: copy the file, byte for byte, into the yaml block under \"Every setting\" in docs/configuration.md")
+	}
+}
+
+func TestExcludeNamespacesLeavesNamesToTheAPIServerAndGlobsToDynwatch(t *testing.T) {
+	c, err := Load(writeConfig(t, "resources: [{version: v1, resource: pods, fieldSelector: 'spec.nodeName=n1', excludeNamespaces: [kube-system, 'team-*', 'ci-?']}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.Resources[0]
+	if got, want := r.Exclusions().String(), "spec.nodeName=n1,metadata.namespace!=kube-system"; got != want {
+		t.Errorf("field selector %q, want %q", got, want)
+	}
+	for ns, want := range map[string]bool{"team-a": true, "ci-1": true, "ci-10": false, "kube-system": false, "default": false} {
+		if got := r.Excludes(ns); got != want {
+			t.Errorf("Excludes(%q) = %v, want %v (names are the apiserver's to leave out)", ns, got, want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -167,6 +168,7 @@ func (r *Resource) validate(path string, p *problems) {
 		}
 		namespaces[ns] = true
 	}
+	r.validateExclusions(path, p)
 	var err error
 	if r.Labels, err = labels.Parse(r.LabelSelector); err != nil {
 		p.add(path+".labelSelector", "%v", err)
@@ -234,5 +236,34 @@ func (ix *Indexer) validate(path string, p *problems) {
 	}
 	if !needPath && ix.Path != "" {
 		p.add(path+".path", "is not used by type %s", ix.Type)
+	}
+}
+
+// validateExclusions checks and parses ExcludeNamespaces: each a namespace name or a glob
+// that is not every namespace, none with Namespaces.
+func (r *Resource) validateExclusions(at string, p *problems) {
+	if len(r.ExcludeNamespaces) > 0 && len(r.Namespaces) > 0 {
+		p.add(at+".excludeNamespaces", "cannot be set with namespaces: list the namespaces to watch, or those to leave out")
+	}
+	seen := map[string]bool{}
+	for j, ns := range r.ExcludeNamespaces {
+		npath := fmt.Sprintf("%s.excludeNamespaces[%d]", at, j)
+		switch {
+		case seen[ns]:
+			p.add(npath, "duplicate %q", ns)
+		case strings.Trim(ns, "*") == "":
+			p.add(npath, "%q excludes every namespace: watch nothing by removing the resource instead", ns)
+		case strings.ContainsAny(ns, "*?[\\"):
+			if _, err := path.Match(ns, ""); err != nil {
+				p.add(npath, "%q is not a valid glob (path.Match: *, ?, [a-z]): %v", ns, err)
+			}
+			r.ExcludedGlobs = append(r.ExcludedGlobs, ns)
+		default:
+			for _, msg := range validation.IsDNS1123Label(ns) {
+				p.add(npath, "%s", msg)
+			}
+			r.ExcludedNames = append(r.ExcludedNames, ns)
+		}
+		seen[ns] = true
 	}
 }

@@ -213,6 +213,7 @@ const (
 // PayloadObject says whether MODIFIED events carry object and oldObject beside their diff.
 type PayloadObject string
 
+// The values of PayloadObject.
 const (
 	PayloadFull PayloadObject = "full" // object and oldObject
 	PayloadNone PayloadObject = "none" // the diff alone

@@ -177,7 +177,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
-	labelSelector, fieldSelector := r.cfg.Labels.String(), r.cfg.Fields.String()
+	labelSelector, fieldSelector := r.cfg.Labels.String(), r.cfg.Exclusions().String()
 	tweak := func(o *metav1.ListOptions) {
 		o.LabelSelector = labelSelector
 		o.FieldSelector = fieldSelector
@@ -253,6 +253,9 @@ func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*met
 			if ctx.Err() == nil {
 				h.observe(err)
 			}
+			if err == nil {
+				r.dropExcluded(list)
+			}
 			if err == nil && inf.HasSynced() {
 				relist.note(o.Continue == "", list, inf.GetIndexer())
 			}
@@ -267,6 +270,12 @@ func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*met
 			if ctx.Err() == nil {
 				h.observe(err)
 			}
+			if err == nil && len(r.cfg.ExcludedGlobs) > 0 {
+				w = watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+					u, ok := e.Object.(*unstructured.Unstructured)
+					return e, !ok || !r.cfg.Excludes(u.GetNamespace())
+				})
+			}
 			return w, err
 		},
 	}
@@ -275,6 +284,15 @@ func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*met
 		Indexers:     NewIndexers(r.cfg),
 	})
 	return inf, relist
+}
+
+// dropExcluded removes from a list the objects of the namespaces the resource's
+// excludeNamespaces globs match (the apiserver has left out the named ones already).
+func (r *Resource) dropExcluded(list *unstructured.UnstructuredList) {
+	if len(r.cfg.ExcludedGlobs) == 0 {
+		return
+	}
+	list.Items = slices.DeleteFunc(list.Items, func(u unstructured.Unstructured) bool { return r.cfg.Excludes(u.GetNamespace()) })
 }
 
 // relisted holds the objects a relist found changed, by cache key, until their events pass,

@@ -45,11 +45,11 @@ func shape(body []byte, p config.Payload) ([]byte, error) {
 	return json.Marshal(ev) // keys in order: the same event always makes the same body
 }
 
-// diff returns the patch from old to new as kind says, and its media type.
-func diff(kind config.Diff, old, new []byte) (json.RawMessage, string, error) {
+// diff returns the patch from old to cur as kind says, and its media type.
+func diff(kind config.Diff, old, cur []byte) (json.RawMessage, string, error) {
 	switch kind {
 	case config.DiffJSONPatch:
-		patch, err := jsondiff.CompareJSON(old, new, jsondiff.UnmarshalFunc(unmarshalNumbers))
+		patch, err := jsondiff.CompareJSON(old, cur, jsondiff.UnmarshalFunc(unmarshalNumbers))
 		if err != nil {
 			return nil, "", err
 		}
@@ -63,7 +63,7 @@ func diff(kind config.Diff, old, new []byte) (json.RawMessage, string, error) {
 		if err := unmarshalNumbers(old, &o); err != nil {
 			return nil, "", err
 		}
-		if err := unmarshalNumbers(new, &n); err != nil {
+		if err := unmarshalNumbers(cur, &n); err != nil {
 			return nil, "", err
 		}
 		b, err := json.Marshal(mergePatch(o, n))
@@ -80,16 +80,16 @@ func unmarshalNumbers(data []byte, v any) error {
 	return dec.Decode(v)
 }
 
-// mergePatch is the RFC 7386 merge patch that turns old into new: new itself unless both are
+// mergePatch is the RFC 7386 merge patch that turns old into cur: cur itself unless both are
 // objects; else an object with each member removed from old as null, and each member added or
 // changed as its merge patch. (jsondiff's and json-patch's generators decode numbers as
 // float64, which rounds integers beyond 2^53; this one keeps json.Number.) A member whose new
 // value is null cannot be told from a removal: RFC 7386 has no way to set null.
-func mergePatch(old, new any) any {
+func mergePatch(old, cur any) any {
 	o, ok := old.(map[string]any)
-	n, ok2 := new.(map[string]any)
+	n, ok2 := cur.(map[string]any)
 	if !ok || !ok2 {
-		return new
+		return cur
 	}
 	patch := map[string]any{}
 	for k := range o {

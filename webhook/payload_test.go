@@ -137,7 +137,7 @@ func TestEveryPatchTurnsOldObjectIntoObjectExactly(t *testing.T) {
 				}
 				var got struct {
 					Object, OldObject, Patch json.RawMessage
-					PatchType            string
+					PatchType                string
 				}
 				if err := json.Unmarshal(body, &got); err != nil {
 					t.Fatal(err)
