@@ -34,6 +34,8 @@ type Options struct {
 // Run loads the configuration, builds every part of dynwatch and runs them until ctx ends or
 // one of them fails. It returns nil after a clean shutdown.
 func Run(ctx context.Context, o Options) error {
+	ctx, cancel := context.WithCancel(ctx) // ends what Run started (the memory limit's refresh) when it returns
+	defer cancel()
 	cfg, err := config.Load(o.ConfigPath)
 	if err != nil {
 		return err

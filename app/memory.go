@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -21,8 +22,13 @@ const memoryLimitRefresh = time.Minute
 // setMemoryLimit sets the Go runtime's soft memory limit to memoryLimitRatio of the memory
 // limit of the process' cgroup (v1 or v2), and keeps it there until ctx ends. GOMEMLIMIT in
 // the environment wins; AUTOMEMLIMIT sets another ratio, or "off". Without a cgroup limit the
-// Go limit stays unset. The library logs what it set, and why it set nothing.
+// Go limit stays unset. The library logs what it set, and why it set nothing; where no cgroup
+// can be read at all, that is said once, not at every refresh.
 func setMemoryLimit(ctx context.Context, log *slog.Logger) {
+	if _, err := memlimit.FromCgroup(); err != nil && !errors.Is(err, memlimit.ErrNoLimit) {
+		log.Info("no cgroup memory limit can be read: the Go memory limit is the environment's", "err", err)
+		return
+	}
 	_, _ = memlimit.Set( // a failure is logged by the library and leaves the runtime's default
 		memlimit.WithRatio(memoryLimitRatio),
 		memlimit.WithProvider(memlimit.FromCgroup),

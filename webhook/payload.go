@@ -20,8 +20,9 @@ const (
 // shape returns the request body a sink with payload p sends for an event whose recorded body
 // (journal.Payload) is body. It is body itself unless p asks for a diff and the event is
 // MODIFIED: then the body gains "patch", the change from oldObject to object as p.Diff says,
-// and "patchType", its media type; with p.Object none it loses object and oldObject. The
-// outbox and dead letters keep the recorded body, whole.
+// "patchType", its media type, and "oldResourceVersion", the resourceVersion the patch applies
+// to (a receiver holding another has missed an event); with p.Object none it loses object and
+// oldObject. The outbox and dead letters keep the recorded body, whole.
 func shape(body []byte, p config.Payload) ([]byte, error) {
 	if p.Diff == config.DiffNone {
 		return body, nil
@@ -37,7 +38,16 @@ func shape(body []byte, p config.Payload) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("diff oldObject and object: %w", err)
 	}
-	ev["patch"], ev["patchType"] = patch, json.RawMessage(`"`+mediaType+`"`)
+	var old struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(ev["oldObject"], &old); err != nil {
+		return nil, fmt.Errorf("decode oldObject: %w", err)
+	}
+	base, _ := json.Marshal(old.Metadata.ResourceVersion) // a string always encodes
+	ev["patch"], ev["patchType"], ev["oldResourceVersion"] = patch, json.RawMessage(`"`+mediaType+`"`), base
 	if p.Object == config.PayloadNone {
 		delete(ev, "object")
 		delete(ev, "oldObject")

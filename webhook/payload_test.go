@@ -169,8 +169,8 @@ func TestShapeLeavesWhatItNeedNotTouch(t *testing.T) {
 	}{
 		{"no diff asked", modified, config.Payload{Diff: config.DiffNone, Object: config.PayloadFull}, "same"},
 		{"an ADDED event", added, config.Payload{Diff: config.DiffJSONPatch, Object: config.PayloadNone}, "same"},
-		{"a diff beside the objects", modified, config.Payload{Diff: config.DiffJSONPatch, Object: config.PayloadFull}, "object oldObject patch patchType resource type"},
-		{"the diff alone", modified, config.Payload{Diff: config.DiffMergePatch, Object: config.PayloadNone}, "patch patchType resource type"},
+		{"a diff beside the objects", modified, config.Payload{Diff: config.DiffJSONPatch, Object: config.PayloadFull}, "object oldObject oldResourceVersion patch patchType resource type"},
+		{"the diff alone", modified, config.Payload{Diff: config.DiffMergePatch, Object: config.PayloadNone}, "oldResourceVersion patch patchType resource type"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -189,7 +189,7 @@ func TestShapeLeavesWhatItNeedNotTouch(t *testing.T) {
 				t.Fatal(err)
 			}
 			var keys string
-			for _, k := range []string{"object", "oldObject", "patch", "patchType", "resource", "type"} {
+			for _, k := range []string{"object", "oldObject", "oldResourceVersion", "patch", "patchType", "resource", "type"} {
 				if ev[k] != nil {
 					keys += " " + k
 				}

@@ -373,6 +373,9 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 		return err
 	}
 	if fresh := s.rereadCredentials(st); fresh != nil {
+		if body, err = shape(d.Body, fresh.cfg.Payload); err != nil { // a reload may have changed it meanwhile
+			return &rejectedError{err}
+		}
 		err = s.send(ctx, fresh, d, body)
 	}
 	if errors.As(err, &unauthorized) {

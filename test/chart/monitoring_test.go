@@ -163,7 +163,7 @@ func TestAlertRulesFireOnlyWhenTheyShould(t *testing.T) {
 			}
 		}
 	}
-	if len(alerts) < 15 {
+	if len(alerts) < 16 {
 		t.Errorf("%d alerts rendered: %v", len(alerts), alerts)
 	}
 
@@ -236,8 +236,13 @@ func TestAlertsCanBeRetunedAndTurnedOff(t *testing.T) {
 	if !strings.Contains(outbox.Expr, "> 5000") || outbox.For != "1h" {
 		t.Errorf("DynwatchOutboxGrowing: expr %q for %q; want minLength 5000 for 1h", outbox.Expr, outbox.For)
 	}
+	// Rules that select the ServiceMonitor's job without a ServiceMonitor are refused.
+	_, err := helm(t, "template", "dw", chartDir, "--set", "prometheusRule.enabled=true")
+	if err == nil || !strings.Contains(err.Error(), "prometheusRule.enabled needs serviceMonitor.enabled, or a prometheusRule.selector") {
+		t.Errorf("helm template with rules and no ServiceMonitor = %v; want a refusal", err)
+	}
 	// A duration that is none is refused by the schema, naming the value.
-	_, err := helm(t, "template", "dw", chartDir, "--set", "prometheusRule.alerts.DynwatchDown.for=soon")
+	_, err = helm(t, "template", "dw", chartDir, "--set", "prometheusRule.alerts.DynwatchDown.for=soon")
 	if err == nil || !strings.Contains(err.Error(), "DynwatchDown") {
 		t.Errorf("helm template with for=soon = %v; want a refusal naming DynwatchDown", err)
 	}

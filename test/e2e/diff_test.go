@@ -12,6 +12,7 @@ import (
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -107,6 +108,7 @@ webhooks:
 				Type                     string
 				Object, OldObject, Patch json.RawMessage
 				PatchType                string
+				OldResourceVersion       string
 			}
 			if err := json.Unmarshal(req.body, &ev); err != nil {
 				t.Fatalf("%s: %v: %s", name, err, req.body)
@@ -116,10 +118,13 @@ webhooks:
 			}
 			modified++
 			if name == "alone" {
-				if ev.Object != nil || ev.OldObject != nil || ev.PatchType != "application/merge-patch+json" || ev.Patch == nil {
-					t.Fatalf("alone: a MODIFIED event with objects or without its patch: %s", req.body)
+				if ev.Object != nil || ev.OldObject != nil || ev.PatchType != "application/merge-patch+json" || ev.Patch == nil || ev.OldResourceVersion == "" {
+					t.Fatalf("alone: a MODIFIED event with objects, or without its patch or base: %s", req.body)
 				}
 				continue
+			}
+			if rv, _, _ := unstructured.NestedString(decodeObject(t, ev.OldObject), "metadata", "resourceVersion"); rv != ev.OldResourceVersion {
+				t.Fatalf("%s: oldResourceVersion %q, oldObject's %q", name, ev.OldResourceVersion, rv)
 			}
 			var patched []byte
 			var err error
@@ -142,6 +147,15 @@ webhooks:
 			t.Errorf("%s received %d MODIFIED events, want %d", name, modified, changes)
 		}
 	}
+}
+
+func decodeObject(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // sameJSON reports whether a and b are the same JSON value, numbers compared as written.

@@ -61,6 +61,11 @@ func memoryCgroup(t *testing.T, limit int64) string {
 // of it, and GOMEMLIMIT, when set, wins.
 func TestTheGoMemoryLimitLeavesHeadroomUnderTheContainersLimit(t *testing.T) {
 	t.Parallel()
+	for _, v := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT"} {
+		if _, set := os.LookupEnv(v); set {
+			t.Skipf("%s is set in the test's environment, which dynwatch inherits", v)
+		}
+	}
 	const limit = 512 << 20
 	cg := memoryCgroup(t, limit)
 	ns := namespace(t)
