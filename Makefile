@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test test-unit test-e2e testbed testbed-up bench bench-api bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-api bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -34,6 +34,10 @@ test: testbed vet fmt-check lint
 ## detector; it neither builds nor starts the test bed, and takes under a minute
 test-unit:
 	$(GO) test -race -short -count=1 ./...
+
+## test-alerts: the alerting rules under promtool (each test group a subtest) and the dashboard's checks
+test-alerts: testbed
+	$(GO) test -count=1 -run 'TestAlert|TestTheDashboard' -v ./test/chart/
 
 ## test-e2e: the end-to-end tests alone: the real binary against the test bed
 test-e2e: testbed

@@ -182,15 +182,19 @@ func TestAlertRulesFireOnlyWhenTheyShould(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), src, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	promtool(t, "test", "rules", filepath.Join(dir, "alerts_test.yaml"))
+	promtool(t, "test", "rules", filepath.Join(dir, "alerts_test.yaml")) // every group, whatever --run matches
 
-	// Every alert has a case where it fires and one where it stays silent.
+	// Every alert has a case where it fires and one where it stays silent. Each test group runs
+	// again as a subtest of its own, so that one alert's cases can be run and watched alone.
 	var tests alertTests
 	if err := yaml.Unmarshal(src, &tests); err != nil {
 		t.Fatal(err)
 	}
 	fires, silent := map[string]bool{}, map[string]bool{}
 	for _, tt := range tests.Tests {
+		t.Run(tt.Name, func(t *testing.T) {
+			promtool(t, "test", "rules", "--run", "^"+regexp.QuoteMeta(tt.Name)+"$", filepath.Join(dir, "alerts_test.yaml"))
+		})
 		for _, c := range tt.Cases {
 			if len(c.ExpAlerts) > 0 {
 				fires[c.Alert] = true
