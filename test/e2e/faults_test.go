@@ -260,8 +260,12 @@ metrics: {address: "127.0.0.1:0"}
 	// reload updates the webhooks before the informers, so the fast sink can send the last
 	// round's header while the resources are still being updated: wait for them.
 	testbed.Eventually(t, 30*time.Second, func() error {
-		if st, err := p.Status(t.Context()); err != nil || !st.Reload.Success || len(st.Resources) != 1 {
-			return fmt.Errorf("/status after the reloads: %+v, %v; want the last reload successful and only configmaps watched", st, err)
+		st, err := p.Status(t.Context())
+		if err != nil {
+			return err
+		}
+		if !st.Reload.Success || len(st.Resources) != 1 {
+			return fmt.Errorf("/status after the reloads: %+v; want the last reload successful and only configmaps watched", st)
 		}
 		return nil
 	})
