@@ -150,7 +150,13 @@ type Resource struct {
 	// path.Match (*, ?, [a-z]). One informer watches the whole cluster; the apiserver leaves
 	// out the named namespaces (a field selector), dynwatch those a glob matches, as objects
 	// arrive. Not with Namespaces.
-	ExcludeNamespaces []string      `mapstructure:"excludeNamespaces"`
+	ExcludeNamespaces []string `mapstructure:"excludeNamespaces"`
+	// NamespaceSelector is a label selector over Namespace objects: only the objects of the
+	// namespaces it selects are watched, followed live. A namespace that starts matching brings
+	// its objects in as ADDED; one that stops matching, or is deleted, takes them out as
+	// DELETED. One informer watches the whole cluster, and dynwatch watches the namespaces.
+	// Not with Namespaces; with ExcludeNamespaces, the exclusions apply as well.
+	NamespaceSelector string        `mapstructure:"namespaceSelector"`
 	LabelSelector     string        `mapstructure:"labelSelector"`
 	FieldSelector     string        `mapstructure:"fieldSelector"`
 	Resync            time.Duration `mapstructure:"resync"`
@@ -168,6 +174,8 @@ type Resource struct {
 	// patterns.
 	ExcludedNames []string `mapstructure:"-"`
 	ExcludedGlobs []string `mapstructure:"-"`
+	// Namespaced is NamespaceSelector, parsed; nil when it is not set.
+	Namespaced labels.Selector `mapstructure:"-"`
 	// Labels and Fields are LabelSelector and FieldSelector, parsed; never nil after Load.
 	Labels labels.Selector `mapstructure:"-"`
 	Fields fields.Selector `mapstructure:"-"`

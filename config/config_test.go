@@ -24,8 +24,8 @@ func TestLoadParsesTheFullExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Resources) != 4 {
-		t.Fatalf("got %d resources, want 4", len(c.Resources))
+	if len(c.Resources) != 5 {
+		t.Fatalf("got %d resources, want 5", len(c.Resources))
 	}
 	cm := c.Resources[0]
 	if got := cm.Labels.String(); got != "app in (api,web),tier!=test" {
@@ -42,6 +42,9 @@ func TestLoadParsesTheFullExample(t *testing.T) {
 	}
 	if !c.Resources[2].IsSecrets() || c.Resources[3].String() != "Deployment.v1.apps" {
 		t.Errorf("resources parsed as %v, %v", c.Resources[2].String(), c.Resources[3].String())
+	}
+	if sel := c.Resources[4].Namespaced; sel == nil || sel.String() != "team in (payments,search)" {
+		t.Errorf("namespace selector parsed as %v", sel)
 	}
 }
 
@@ -104,6 +107,14 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{`resources[0].excludeNamespaces[0]: "team-[a" is not a valid glob`}},
 		{"an exclusion that is no namespace name", "resources: [{version: v1, resource: pods, excludeNamespaces: [Team_A]}]\n",
 			[]string{"resources[0].excludeNamespaces[0]: a lowercase RFC 1123 label"}},
+		{"a namespace selector that does not parse", "resources: [{version: v1, resource: pods, namespaceSelector: 'team in (a'}]\n",
+			[]string{"resources[0].namespaceSelector: unable to parse requirement"}},
+		{"a namespace selector that selects every namespace", "resources: [{version: v1, resource: pods, namespaceSelector: ' '}]\n",
+			[]string{`resources[0].namespaceSelector: " " selects every namespace`}},
+		{"namespaces to watch and a namespace selector", "resources: [{version: v1, resource: pods, namespaces: [a], namespaceSelector: team=a}]\n",
+			[]string{"resources[0].namespaceSelector: cannot be set with namespaces"}},
+		{"a namespace selector with leader election", "resources: [{version: v1, resource: pods, namespaceSelector: team=a}]\nstate: {path: /tmp/x.db}\nleaderElection: {enabled: true, namespace: dw}\n",
+			[]string{"resources[0].namespaceSelector: is not supported with leaderElection.enabled"}},
 		{"a bad label selector", "resources: [{version: v1, resource: pods, labelSelector: 'app in (a'}]\n",
 			[]string{"resources[0].labelSelector:"}},
 		{"a bad field selector", "resources: [{version: v1, resource: pods, fieldSelector: 'spec.nodeName'}]\n",

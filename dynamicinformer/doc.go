@@ -8,6 +8,12 @@
 // Event is what a change becomes: Added, Modified (with the old object) or Deleted (with the
 // last known object, unwrapped from a DeletedFinalStateUnknown tombstone).
 //
+// With a namespaceSelector, one informer watches the resource cluster-wide and a reflector
+// follows the Namespaces the selector matches (the selection): objects of other namespaces are
+// dropped before the cache, and when the selection changes the informer's watch brings the
+// namespaces that joined in as ADDED and those that left out as DELETED, listed at the
+// revision the watch has reached.
+//
 // Objects pass the resource's Transform before they enter the cache; the transform is
 // idempotent, as client-go requires. Objects handed out by the cache and in Events are shared
 // and read-only.

@@ -328,8 +328,8 @@ func applicable(cfg *config.Resource, api metav1.APIResource) string {
 	if !slices.Contains(api.Verbs, "list") || !slices.Contains(api.Verbs, "watch") {
 		return fmt.Sprintf("%s does not support list and watch (verbs %v)", api.Name, api.Verbs)
 	}
-	if !api.Namespaced && (len(cfg.Namespaces) > 0 || len(cfg.ExcludeNamespaces) > 0) {
-		return fmt.Sprintf("%s is cluster-scoped: namespaces and excludeNamespaces must be empty", api.Name)
+	if !api.Namespaced && (len(cfg.Namespaces) > 0 || len(cfg.ExcludeNamespaces) > 0 || cfg.NamespaceSelector != "") {
+		return fmt.Sprintf("%s is cluster-scoped: namespaces, excludeNamespaces and namespaceSelector must be empty", api.Name)
 	}
 	return ""
 }

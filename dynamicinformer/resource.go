@@ -64,7 +64,8 @@ type Resource struct {
 	gvr       schema.GroupVersionResource
 	api       metav1.APIResource // as discovery serves it
 	informers []namespaceInformer
-	order     *order // the informers' objects in list order, kept by their handlers
+	selection *selection // the namespaces namespaceSelector selects; nil without one
+	order     *order     // the informers' objects in list order, kept by their handlers
 	stop      context.CancelFunc
 	done      sync.WaitGroup
 }
@@ -137,6 +138,11 @@ func (r *Resource) stateReasonLocked() (State, string) {
 			return StateSyncing, r.reason
 		}
 	}
+	if r.selection != nil {
+		if _, synced, _ := r.selection.snapshot(); !synced {
+			return StateSyncing, r.reason
+		}
+	}
 	if failing, why := r.failingLocked(); failing > r.cfg.StaleAfter {
 		return StateStale, fmt.Sprintf("list and watch have failed for %s (staleAfter %s): %s", failing.Round(time.Second), r.cfg.StaleAfter, why)
 	}
@@ -148,8 +154,15 @@ func (r *Resource) failingLocked() (time.Duration, string) {
 	var longest time.Duration
 	var why string
 	now := time.Now()
+	healths := make([]*health, 0, len(r.informers)+1)
 	for _, ni := range r.informers {
-		if d, err := ni.health.failing(now); d > longest {
+		healths = append(healths, ni.health)
+	}
+	if r.selection != nil {
+		healths = append(healths, r.selection.health)
+	}
+	for _, h := range healths {
+		if d, err := h.failing(now); d > longest {
 			longest, why = d, err
 		}
 	}
@@ -184,9 +197,13 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	}
 	informers := make([]namespaceInformer, 0, len(namespaces))
 	ord := newOrder(configuredIndexers(r.cfg))
+	var sel *selection
+	if r.cfg.Namespaced != nil {
+		sel = newSelection()
+	}
 	for _, ns := range namespaces {
 		h := &health{}
-		inf, relist := r.newInformer(client.Resource(gvr).Namespace(ns), tweak, h)
+		inf, relist := r.newInformer(client.Resource(gvr), ns, tweak, h, sel)
 		if err := inf.SetTransform(NewTransform(r.cfg)); err != nil {
 			return fmt.Errorf("set transform: %w", err)
 		}
@@ -209,8 +226,11 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gvr, r.api = gvr, api
-	r.informers, r.order, r.stop, r.lastError = informers, ord, cancel, ""
+	r.informers, r.selection, r.order, r.stop, r.lastError = informers, sel, ord, cancel, ""
 	r.state, r.reason = StateSyncing, ""
+	if sel != nil {
+		r.done.Go(func() { sel.run(ctx, client, r.cfg.NamespaceSelector) })
+	}
 	synced := make([]cache.InformerSynced, 0, len(informers))
 	for _, ni := range informers {
 		r.done.Go(func() { ni.informer.RunWithContext(ctx) })
@@ -242,19 +262,30 @@ var errRelistByList = errors.New("dynwatch relists with LIST")
 // newInformer builds an informer as client-go's dynamic informer does, except that a relist
 // (a list after the informer has synced: after a watch expired or the apiserver restarted)
 // is a LIST whose changed objects it notes, so that the events it produces can be counted.
-// Every list and watch call's outcome goes to h.
-func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*metav1.ListOptions), h *health) (cache.SharedIndexInformer, *relisted) {
+// Every list and watch call's outcome goes to h. With sel, only the objects of the namespaces
+// it selects enter the cache, and its changes are brought in as they happen.
+func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection) (cache.SharedIndexInformer, *relisted) {
 	var inf cache.SharedIndexInformer
+	client := resource.Namespace(namespace)
 	relist := &relisted{}
+	selected := &applied{}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			tweak(&o)
+			if sel != nil && o.Continue == "" {
+				// Every page of the list is filtered by the selection as it is at its start.
+				names, next, err := sel.wait(ctx, selectionWait)
+				if err != nil {
+					return nil, err
+				}
+				selected.put(names, next)
+			}
 			list, err := client.List(ctx, o)
 			if ctx.Err() == nil {
 				h.observe(err)
 			}
 			if err == nil {
-				r.dropExcluded(list)
+				r.dropExcluded(list, sel, selected)
 			}
 			if err == nil && inf.HasSynced() {
 				relist.note(o.Continue == "", list, inf.GetIndexer())
@@ -263,12 +294,27 @@ func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*met
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			tweak(&o)
-			if o.SendInitialEvents != nil && *o.SendInitialEvents && inf.HasSynced() {
+			initial := o.SendInitialEvents != nil && *o.SendInitialEvents
+			if initial && inf.HasSynced() {
 				return nil, errRelistByList
+			}
+			if sel != nil && initial {
+				names, next, err := sel.wait(ctx, selectionWait)
+				if err != nil {
+					return nil, err
+				}
+				selected.put(names, next)
 			}
 			w, err := client.Watch(ctx, o)
 			if ctx.Err() == nil {
 				h.observe(err)
+			}
+			if err == nil && sel != nil {
+				opts := metav1.ListOptions{}
+				tweak(&opts)
+				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: resource, opts: opts, sel: sel, state: selected}
+				go sw.run(ctx, o.ResourceVersion, initial)
+				return sw, nil
 			}
 			if err == nil && len(r.cfg.ExcludedGlobs) > 0 {
 				w = watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
@@ -286,13 +332,27 @@ func (r *Resource) newInformer(client dynamic.ResourceInterface, tweak func(*met
 	return inf, relist
 }
 
+// selectionWait bounds how long a list waits for the namespaces a namespaceSelector selects
+// to be listed; past it the list fails, naming why, and the reflector tries again.
+const selectionWait = 10 * time.Second
+
 // dropExcluded removes from a list the objects of the namespaces the resource's
-// excludeNamespaces globs match (the apiserver has left out the named ones already).
-func (r *Resource) dropExcluded(list *unstructured.UnstructuredList) {
-	if len(r.cfg.ExcludedGlobs) == 0 {
+// excludeNamespaces globs match (the apiserver has left out the named ones already) and, with
+// sel, of the namespaces not in the selection the list started with.
+func (r *Resource) dropExcluded(list *unstructured.UnstructuredList, sel *selection, selected *applied) {
+	if len(r.cfg.ExcludedGlobs) == 0 && sel == nil {
 		return
 	}
-	list.Items = slices.DeleteFunc(list.Items, func(u unstructured.Unstructured) bool { return r.cfg.Excludes(u.GetNamespace()) })
+	var names members
+	if sel != nil {
+		names, _ = selected.get()
+	}
+	list.Items = slices.DeleteFunc(list.Items, func(u unstructured.Unstructured) bool {
+		if _, ok := names[u.GetNamespace()]; sel != nil && !ok {
+			return true
+		}
+		return r.cfg.Excludes(u.GetNamespace())
+	})
 }
 
 // relisted holds the objects a relist found changed, by cache key, until their events pass,
@@ -361,7 +421,7 @@ func (r *Resource) stopInformers() {
 	stop()
 	r.done.Wait()
 	r.mu.Lock()
-	r.informers, r.order = nil, nil
+	r.informers, r.selection, r.order = nil, nil, nil
 	r.mu.Unlock()
 	r.objects.Store(0)
 	r.m.log.Info("resource informers stopped", "resource", r.name)

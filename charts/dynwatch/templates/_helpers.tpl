@@ -132,6 +132,13 @@ with no namespaces), namespace → rules for that namespace. Each rule grants ge
 {{- range $ns := $namespaces }}
 {{- $_ := set $rules $ns (append (get $rules $ns | default list) $rule) }}
 {{- end }}
+{{- if $r.namespaceSelector }}
+{{- /* The namespaces a namespaceSelector selects are followed with a list and a watch. */}}
+{{- $nsRule := dict "apiGroups" (list "") "resources" (list "namespaces") "verbs" (list "list" "watch") }}
+{{- if not (has $nsRule (get $rules "" | default list)) }}
+{{- $_ := set $rules "" (append (get $rules "" | default list) $nsRule) }}
+{{- end }}
+{{- end }}
 {{- if contains "." (default "" $r.group) }}
 {{- /* A custom resource's printer columns and selectable fields are read from its CRD. */}}
 {{- $crd := dict "apiGroups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "resourceNames" (list (printf "%s.%s" $r.resource $r.group)) "verbs" (list "get") }}

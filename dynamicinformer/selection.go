@@ -1,0 +1,327 @@
+package dynamicinformer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
+)
+
+// namespacesGVR is what a namespaceSelector selects among.
+var namespacesGVR = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
+
+// members is a set of namespace names.
+type members map[string]struct{}
+
+// selection is the set of namespaces a resource's namespaceSelector selects, followed by a
+// reflector over the Namespaces the selector matches: the apiserver adds a namespace when it
+// starts matching and deletes it when it stops matching or is deleted. It is the reflector's
+// store; it keeps names only.
+type selection struct {
+	health *health
+
+	mu      sync.Mutex
+	names   members
+	synced  bool
+	changed chan struct{} // closed when names change, then replaced
+}
+
+func newSelection() *selection {
+	return &selection{health: &health{}, names: members{}, changed: make(chan struct{})}
+}
+
+// run follows the namespaces sel selects until ctx ends.
+func (s *selection) run(ctx context.Context, client dynamic.Interface, sel string) {
+	ns := client.Resource(namespacesGVR)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = sel
+			list, err := ns.List(ctx, o)
+			if ctx.Err() == nil {
+				s.health.observe(err)
+			}
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = sel
+			w, err := ns.Watch(ctx, o)
+			if ctx.Err() == nil {
+				s.health.observe(err)
+			}
+			return w, err
+		},
+	}
+	cache.NewReflectorWithOptions(lw, &unstructured.Unstructured{}, s, cache.ReflectorOptions{Name: "namespaces selected by " + sel}).RunWithContext(ctx)
+}
+
+// snapshot returns the selected namespaces, whether they have been listed yet, and a channel
+// closed at their next change.
+func (s *selection) snapshot() (members, bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.names, s.synced, s.changed
+}
+
+// wait returns the selected namespaces once they have been listed, or an error naming why
+// they have not been within timeout.
+func (s *selection) wait(ctx context.Context, timeout time.Duration) (members, <-chan struct{}, error) {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		names, synced, changed := s.snapshot()
+		if synced {
+			return names, changed, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-deadline.C:
+			_, why := s.health.failing(time.Now())
+			if why == "" {
+				why = "not listed yet"
+			}
+			return nil, nil, fmt.Errorf("namespaces of namespaceSelector: %s", why)
+		}
+	}
+}
+
+// set replaces the selected namespaces, and wakes whoever waits for a change.
+func (s *selection) set(update func(members) members) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := update(maps.Clone(s.names))
+	if s.synced && maps.Equal(next, s.names) {
+		return
+	}
+	s.names, s.synced = next, true
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func nameOf(obj any) string {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if m, err := meta.Accessor(obj); err == nil {
+		return m.GetName()
+	}
+	return ""
+}
+
+// The cache.Store the reflector fills: only what the reflector calls does anything.
+
+func (s *selection) Add(obj any) error {
+	s.set(func(m members) members { m[nameOf(obj)] = struct{}{}; return m })
+	return nil
+}
+
+func (s *selection) Update(obj any) error { return s.Add(obj) }
+
+func (s *selection) Delete(obj any) error {
+	s.set(func(m members) members { delete(m, nameOf(obj)); return m })
+	return nil
+}
+
+func (s *selection) Replace(items []any, _ string) error {
+	s.set(func(members) members {
+		m := members{}
+		for _, obj := range items {
+			m[nameOf(obj)] = struct{}{}
+		}
+		return m
+	})
+	return nil
+}
+
+func (s *selection) List() []any { return nil }
+
+func (s *selection) ListKeys() []string {
+	names, _, _ := s.snapshot()
+	return slices.Sorted(maps.Keys(names))
+}
+
+func (s *selection) Get(obj any) (any, bool, error) { return s.GetByKey(nameOf(obj)) }
+
+func (s *selection) GetByKey(key string) (any, bool, error) {
+	names, _, _ := s.snapshot()
+	_, ok := names[key]
+	return nil, ok, nil
+}
+
+func (s *selection) Resync() error { return nil }
+
+// applied is the selection the objects in an informer's cache reflect: the one its last list
+// was filtered by, then each change its watches brought in.
+type applied struct {
+	mu    sync.Mutex
+	names members
+	next  <-chan struct{} // closed when the selection moves past names
+}
+
+func (a *applied) get() (members, <-chan struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.names, a.next
+}
+
+func (a *applied) put(names members, next <-chan struct{}) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.names, a.next = names, next
+}
+
+// selectWatch passes on the events of the watch under it for the objects of the namespaces in
+// its selection, and brings the cache along when the selection changes: at the revision the
+// watch has reached, it lists the objects of each namespace that joined (passed on as ADDED)
+// and of each that left (passed on as DELETED), as they were at exactly that revision, then a
+// bookmark of that revision. If it cannot (the revision is not known yet, a list fails) it
+// ends with an Expired error, and the reflector lists again.
+type selectWatch struct {
+	in     watch.Interface
+	out    chan watch.Event
+	stop   chan struct{}
+	once   sync.Once
+	r      *Resource
+	client dynamic.NamespaceableResourceInterface
+	opts   metav1.ListOptions // the informer's selectors
+	sel    *selection
+	state  *applied
+}
+
+func (w *selectWatch) ResultChan() <-chan watch.Event { return w.out }
+
+func (w *selectWatch) Stop() {
+	w.once.Do(func() {
+		close(w.stop)
+		w.in.Stop()
+	})
+}
+
+// run passes events on until the watch under it ends or Stop. rv is the revision the watch
+// starts from; initial is set while a watch-list stream's initial events are still coming.
+func (w *selectWatch) run(ctx context.Context, rv string, initial bool) {
+	defer close(w.out)
+	defer w.in.Stop()
+	names, next := w.state.get()
+	for {
+		var changed <-chan struct{}
+		if !initial {
+			changed = next
+		}
+		select {
+		case <-w.stop:
+			return
+		case <-changed:
+			cur, _, after := w.sel.snapshot()
+			if err := w.transition(ctx, rv, names, cur); errors.Is(err, errStopped) {
+				return
+			} else if err != nil {
+				w.r.m.log.Info("namespace selection changed: listing again", "resource", w.r.name, "err", err)
+				status := apierrors.NewResourceExpired(fmt.Sprintf("namespace selection changed, and %v", err)).ErrStatus
+				w.send(watch.Event{Type: watch.Error, Object: &status})
+				return
+			}
+			names, next = cur, after
+			w.state.put(names, next)
+		case e, ok := <-w.in.ResultChan():
+			if !ok {
+				return
+			}
+			u, isObject := e.Object.(*unstructured.Unstructured)
+			if isObject && e.Type != watch.Error {
+				rv = u.GetResourceVersion()
+			}
+			if e.Type == watch.Bookmark && u != nil && u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+				initial = false
+			}
+			if isObject && (e.Type == watch.Added || e.Type == watch.Modified || e.Type == watch.Deleted) && !w.keeps(names, u.GetNamespace()) {
+				continue
+			}
+			if !w.send(e) {
+				return
+			}
+		}
+	}
+}
+
+func (w *selectWatch) keeps(names members, namespace string) bool {
+	_, ok := names[namespace]
+	return ok && !w.r.cfg.Excludes(namespace)
+}
+
+func (w *selectWatch) send(e watch.Event) bool {
+	select {
+	case w.out <- e:
+		return true
+	case <-w.stop:
+		return false
+	}
+}
+
+var errStopped = errors.New("watch stopped")
+
+// transition brings the namespaces that joined (in cur, not in was) in as ADDED and those
+// that left out as DELETED, as they were at rv, then passes on a bookmark of rv: the watch
+// goes on from where it was.
+func (w *selectWatch) transition(ctx context.Context, rv string, was, cur members) error {
+	if rv == "" || rv == "0" {
+		return errors.New("the watch has no revision yet")
+	}
+	for _, step := range []struct {
+		from, to members
+		typ      watch.EventType
+	}{{cur, was, watch.Added}, {was, cur, watch.Deleted}} {
+		for _, ns := range slices.Sorted(maps.Keys(step.from)) {
+			if _, ok := step.to[ns]; ok || w.r.cfg.Excludes(ns) {
+				continue
+			}
+			if err := w.listAt(ctx, ns, rv, step.typ); err != nil {
+				return err
+			}
+		}
+	}
+	bookmark := &unstructured.Unstructured{}
+	bookmark.SetResourceVersion(rv)
+	if !w.send(watch.Event{Type: watch.Bookmark, Object: bookmark}) {
+		return errStopped
+	}
+	return nil
+}
+
+// listPage bounds what a transition holds at once.
+const listPage = 500
+
+// listAt passes on every object of namespace ns, as it was at exactly rv, as an event of typ.
+func (w *selectWatch) listAt(ctx context.Context, ns, rv string, typ watch.EventType) error {
+	o := w.opts
+	o.ResourceVersion, o.ResourceVersionMatch, o.Limit = rv, metav1.ResourceVersionMatchExact, listPage
+	for {
+		list, err := w.client.Namespace(ns).List(ctx, o)
+		if err != nil {
+			return fmt.Errorf("list namespace %s at resourceVersion %s: %w", ns, rv, err)
+		}
+		for i := range list.Items {
+			if !w.send(watch.Event{Type: typ, Object: &list.Items[i]}) {
+				return errStopped
+			}
+		}
+		if list.GetContinue() == "" {
+			return nil
+		}
+		o.Continue, o.ResourceVersion, o.ResourceVersionMatch = list.GetContinue(), "", ""
+	}
+}

@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+// TestANamespaceSelectorIsFollowedLive watches configmaps in the namespaces a label selects,
+// among 50 of which half carry the label. While the configmaps of every namespace change, ten
+// namespaces gain the label, ten lose it and a selected one is deleted: the query API, a
+// watch through it and a webhook end with exactly the selected namespaces' objects; each
+// namespace that joined brought its object in as ADDED, each that left took it out as
+// DELETED, and the namespaces never selected produced nothing.
+func TestANamespaceSelectorIsFollowedLive(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	first := namespace(t)
+	id := first[strings.LastIndexByte(first, '-')+1:]
+	key := "nssel-" + id // this test's label, on namespaces and on its configmaps
+	names := make([]string, 50)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%02d", first, i)
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: names[i]}}
+		if i%2 == 0 {
+			ns.Labels = map[string]string{key: "in"}
+		}
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Labels: map[string]string{key: "obj"}}, Data: map[string]string{"n": "0"}}
+		if _, err := cs.CoreV1().ConfigMaps(names[i]).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	selected := map[string]bool{}
+	for i, ns := range names {
+		selected[ns] = i%2 == 0
+	}
+
+	rc := newReceiver(t, nil, false)
+	p, _ := startWithWebhooks(t, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, labelSelector: %q, namespaceSelector: %q}]
+webhooks: [{name: all, url: %q}]
+`, key+"=obj", key+"=in", rc.URL))
+	api, _, _ := p.WaitListening(ctx)
+	cms := dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
+	listed := func() (map[string]bool, string, error) {
+		list, err := cms.List(ctx, metav1.ListOptions{LabelSelector: key + "=obj"})
+		if err != nil {
+			return nil, "", err
+		}
+		got := map[string]bool{}
+		for _, u := range list.Items {
+			got[u.GetNamespace()] = true
+		}
+		return got, list.GetResourceVersion(), nil
+	}
+	want := func() map[string]bool {
+		w := map[string]bool{}
+		for ns, in := range selected {
+			if in {
+				w[ns] = true
+			}
+		}
+		return w
+	}
+	same := func(what string, got map[string]bool) error {
+		if w := want(); !maps.Equal(got, w) {
+			return fmt.Errorf("%s has the objects of %v, want %v", what, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(w)))
+		}
+		return nil
+	}
+	var rv string
+	testbed.Eventually(t, time.Minute, func() error {
+		got, v, err := listed()
+		if err != nil {
+			return err
+		}
+		rv = v
+		return same("the query API", got)
+	})
+
+	// A watch through dynwatch from the list, kept as a client's cache would be.
+	w, err := cms.Watch(ctx, metav1.ListOptions{LabelSelector: key + "=obj", ResourceVersion: rv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var mu sync.Mutex
+	watched, _, _ := listed()
+	go func() {
+		for e := range w.ResultChan() {
+			u, ok := e.Object.(*unstructured.Unstructured)
+			if !ok {
+				continue
+			}
+			mu.Lock()
+			switch e.Type {
+			case watch.Added, watch.Modified:
+				watched[u.GetNamespace()] = true
+			case watch.Deleted:
+				delete(watched, u.GetNamespace())
+			}
+			mu.Unlock()
+		}
+	}()
+
+	// Every configmap changes while the selection does.
+	changing, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for n := 1; changing.Err() == nil; n++ {
+			for _, ns := range names {
+				patch := fmt.Sprintf(`{"data":{"n":"%d"}}`, n)
+				_, _ = cs.CoreV1().ConfigMaps(ns).Patch(changing, "cm", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			}
+		}
+	}()
+	relabel := func(ns, value string) {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, key, value)
+		if _, err := cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var joined, left []string
+	for i := range 10 {
+		in, out := names[2*i+1], names[2*i]
+		relabel(in, `"in"`)
+		relabel(out, "null")
+		selected[in], selected[out] = true, false
+		joined, left = append(joined, in), append(left, out)
+	}
+	// A selected namespace deleted. No namespace controller runs in the test bed: its
+	// finalizer is removed by hand, and its configmap stays behind in storage.
+	gone := names[48]
+	if err := cs.CoreV1().Namespaces().Delete(ctx, gone, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := cs.CoreV1().Namespaces().Get(ctx, gone, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Spec.Finalizers = nil
+	if _, err := cs.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	selected[gone] = false
+	left = append(left, gone)
+	stop()
+	<-done
+
+	testbed.Eventually(t, time.Minute, func() error {
+		got, _, err := listed()
+		if err != nil {
+			return err
+		}
+		return same("the query API", got)
+	})
+	testbed.Eventually(t, time.Minute, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return same("the watch through dynwatch", maps.Clone(watched))
+	})
+	// The webhook: each object's events, applied in the order they came, leave it present
+	// exactly in the selected namespaces.
+	testbed.Eventually(t, time.Minute, func() error {
+		present := map[string]bool{}
+		for _, r := range rc.got() {
+			ns := strings.SplitN(r.subject, "/", 2)[0]
+			switch r.payload.Type {
+			case "ADDED", "MODIFIED":
+				present[ns] = true
+			case "DELETED":
+				delete(present, ns)
+			}
+		}
+		return same("the webhook", present)
+	})
+	byNamespace := map[string][]string{}
+	for _, r := range rc.got() {
+		ns := strings.SplitN(r.subject, "/", 2)[0]
+		byNamespace[ns] = append(byNamespace[ns], r.payload.Type)
+	}
+	for _, ns := range joined {
+		if types := byNamespace[ns]; len(types) == 0 || types[0] != "ADDED" {
+			t.Errorf("namespace %s joined the selection: its events %v, want ADDED first", ns, types)
+		}
+	}
+	for _, ns := range left {
+		if types := byNamespace[ns]; len(types) < 2 || types[0] != "ADDED" || types[len(types)-1] != "DELETED" {
+			t.Errorf("namespace %s left the selection: its events %v, want ADDED first and DELETED last", ns, types)
+		}
+	}
+	for i := 21; i < 50; i += 2 {
+		if types := byNamespace[names[i]]; len(types) > 0 {
+			t.Errorf("namespace %s was never selected, yet its object made %v", names[i], types)
+		}
+	}
+	code, body, err := get(ctx, api+"/status")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("/status: %d %v", code, err)
+	}
+	var status struct {
+		Resources []struct {
+			State string `json:"state"`
+		} `json:"resources"`
+	}
+	if err := json.Unmarshal([]byte(body), &status); err != nil || len(status.Resources) != 1 || status.Resources[0].State != "Synced" {
+		t.Errorf("/status: %s (%v), want one Synced resource", body, err)
+	}
+}
