@@ -248,6 +248,11 @@ func (r *Resource) Member(version, resource string) *Resource {
 	return &m
 }
 
+// GroupVersionResource returns the resource's group, version and resource, as configured.
+func (r *Resource) GroupVersionResource() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: r.Group, Version: r.Version, Resource: r.Resource}
+}
+
 // GroupVersion returns the resource's group and version.
 func (r *Resource) GroupVersion() schema.GroupVersion {
 	return schema.GroupVersion{Group: r.Group, Version: r.Version}
