@@ -131,8 +131,11 @@ metrics: {address: "127.0.0.1:0"}
 			return err
 		}
 		code, _, err := get(t.Context(), api+"/apis/"+group+"/v1/namespaces/"+ns+"/alphas")
-		if err != nil || code != http.StatusNotFound {
-			return fmt.Errorf("listing alphas after its CRD was deleted: %d %v; want 404", code, err)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusNotFound {
+			return fmt.Errorf("listing alphas after its CRD was deleted: %d; want 404", code)
 		}
 		return nil
 	})
