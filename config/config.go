@@ -139,13 +139,21 @@ type Log struct {
 	SlogLevel slog.Level `mapstructure:"-"`
 }
 
-// Resource is one watched resource: one informer per listed namespace, or one for all.
+// Wildcard is the Resource (and Version) of an entry that watches a whole API group: every
+// resource of the group (the preferred version of each).
+const Wildcard = "*"
+
+// Resource is one watched resource: one informer per listed namespace, or one for all. With
+// Resource "*" it is a whole API group: every resource the group serves, as discovery finds
+// them, each with these settings.
 type Resource struct {
-	Group      string   `mapstructure:"group"`
-	Version    string   `mapstructure:"version"`
-	Resource   string   `mapstructure:"resource"`
-	Kind       string   `mapstructure:"kind"`
-	Namespaces []string `mapstructure:"namespaces"`
+	Group    string `mapstructure:"group"`
+	Version  string `mapstructure:"version"`
+	Resource string `mapstructure:"resource"`
+	Kind     string `mapstructure:"kind"`
+	// ExcludeResources leaves resources (plural names) of the group out of a wildcard entry.
+	ExcludeResources []string `mapstructure:"excludeResources"`
+	Namespaces       []string `mapstructure:"namespaces"`
 	// ExcludeNamespaces leaves out the objects of these namespaces: names, or globs of
 	// path.Match (*, ?, [a-z]). One informer watches the whole cluster; the apiserver leaves
 	// out the named namespaces (a field selector), dynwatch those a glob matches, as objects
@@ -235,6 +243,22 @@ func (r *Resource) Exclusions() fields.Selector {
 		sel = append(sel, fields.OneTermNotEqualSelector("metadata.namespace", ns))
 	}
 	return fields.AndSelectors(sel...)
+}
+
+// IsWildcard reports whether r watches a whole API group (resource: "*").
+func (r *Resource) IsWildcard() bool { return r.Resource == Wildcard }
+
+// Member is the configuration of one resource of a wildcard entry's group, served at version:
+// r's settings, for that resource alone. It shares r's parsed fields, which are read-only.
+func (r *Resource) Member(version, resource string) *Resource {
+	m := *r
+	m.Version, m.Resource, m.ExcludeResources = version, resource, nil
+	return &m
+}
+
+// GroupVersionResource returns the resource's group, version and resource, as configured.
+func (r *Resource) GroupVersionResource() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: r.Group, Version: r.Version, Resource: r.Resource}
 }
 
 // GroupVersion returns the resource's group and version.

@@ -24,8 +24,8 @@ func TestLoadParsesTheFullExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Resources) != 5 {
-		t.Fatalf("got %d resources, want 5", len(c.Resources))
+	if len(c.Resources) != 6 {
+		t.Fatalf("got %d resources, want 6", len(c.Resources))
 	}
 	cm := c.Resources[0]
 	if got := cm.Labels.String(); got != "app in (api,web),tier!=test" {
@@ -43,7 +43,10 @@ func TestLoadParsesTheFullExample(t *testing.T) {
 	if !c.Resources[2].IsSecrets() || c.Resources[3].String() != "Deployment.v1.apps" {
 		t.Errorf("resources parsed as %v, %v", c.Resources[2].String(), c.Resources[3].String())
 	}
-	if sel := c.Resources[4].Namespaced; sel == nil || sel.String() != "team in (payments,search)" {
+	if whole := c.Resources[4]; !whole.IsWildcard() || whole.String() != "*.*.example.com" || whole.ExcludeResources[0] != "secretwidgets" {
+		t.Errorf("whole group parsed as %s excluding %v", &whole, whole.ExcludeResources)
+	}
+	if sel := c.Resources[5].Namespaced; sel == nil || sel.String() != "team in (payments,search)" {
 		t.Errorf("namespace selector parsed as %v", sel)
 	}
 }
@@ -202,6 +205,19 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"webhooks[0].url: is plain http to a host other than loopback"}},
 		{"a signing secret shorter than 24 bytes", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'https://x', signingSecretFile: " + shortSecretFile + "}]\n",
 			[]string{"webhooks[0].signingSecretFile:", "16-byte key; Standard Webhooks requires at least 24"}},
+		{"a whole group without a group", "resources: [{version: v1, resource: pods}, {version: v1, resource: '*'}]\n",
+			[]string{`resources[1].resource: "*" watches a whole API group and needs group`}},
+		{"a wildcard kind", "resources: [{group: example.com, version: v1, kind: '*'}]\n",
+			[]string{`resources[0].kind: "*" is not a Kind: watch a whole API group with resource: "*"`}},
+		{"the preferred version of a single resource", "resources: [{group: example.com, version: '*', resource: widgets}]\n",
+			[]string{`resources[0].version: "*" (the preferred version of each resource) is only for a whole API group`}},
+		{"excluded resources of a single resource", "resources: [{group: example.com, version: v1, resource: widgets, excludeResources: [gadgets]}]\n",
+			[]string{`resources[0].excludeResources: only applies to a whole API group (resource: "*")`}},
+		{"bad excluded resources", "resources: [{group: example.com, version: '*', resource: '*', excludeResources: [Widgets, gadgets, gadgets, 'widgets/status', '*']}]\n",
+			[]string{"resources[0].excludeResources[0]: must be a resource's plural name", `resources[0].excludeResources[2]: duplicate "gadgets"`,
+				"resources[0].excludeResources[3]: must be a resource's plural name", `resources[0].excludeResources[4]: "*" excludes every resource`}},
+		{"a group watched whole twice", "resources: [{group: example.com, version: '*', resource: '*'}, {group: example.com, version: v1, resource: '*'}]\n",
+			[]string{`resources[1].group: "example.com" is already watched whole by resources[0]`}},
 		{"several problems at once", "resources: [{version: v1, resource: pods, labelSelector: '=x', indexers: [{name: b, type: jsonPath, path: '{['}]}, {kind: lower}]\n",
 			[]string{"resources[0].labelSelector:", "resources[0].indexers[0].path:", "resources[1].version: is required", "resources[1].kind: must be a Kind"}},
 	}
@@ -402,5 +418,31 @@ func TestExcludeNamespacesLeavesNamesToTheAPIServerAndGlobsToDynwatch(t *testing
 		if got := r.Excludes(ns); got != want {
 			t.Errorf("Excludes(%q) = %v, want %v (names are the apiserver's to leave out)", ns, got, want)
 		}
+	}
+}
+
+func TestAWholeGroupIsOneEntryWhoseMembersShareItsSettings(t *testing.T) {
+	c, err := Load(writeConfig(t, `
+resources:
+  - {group: example.com, version: "*", resource: "*", excludeResources: [secrets], namespaces: [a], labelSelector: app=web, staleAfter: 5s}
+  - {group: example.com, version: v1, resource: widgets}
+webhooks: [{name: a, url: "http://127.0.0.1:1", resources: [gadgets.example.com]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := &c.Resources[0]
+	if !whole.IsWildcard() || whole.String() != "*.*.example.com" || c.Resources[1].IsWildcard() {
+		t.Fatalf("entries %s (wildcard %t) and %s (wildcard %t); want only the first a whole group", whole, whole.IsWildcard(), &c.Resources[1], c.Resources[1].IsWildcard())
+	}
+	m := whole.Member("v1beta1", "gadgets")
+	if m.String() != "gadgets.v1beta1.example.com" || m.IsWildcard() || len(m.ExcludeResources) != 0 {
+		t.Errorf("member = %s with excludeResources %v; want gadgets.v1beta1.example.com, a resource of its own", m, m.ExcludeResources)
+	}
+	if m.Labels.String() != "app=web" || m.StaleAfter != 5*time.Second || m.Namespaces[0] != "a" || m.Source != whole.Source {
+		t.Errorf("member settings %+v; want the entry's", m)
+	}
+	if whole.Version != "*" || whole.Resource != "*" {
+		t.Errorf("Member changed the entry: %s", whole)
 	}
 }

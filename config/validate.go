@@ -35,15 +35,23 @@ func (c *Config) validate() error {
 	if len(c.Resources) == 0 {
 		p.add("resources", "at least one resource must be configured")
 	}
-	seen := map[string]int{}
+	seen, wholeGroups := map[string]int{}, map[string]int{}
 	for i := range c.Resources {
 		path := fmt.Sprintf("resources[%d]", i)
 		r := &c.Resources[i]
 		r.validate(path, &p)
 		id := strings.ToLower(r.String())
-		if first, dup := seen[id]; dup {
+		first, dup := seen[id]
+		whole, dupGroup := wholeGroups[r.Group]
+		switch {
+		case dup:
 			p.add(path, "duplicate of resources[%d] (%s)", first, r)
-		} else {
+		case r.IsWildcard() && dupGroup:
+			p.add(path+".group", "%q is already watched whole by resources[%d]", r.Group, whole)
+		case r.IsWildcard():
+			wholeGroups[r.Group] = i
+			seen[id] = i
+		default:
 			seen[id] = i
 		}
 	}
@@ -158,13 +166,17 @@ func (r *Resource) validate(path string, p *problems) {
 		p.add(path, "one of resource or kind is required")
 	case r.Resource != "" && r.Kind != "":
 		p.add(path, "set resource or kind, not both")
+	case r.IsWildcard():
 	case r.Resource != "":
 		for _, msg := range validation.IsDNS1123Label(r.Resource) {
 			p.add(path+".resource", "%s", msg)
 		}
+	case r.Kind == Wildcard:
+		p.add(path+".kind", `"*" is not a Kind: watch a whole API group with resource: "*"`)
 	case !kindName.MatchString(r.Kind):
 		p.add(path+".kind", "must be a Kind such as ConfigMap, got %q", r.Kind)
 	}
+	r.validateWildcard(path, p)
 	namespaces := map[string]bool{}
 	for j, ns := range r.Namespaces {
 		npath := fmt.Sprintf("%s.namespaces[%d]", path, j)
@@ -293,5 +305,37 @@ func (r *Resource) validateExclusions(at string, p *problems) {
 			r.ExcludedNames = append(r.ExcludedNames, ns)
 		}
 		seen[ns] = true
+	}
+}
+
+// validateWildcard checks what a whole API group (resource: "*") needs and what only it may
+// have: a group other than the core one, and ExcludeResources; version "*" only with it.
+func (r *Resource) validateWildcard(at string, p *problems) {
+	if !r.IsWildcard() {
+		if r.Version == Wildcard {
+			p.add(at+".version", `"*" (the preferred version of each resource) is only for a whole API group: set resource: "*" too, or name a version`)
+		}
+		if len(r.ExcludeResources) > 0 {
+			p.add(at+".excludeResources", `only applies to a whole API group (resource: "*")`)
+		}
+		return
+	}
+	if r.Group == "" {
+		p.add(at+".resource", `"*" watches a whole API group and needs group: the core group cannot be watched whole, list its resources instead`)
+	}
+	seen := map[string]bool{}
+	for j, name := range r.ExcludeResources {
+		rpath := fmt.Sprintf("%s.excludeResources[%d]", at, j)
+		switch {
+		case seen[name]:
+			p.add(rpath, "duplicate %q", name)
+		case name == Wildcard:
+			p.add(rpath, `"*" excludes every resource: watch nothing by removing the entry instead`)
+		default:
+			for _, msg := range validation.IsDNS1123Label(name) {
+				p.add(rpath, "must be a resource's plural name, such as widgets: %s", msg)
+			}
+		}
+		seen[name] = true
 	}
 }

@@ -267,7 +267,7 @@ func (w *Webhook) validate(path string, resources []Resource, env *cel.Env, p *p
 	for j, name := range w.Resources {
 		gr := schema.ParseGroupResource(name)
 		watched := slices.ContainsFunc(resources, func(r Resource) bool {
-			return r.Group == gr.Group && (r.Resource == gr.Resource || r.Kind != "")
+			return r.Group == gr.Group && (r.Resource == gr.Resource || r.Kind != "" || r.IsWildcard())
 		})
 		if !watched {
 			p.add(fmt.Sprintf("%s.resources[%d]", path, j), "%q is not a watched resource (write resource.group, e.g. deployments.apps)", name)

@@ -4,9 +4,14 @@
 //
 // Vocabulary: the Manager resolves each configured resource through discovery, starts its
 // informers when the apiserver serves it and stops them when it no longer does (a CRD deleted),
-// and reports readiness and status. A Resource is one configured entry and its informers. An
-// Event is what a change becomes: Added, Modified (with the old object) or Deleted (with the
-// last known object, unwrapped from a DeletedFinalStateUnknown tombstone).
+// and reports readiness and status. A Resource is one configured entry and its informers. A
+// whole group is an entry with resource "*": at each discovery the Manager expands it into its
+// members, one Resource per resource of the API group (resource.version.group), each with the
+// entry's settings and a state of its own; a member Stale before its first list holds back
+// neither readiness nor the others. A member no longer served or no longer selected is retired:
+// the objects its cache still held are handed out as Deleted. An Event is what a change
+// becomes: Added, Modified (with the old object) or Deleted (with the last known object,
+// unwrapped from a DeletedFinalStateUnknown tombstone).
 //
 // With a namespaceSelector, one informer watches the resource cluster-wide and a reflector
 // follows the Namespaces the selector matches (the selection): objects of other namespaces are
@@ -19,6 +24,7 @@
 // and read-only.
 //
 // Concurrency: Subscribers are called from the informers' handler goroutines, one goroutine per
-// informer, in the order the informer saw the changes; they must return quickly and do no I/O.
+// informer, in the order the informer saw the changes, and for a retired member from the
+// Manager's goroutine once its informers have stopped; they must return quickly and do no I/O.
 // All Manager and Resource methods are safe for concurrent use.
 package dynamicinformer

@@ -38,7 +38,8 @@ type Event struct {
 	Stream string
 	// Revision is a resourceVersion, as an integer, at or after which the change happened
 	// (one resource's resourceVersions compare as integers): the object's, or for a delete
-	// that a relist found, the relist's. 0 when it is not an integer.
+	// that a relist found, the relist's. 0 when it is not an integer, or not known: the
+	// deletion of an object still cached when its whole group's member was retired.
 	Revision uint64
 	// InOrder is set for changes seen on a watch: a stream's InOrder events come in increasing
 	// Revision, and each marks the stream's progress. Initial lists and relists are not in

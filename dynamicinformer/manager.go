@@ -28,7 +28,7 @@ type Options struct {
 	Discovery   discovery.DiscoveryInterface
 	Registerer  prometheus.Registerer
 	Resources   []config.Resource
-	Interval    time.Duration // how often discovery runs while a resource is not running
+	Interval    time.Duration // how often discovery runs while a resource is not running, or always with a whole group
 	Subscribers []Subscriber
 	Now         func() time.Time // the clock; time.Now when nil
 }
@@ -50,7 +50,8 @@ type Manager struct {
 
 	reconciling sync.Mutex // held by reconcile and Update: one changes informers at a time
 	mu          sync.RWMutex
-	resources   []*Resource // in configuration order
+	resources   []*Resource // the configured entries, in configuration order
+	watched     []*Resource // what runs informers: configured resources and whole groups' members
 	byGVR       map[schema.GroupVersionResource]*Resource
 }
 
@@ -76,11 +77,15 @@ func New(o Options) (*Manager, error) {
 	for i := range o.Resources {
 		m.resources = append(m.resources, m.newResource(&o.Resources[i]))
 	}
+	m.watched = watchedOf(m.resources)
 	return m, nil
 }
 
 func (m *Manager) newResource(cfg *config.Resource) *Resource {
 	r := &Resource{cfg: cfg, name: cfg.String(), m: m, state: StatePending, events: map[EventType]counter{}, relistEvents: map[EventType]counter{}}
+	if cfg.IsWildcard() {
+		return r // a whole group: its members have the informers and the metrics
+	}
 	for _, t := range EventTypes {
 		r.events[t] = m.met.events.WithLabelValues(r.name, string(t))
 		r.relistEvents[t] = m.met.relistEvents.WithLabelValues(r.name, string(t))
@@ -89,8 +94,16 @@ func (m *Manager) newResource(cfg *config.Resource) *Resource {
 	return r
 }
 
-// Resources returns every configured resource, in configuration order.
+// Resources returns every watched resource, in configuration order: the configured ones, and
+// in place of a whole group (resource: "*") the members discovery found, in name order.
 func (m *Manager) Resources() []*Resource {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.watched
+}
+
+// entries returns the configured entries, whole groups as one each, in configuration order.
+func (m *Manager) entries() []*Resource {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return m.resources
@@ -99,7 +112,9 @@ func (m *Manager) Resources() []*Resource {
 // Update applies a new resource configuration while running. A resource configured as before
 // keeps its informers and cache and emits nothing. A changed one is stopped and started again
 // with its new configuration; a removed one is stopped; a new one starts. Resources are
-// matched by name (resource.version.group).
+// matched by name (resource.version.group, *.version.group for a whole group). A changed whole
+// group keeps its members until the next discovery, which restarts them with the new
+// configuration or drops those it no longer selects.
 func (m *Manager) Update(resources []config.Resource) {
 	m.reconciling.Lock()
 	defer m.reconciling.Unlock()
@@ -118,18 +133,25 @@ func (m *Manager) Update(resources []config.Resource) {
 			next = append(next, r)
 			continue
 		}
-		if ok {
+		n := m.newResource(cfg)
+		switch {
+		case ok && cfg.IsWildcard(): // the same name: both whole groups
+			n.members = r.members // the next discovery restarts or drops them
+		case ok:
 			stopped = append(stopped, r)
 		}
-		next = append(next, m.newResource(cfg))
+		next = append(next, n)
 	}
+	var removed []string
 	for _, r := range old {
-		stopped = append(stopped, r)
-		m.met.forget(r.name)
+		for _, x := range r.informed() {
+			stopped = append(stopped, x)
+			removed = append(removed, x.name)
+		}
 	}
-	m.resources = next
+	m.resources, m.watched = next, watchedOf(next)
 	for gvr, r := range m.byGVR {
-		if !slices.Contains(next, r) {
+		if !slices.Contains(m.watched, r) {
 			delete(m.byGVR, gvr)
 		}
 	}
@@ -137,6 +159,7 @@ func (m *Manager) Update(resources []config.Resource) {
 	for _, r := range stopped {
 		r.stopInformers()
 	}
+	m.forget(removed...)
 	m.Nudge()
 }
 
@@ -161,8 +184,9 @@ func (m *Manager) Nudge() {
 
 // Run resolves the configured resources through discovery and runs their informers until ctx
 // ends; then it stops every informer and returns nil. While any resource is not running
-// (not served yet, discovery failing) discovery runs again every interval, and at once when
-// a watch reports its resource gone.
+// (not served yet, discovery failing), and always when a whole group is configured (its
+// resources may come and go), discovery runs again every interval, and at once when a watch
+// reports its resource gone.
 func (m *Manager) Run(ctx context.Context) error {
 	defer func() {
 		for _, r := range m.Resources() {
@@ -186,8 +210,10 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 }
 
+// allRunning reports whether every configured entry runs its informers; a whole group never
+// does itself, so that discovery keeps looking for its members.
 func (m *Manager) allRunning() bool {
-	for _, r := range m.Resources() {
+	for _, r := range m.entries() {
 		if !r.running() {
 			return false
 		}
@@ -196,26 +222,30 @@ func (m *Manager) allRunning() bool {
 }
 
 // Ready reports whether every resource the apiserver serves has synced, and if not, which
-// resources are holding readiness back and why.
+// resources are holding readiness back and why. A Stale member of a whole group does not: its
+// group's other resources are served without it.
 func (m *Manager) Ready() (bool, []string) {
 	if !m.discovered.Load() {
 		return false, []string{"discovery has not succeeded yet"}
 	}
 	var laggards []string
 	for _, r := range m.Resources() {
-		if st := r.State(); st == StatePending || st == StateSyncing || st == StateStale {
+		if st := r.State(); st == StatePending || st == StateSyncing || (st == StateStale && r.parent == nil) {
 			laggards = append(laggards, fmt.Sprintf("%s: %s", r.name, st))
 		}
 	}
 	return len(laggards) == 0, laggards
 }
 
-// Status reports every configured resource, in configuration order.
+// Status reports every configured resource, in configuration order; a whole group as itself,
+// followed by its members.
 func (m *Manager) Status() []Status {
-	resources := m.Resources()
-	out := make([]Status, 0, len(resources))
-	for _, r := range resources {
-		out = append(out, r.Status())
+	m.mu.RLock()
+	entries, watched := m.resources, m.watched
+	m.mu.RUnlock()
+	out := make([]Status, 0, len(entries)+len(watched))
+	for _, r := range entries {
+		out = append(out, m.statusOf(r)...)
 	}
 	return out
 }
@@ -224,7 +254,7 @@ func (m *Manager) Status() []Status {
 func (m *Manager) reconcile(ctx context.Context) {
 	m.reconciling.Lock()
 	defer m.reconciling.Unlock()
-	resources := m.Resources()
+	resources := m.entries()
 	served, err := m.serve()
 	if err != nil {
 		m.met.discoveryFailures.Inc()
@@ -246,7 +276,10 @@ func (m *Manager) reconcile(ctx context.Context) {
 	}
 	byGVR := map[schema.GroupVersionResource]*Resource{}
 	for _, r := range resources {
-		api, gvr, reason := resolve(served, r.cfg)
+		if r.cfg.IsWildcard() {
+			continue // after every resource configured alone, which it leaves out
+		}
+		api, gvr, reason := resolve(served.resources, r.cfg)
 		if reason != "" {
 			r.stopInformers()
 			r.setState(StateNotServed, reason)
@@ -275,30 +308,50 @@ func (m *Manager) reconcile(ctx context.Context) {
 			}
 		}
 	}
-	m.mu.Lock()
-	m.byGVR = byGVR
-	m.mu.Unlock()
+	m.expandGroups(ctx, served, byGVR)
 }
 
-// serve returns the resources the apiserver serves, by group/version. A discovery failure of
-// some groups (a broken aggregated API) is logged, and the groups that answered are used.
-func (m *Manager) serve() (map[schema.GroupVersion][]metav1.APIResource, error) {
-	_, lists, err := m.discovery.ServerGroupsAndResources()
+// served is what discovery found.
+type served struct {
+	resources map[schema.GroupVersion][]metav1.APIResource
+	// versions lists each group's versions, the preferred one first, then in discovery's order.
+	versions map[string][]string
+	// failed holds the group versions whose discovery failed: what they serve is unknown.
+	failed map[schema.GroupVersion]bool
+}
+
+// serve returns what the apiserver serves. A discovery failure of some groups (a broken
+// aggregated API) is logged, and the groups that answered are used.
+func (m *Manager) serve() (served, error) {
+	groups, lists, err := m.discovery.ServerGroupsAndResources()
+	out := served{resources: map[schema.GroupVersion][]metav1.APIResource{}, versions: map[string][]string{}, failed: map[schema.GroupVersion]bool{}}
 	if err != nil {
-		if !discovery.IsGroupDiscoveryFailedError(err) {
-			return nil, fmt.Errorf("discover served resources: %w", err)
+		var partial *discovery.ErrGroupDiscoveryFailed
+		if !errors.As(err, &partial) {
+			return served{}, fmt.Errorf("discover served resources: %w", err)
 		}
 		m.log.Warn("discovery failed for some groups", "err", err)
+		for gv := range partial.Groups {
+			out.failed[gv] = true
+		}
 	}
-	served := map[schema.GroupVersion][]metav1.APIResource{}
 	for _, list := range lists {
 		gv, perr := schema.ParseGroupVersion(list.GroupVersion)
 		if perr != nil {
-			return nil, errors.Join(err, perr)
+			return served{}, errors.Join(err, perr)
 		}
-		served[gv] = list.APIResources
+		out.resources[gv] = list.APIResources
 	}
-	return served, nil
+	for _, g := range groups {
+		versions := []string{g.PreferredVersion.Version}
+		for _, v := range g.Versions {
+			if v.Version != g.PreferredVersion.Version {
+				versions = append(versions, v.Version)
+			}
+		}
+		out.versions[g.Name] = versions
+	}
+	return out, nil
 }
 
 // resolve finds the configured resource among the served ones, or says why it is not served.

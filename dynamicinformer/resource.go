@@ -41,8 +41,12 @@ const (
 	StateSynced State = "Synced"
 	// StateStale: informers have synced, but their list and watch have kept failing
 	// (forbidden, not found, unreachable) for longer than the resource's staleAfter. The cache
-	// holds the last data seen; queries are answered from it with a Warning.
+	// holds the last data seen; queries are answered from it with a Warning. A member of a
+	// whole group is Stale too when its initial list has failed that long.
 	StateStale State = "Stale"
+	// StateExpanded: a whole group (resource: "*") whose group discovery serves: each of its
+	// members is a resource of its own.
+	StateExpanded State = "Expanded"
 )
 
 // Resource is one configured resource and, while the apiserver serves it, its informers.
@@ -50,6 +54,10 @@ type Resource struct {
 	cfg  *config.Resource
 	name string
 	m    *Manager
+	// parent is the whole group this resource is a member of; nil for a configured one.
+	parent *Resource
+	// members are a whole group's resources, in name order; guarded by the Manager's mu.
+	members []*Resource
 
 	objects      atomic.Int64 // objects in the cache, counted by the handlers
 	lastEvent    atomic.Int64 // unix nanoseconds of the last event, 0 if none
@@ -135,7 +143,7 @@ func (r *Resource) stateReasonLocked() (State, string) {
 	}
 	for _, ni := range r.informers {
 		if !ni.registration.HasSynced() {
-			return StateSyncing, r.reason
+			return r.syncingLocked()
 		}
 	}
 	if r.selection != nil {
@@ -518,6 +526,10 @@ type Status struct {
 	Indexers   []string   `json:"indexers"`
 	LastEvent  *time.Time `json:"lastEventTime,omitempty"`
 	LastError  string     `json:"lastError,omitempty"`
+	// Entry is, for a member of a whole group, that group's entry (*.version.group).
+	Entry string `json:"entry,omitempty"`
+	// Members are, for a whole group, the resources it watches now.
+	Members []string `json:"members,omitempty"`
 }
 
 // Status reports the resource's state, object count, indexers, last event and last error.
@@ -539,6 +551,9 @@ func (r *Resource) Status() Status {
 		Objects:    r.objects.Load(),
 		Indexers:   []string{config.NamespaceIndex},
 		LastError:  r.lastError,
+	}
+	if r.parent != nil {
+		s.Entry = r.parent.name
 	}
 	for _, ix := range r.cfg.Indexers {
 		s.Indexers = append(s.Indexers, ix.Name)

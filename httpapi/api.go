@@ -258,9 +258,12 @@ func (a *api) serve(c *gin.Context) {
 			return
 		}
 	}
-	switch res.State() {
-	case dynamicinformer.StateSynced:
-	case dynamicinformer.StateStale:
+	switch st := res.State(); {
+	case st == dynamicinformer.StateSynced:
+	case st == dynamicinformer.StateStale && !res.Listed():
+		writeStatus(w, apierrors.NewServiceUnavailable(res.Name()+" has never been listed: its list keeps failing"))
+		return
+	case st == dynamicinformer.StateStale:
 		// Kubernetes' warning format (RFC 7234 299), which kubectl and client-go print.
 		c.Header("Warning", `299 - "dynwatch: the data of `+res.Name()+` is stale: its list and watch keep failing"`)
 	default:

@@ -159,6 +159,12 @@ func TestBadValuesAreRefused(t *testing.T) {
 			t.Errorf("helm template = %v; want the namespace message", err)
 		}
 	})
+	t.Run("a whole group without a group", func(t *testing.T) {
+		_, err := helm(t, "template", "dw", chartDir, "--set", "config.resources[0].version=v1", "--set", "config.resources[0].resource=*")
+		if err == nil || !strings.Contains(err.Error(), `config.resources[0]: resource "*" watches a whole API group and needs group`) {
+			t.Errorf("helm template = %v; want the whole group message", err)
+		}
+	})
 	t.Run("a resource named by kind only", func(t *testing.T) {
 		_, err := helm(t, "template", "dw", chartDir, "--set", "config.resources[0].version=v1", "--set", "config.resources[0].kind=Pod", "--skip-schema-validation")
 		if err == nil || !strings.Contains(err.Error(), "config.resources[0]: the chart derives RBAC from `resource`") {
@@ -279,31 +285,9 @@ config:
 		t.Fatal(err)
 	}
 	objs := objects(t, render(t, release, "-f", values))
-	var rbac []*unstructured.Unstructured
-	for _, o := range objs {
-		if slices.Contains([]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}, o.GetKind()) ||
-			o.GetKind() == "ConfigMap" && o.GetName() == "dw-dynwatch-checkpoints" {
-			rbac = append(rbac, o)
-		}
-	}
-	kinds := map[string]int{}
-	for _, o := range rbac {
-		kinds[o.GetKind()]++
-	}
+	kinds := applyRBAC(t, objs)
 	if kinds["Role"] != 2 || kinds["RoleBinding"] != 2 || kinds["ClusterRole"] != 1 || kinds["ClusterRoleBinding"] != 2 || kinds["ServiceAccount"] != 1 {
 		t.Fatalf("rendered RBAC objects %v; want a Role and binding for %s and for leader election, a ClusterRole and binding for gadgets, and the auth-delegator binding", kinds, watched)
-	}
-	var manifest bytes.Buffer
-	for _, o := range rbac {
-		b, _ := o.MarshalJSON()
-		manifest.Write(append(b, '\n'))
-	}
-	path := filepath.Join(t.TempDir(), "rbac.json")
-	if err := os.WriteFile(path, manifest.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", path); err != nil {
-		t.Fatalf("%v\n%s", err, out)
 	}
 
 	// Something to checkpoint.
@@ -360,10 +344,7 @@ config:
 	}
 
 	// And no more than it needs.
-	tests := []struct {
-		verb, group, resource, namespace, name string
-		allowed                                bool
-	}{
+	checkAccess(t, release, []access{
 		{"list", "", "configmaps", watched, "", true},
 		{"watch", "", "configmaps", watched, "", true},
 		{"list", "lp.example.com", "gadgets", "", "", true},
@@ -391,10 +372,47 @@ config:
 		{"update", "", "configmaps", release, "dw-dynwatch-checkpoints", true},
 		{"update", "", "configmaps", release, "dw-dynwatch", false},
 		{"delete", "", "configmaps", release, "dw-dynwatch-checkpoints", false},
+	})
+}
+
+// applyRBAC applies the rendering's ServiceAccount, roles, bindings, Lease and checkpoint
+// ConfigMap to the test bed, and counts them by kind.
+func applyRBAC(t *testing.T, objs []*unstructured.Unstructured) map[string]int {
+	t.Helper()
+	kinds := map[string]int{}
+	var manifest bytes.Buffer
+	for _, o := range objs {
+		if slices.Contains([]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}, o.GetKind()) ||
+			o.GetKind() == "ConfigMap" && o.GetName() == "dw-dynwatch-checkpoints" {
+			kinds[o.GetKind()]++
+			b, _ := o.MarshalJSON()
+			manifest.Write(append(b, '\n'))
+		}
 	}
+	path := filepath.Join(t.TempDir(), "rbac.json")
+	if err := os.WriteFile(path, manifest.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", path); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return kinds
+}
+
+// access is one request the release's ServiceAccount may or may not make.
+type access struct {
+	verb, group, resource, namespace, name string
+	allowed                                bool
+}
+
+// checkAccess asks the apiserver, with a SubjectAccessReview each, whether the ServiceAccount
+// dw-dynwatch of the release's namespace may make each request.
+func checkAccess(t *testing.T, release string, tests []access) {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	for _, tt := range tests {
 		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:   sa,
+			User:   "system:serviceaccount:" + release + ":dw-dynwatch",
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + release, "system:authenticated"},
 			ResourceAttributes: &authorizationv1.ResourceAttributes{
 				Verb: tt.verb, Group: tt.group, Resource: tt.resource, Namespace: tt.namespace, Name: tt.name,
@@ -405,9 +423,48 @@ config:
 			t.Fatal(err)
 		}
 		if got.Status.Allowed != tt.allowed {
-			t.Errorf("%s %s.%s in %q: allowed=%v, want %v", tt.verb, tt.resource, tt.group, tt.namespace, got.Status.Allowed, tt.allowed)
+			t.Errorf("%s %s.%s %q in %q: allowed=%v, want %v", tt.verb, tt.resource, tt.group, tt.name, tt.namespace, got.Status.Allowed, tt.allowed)
 		}
 	}
+}
+
+func TestAWholeGroupIsGrantedWholeAndNothingBeside(t *testing.T) {
+	release, watched, other := "dynwatch-wg", "wg-watched", "wg-other"
+	for _, ns := range []string{release, watched, other} {
+		namespace(t, ns)
+	}
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte(fmt.Sprintf(`
+config:
+  resources:
+    - {group: wg.example.com, version: "*", resource: "*", excludeResources: [secretwidgets], namespaces: [%s]}
+`, watched)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs := objects(t, render(t, release, "-f", values))
+	if _, err := loadRendered(t, objs); err != nil {
+		t.Fatalf("the rendered config does not load: %v", err)
+	}
+	if kinds := applyRBAC(t, objs); kinds["Role"] != 2 || kinds["ClusterRole"] != 1 {
+		t.Fatalf("rendered RBAC objects %v; want a Role for %s and for leader election, and a ClusterRole for the CRDs", kinds, watched)
+	}
+	checkAccess(t, release, []access{
+		{"list", "wg.example.com", "widgets", watched, "", true},
+		{"watch", "wg.example.com", "gadgets", watched, "", true},
+		{"get", "wg.example.com", "gadgets", watched, "g1", true},
+		{"list", "wg.example.com", "secretwidgets", watched, "", true}, // RBAC cannot deny: documented
+		{"list", "wg.example.com", "widgets", other, "", false},
+		{"list", "wg.example.com", "widgets", "", "", false},
+		{"delete", "wg.example.com", "widgets", watched, "w1", false},
+		{"create", "wg.example.com", "widgets", watched, "", false},
+		{"list", "other.example.com", "widgets", watched, "", false},
+		{"list", "apps", "deployments", watched, "", false},
+		{"list", "", "configmaps", watched, "", false},
+		{"get", "apiextensions.k8s.io", "customresourcedefinitions", "", "widgets.wg.example.com", true},
+		{"list", "apiextensions.k8s.io", "customresourcedefinitions", "", "", false},
+		{"list", "", "events", watched, "", true}, // kubectl describe
+		{"list", "", "events", other, "", false},
+	})
 }
 
 func TestTwoReplicasInAStatefulSetWithAVolumeEachAndOneAllowedDown(t *testing.T) {

@@ -120,6 +120,9 @@ Lease and checkpoint ConfigMap this chart creates. Settings given in config.lead
 {{/*
 The RBAC rules derived from config.resources, as a dict: "" → cluster-wide rules (resources
 with no namespaces), namespace → rules for that namespace. Each rule grants get/list/watch.
+A whole group (resource: "*") is granted whole, resources: ["*"] in its group: RBAC has no
+deny rules, so its excludeResources are granted too; and its CRDs' names are not known in
+advance, so `get` on CustomResourceDefinitions is granted without resourceNames.
 */}}
 {{- define "dynwatch.rbacRules" -}}
 {{- $rules := dict }}
@@ -127,7 +130,12 @@ with no namespaces), namespace → rules for that namespace. Each rule grants ge
 {{- if not $r.resource }}
 {{- fail (printf "config.resources[%d]: the chart derives RBAC from `resource` (the plural name); set resource instead of kind" $i) }}
 {{- end }}
-{{- $rule := dict "apiGroups" (list (default "" $r.group)) "resources" (list $r.resource) "verbs" (list "get" "list" "watch") }}
+{{- $group := default "" $r.group }}
+{{- $whole := eq $r.resource "*" }}
+{{- if and $whole (not $group) }}
+{{- fail (printf "config.resources[%d]: resource \"*\" watches a whole API group and needs group: the core group cannot be watched whole" $i) }}
+{{- end }}
+{{- $rule := dict "apiGroups" (list $group) "resources" (list $r.resource) "verbs" (list "get" "list" "watch") }}
 {{- $namespaces := default (list "") $r.namespaces }}
 {{- range $ns := $namespaces }}
 {{- $_ := set $rules $ns (append (get $rules $ns | default list) $rule) }}
@@ -139,9 +147,12 @@ with no namespaces), namespace → rules for that namespace. Each rule grants ge
 {{- $_ := set $rules "" (append (get $rules "" | default list) $nsRule) }}
 {{- end }}
 {{- end }}
-{{- if contains "." (default "" $r.group) }}
+{{- if contains "." $group }}
 {{- /* A custom resource's printer columns and selectable fields are read from its CRD. */}}
-{{- $crd := dict "apiGroups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "resourceNames" (list (printf "%s.%s" $r.resource $r.group)) "verbs" (list "get") }}
+{{- $crd := dict "apiGroups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "verbs" (list "get") }}
+{{- if not $whole }}
+{{- $_ := set $crd "resourceNames" (list (printf "%s.%s" $r.resource $group)) }}
+{{- end }}
 {{- $_ := set $rules "" (append (get $rules "" | default list) $crd) }}
 {{- end }}
 {{- end }}
