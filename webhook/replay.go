@@ -19,7 +19,7 @@ import (
 const replayPageSize = 100
 
 // replayPoll is how often a replay looks again at a resource whose initial lists have not
-// been recorded yet, or, without a state store, at a queue without room for a page.
+// been recorded yet, or at a queue still busy with the last page.
 const replayPoll = 50 * time.Millisecond
 
 // startReplay starts handing s the current objects, if the journal says it is to have them
@@ -100,22 +100,27 @@ func (d *Dispatcher) replayResource(ctx context.Context, s *Sink, st journal.Rep
 }
 
 // syncedResource waits until the resource gvr's informers have synced and the journal has
-// recorded their initial lists, and returns it; nil if no running resource is gvr.
+// recorded their initial lists, and returns it; nil if, once discovery has placed every
+// resource, no running resource is gvr.
 func (d *Dispatcher) syncedResource(ctx context.Context, gvr schema.GroupVersionResource) (*dynamicinformer.Resource, error) {
 	tick := time.NewTicker(replayPoll)
 	defer tick.Stop()
 	for {
 		var found *dynamicinformer.Resource
+		pending := false
 		for _, r := range d.resources() {
 			if g, _, running := r.API(); running && g == gvr {
 				found = r
 			}
+			pending = pending || r.State() == dynamicinformer.StatePending
 		}
-		if found == nil {
+		if found == nil && !pending {
 			return nil, nil
 		}
-		if st := found.State(); (st == dynamicinformer.StateSynced || st == dynamicinformer.StateStale) && d.journal.Synced(gvr) {
-			return found, nil
+		if found != nil && d.journal.Synced(gvr) {
+			if st := found.State(); st == dynamicinformer.StateSynced || st == dynamicinformer.StateStale {
+				return found, nil
+			}
 		}
 		select {
 		case <-tick.C:
@@ -125,16 +130,16 @@ func (d *Dispatcher) syncedResource(ctx context.Context, gvr schema.GroupVersion
 	}
 }
 
-// pageSize is how many objects to read next. Without a state store, a full queue would
-// dead-letter what it cannot take, so it waits for the queue to have room for a page.
+// pageSize is how many objects to read next, once the sink's queue holds less than a page:
+// the replay goes at the pace of the sink's deliveries, holding about a page in memory, and
+// its recording and sending are spread over the time the sink takes rather than heaped up in
+// front of the other sinks' events. (Without a state store, a full queue would also
+// dead-letter what it cannot take.)
 func (d *Dispatcher) pageSize(ctx context.Context, s *Sink) (int, error) {
-	if d.journal.Durable() {
-		return replayPageSize, nil
-	}
 	size := max(1, min(replayPageSize, s.cfg().QueueSize))
 	tick := time.NewTicker(replayPoll)
 	defer tick.Stop()
-	for s.queue.Room() < size {
+	for s.queue.Len() >= size || s.queue.Room() < size {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
