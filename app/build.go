@@ -60,7 +60,8 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 		}
 		election, status = elector, func() any { return elector.Status() }
 	}
-	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, StatePath: cfg.State.Path, Election: election, ShutdownTimeout: cfg.ShutdownTimeout}); err != nil {
+	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, StatePath: cfg.State.Path, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
+		Resources: func() []*dynamicinformer.Resource { return s.informers.Resources() }}); err != nil {
 		return nil, err
 	}
 	defer func() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path"
 	"reflect"
 	"slices"
@@ -368,6 +369,13 @@ func (c *Config) setSources(v *viper.Viper) error {
 			return fmt.Errorf("%s: decoded %d entries from %d", key, n, len(raw))
 		}
 		for i, entry := range raw {
+			if m, ok := entry.(map[string]any); ok && key == "webhooks" {
+				// Whether a sink replays matters only when it is first seen: turning it on or
+				// off changes nothing of a running sink.
+				m = maps.Clone(m)
+				delete(m, "initialstate")
+				entry = m
+			}
 			b, err := json.Marshal(entry)
 			if err != nil {
 				return fmt.Errorf("%s[%d]: %w", key, i, err)

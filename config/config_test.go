@@ -446,3 +446,27 @@ webhooks: [{name: a, url: "http://127.0.0.1:1", resources: [gadgets.example.com]
 		t.Errorf("Member changed the entry: %s", whole)
 	}
 }
+
+// TestTurningInitialStateOnOrOffLeavesAWebhookTheSame: initialState matters only when a sink
+// is first seen, so a reload that changes nothing else restarts nothing; any other change
+// still does.
+func TestTurningInitialStateOnOrOffLeavesAWebhookTheSame(t *testing.T) {
+	load := func(extra string) *Webhook {
+		t.Helper()
+		c, err := Load(writeConfig(t, "resources: [{version: v1, resource: configmaps}]\nwebhooks: [{name: a, url: 'http://127.0.0.1:1/'"+extra+"}]\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &c.Webhooks[0]
+	}
+	off, on := load(""), load(", initialState: true")
+	if off.InitialState || !on.InitialState {
+		t.Fatalf("initialState parsed as %v and %v; want false and true", off.InitialState, on.InitialState)
+	}
+	if !off.Same(on) {
+		t.Errorf("turning initialState on makes another sink: %s vs %s", off.Source, on.Source)
+	}
+	if other := load(", initialState: true, workers: 2"); on.Same(other) {
+		t.Errorf("a change of workers beside initialState is not seen: %s", other.Source)
+	}
+}

@@ -52,8 +52,13 @@ type Webhook struct {
 	// AllowCredentialsOverHTTP permits a bearer token or signing secret with a plain http://
 	// URL to a host other than loopback, where anyone on the path can read or replay them.
 	AllowCredentialsOverHTTP bool `mapstructure:"allowCredentialsOverHTTP"`
+	// InitialState hands a sink, when it is first configured (at start, or added by a
+	// reload), every current object its filters select as ADDED, before each object's later
+	// changes. It applies once, to a sink dynwatch has not seen before: setting it on a sink
+	// already configured replays nothing, and it is not part of Source.
+	InitialState bool `mapstructure:"initialState"`
 
-	// Source is the entry as written in the file, canonically encoded.
+	// Source is the entry as written in the file, canonically encoded, without initialState.
 	Source string `mapstructure:"-"`
 	// Parsed by Load.
 	Endpoint       *url.URL               `mapstructure:"-"`

@@ -65,6 +65,10 @@ type Resource struct {
 	relistEvents map[EventType]counter
 	watchErrs    counter
 
+	// emitting is read-held by the handlers around each update of the order and its event,
+	// and held by Page: see snapshot.go.
+	emitting sync.RWMutex
+
 	mu        sync.RWMutex
 	state     State
 	reason    string
@@ -453,6 +457,8 @@ func (r *Resource) onWatchError(ctx context.Context, reflector *cache.Reflector,
 func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relist *relisted, ord *order) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc: func(obj any, isInInitialList bool) {
+			r.emitting.RLock()
+			defer r.emitting.RUnlock()
 			if u, ok := obj.(*unstructured.Unstructured); ok {
 				ord.set(u)
 				r.objects.Add(1)
@@ -465,6 +471,8 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
+			r.emitting.RLock()
+			defer r.emitting.RUnlock()
 			o, ok1 := oldObj.(*unstructured.Unstructured)
 			n, ok2 := newObj.(*unstructured.Unstructured)
 			if ok2 {
@@ -481,6 +489,8 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 			r.emit(Event{Type: Modified, Resource: gvr, Object: n, OldObject: o, Stream: stream, Revision: object.Revision(n.GetResourceVersion()), InOrder: inOrder})
 		},
 		DeleteFunc: func(obj any) {
+			r.emitting.RLock()
+			defer r.emitting.RUnlock()
 			tombstone, fromRelist := obj.(cache.DeletedFinalStateUnknown)
 			if fromRelist {
 				obj = tombstone.Obj

@@ -88,7 +88,9 @@ func (j *Journal) committed(b *batch) {
 // whose initial lists have synced: the revision just below its oldest entry still in the
 // outbox, and no further than every stream of the resource has been recorded, nor than any
 // of its events the preselector still holds. They hold for
-// a replica that delivers: what it has not delivered is in its outboxes.
+// a replica that delivers: what it has not delivered is in its outboxes. A target has none
+// before the journal has seen it, nor for a resource it has still to be replayed (its
+// initialState): the objects yet to replay are older than the events after them.
 func (j *Journal) Checkpoints() Checkpoints {
 	targets := j.targets()
 	j.idx.Lock()
@@ -96,8 +98,13 @@ func (j *Journal) Checkpoints() Checkpoints {
 	cp := Checkpoints{}
 	for _, t := range targets {
 		byResource := map[schema.GroupVersionResource]uint64{}
+		cp[t.Name()] = byResource
+		seen, ok := j.seen[t.Name()]
+		if !ok || seen.target != t {
+			continue
+		}
 		for gvr, p := range j.progress {
-			if !p.synced {
+			if !p.synced || seen.replaying[gvr] {
 				continue
 			}
 			reach, first := uint64(0), true
@@ -118,7 +125,6 @@ func (j *Journal) Checkpoints() Checkpoints {
 				byResource[x.resource] = x.revision - 1
 			}
 		}
-		cp[t.Name()] = byResource
 	}
 	return cp
 }

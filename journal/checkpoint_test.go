@@ -22,6 +22,7 @@ type target struct{ entries []Entry }
 func (*target) Name() string                                { return "sink" }
 func (*target) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
 func (t *target) Queue(e Entry)                             { t.entries = append(t.entries, e) }
+func (*target) InitialState() bool                          { return false }
 
 func newJournal(t *testing.T) (*Journal, *target) {
 	t.Helper()

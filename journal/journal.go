@@ -46,12 +46,18 @@ type Journal struct {
 	// Owned by the goroutine that flushes.
 	seq   uint64
 	lists map[schema.GroupVersionResource]*listing
-	floor Checkpoints // the checkpoints Trim was given: what they cover is not recorded
+	floor Checkpoints            // the checkpoints Trim was given: what they cover is not recorded
+	sinks map[string]*sinkReplay // every target seen, by name: where its initialState replay stands
+	first bool                   // no batch has been applied yet
+	// listsCoverAll: the initial lists hand the first batch's targets every object as ADDED
+	// (no store, a new one, or one without sink records), so none of them replays.
+	listsCoverAll bool
 
 	// What is committed, read by Checkpoints and OutboxLen.
 	idx      sync.Mutex
 	outbox   map[string]map[uint64]indexed // sink → sequence → entry
 	progress map[schema.GroupVersionResource]*progress
+	seen     map[string]sinkView // the sinks' replay states as committed
 }
 
 // Target is a sink as the journal sees it.
@@ -65,6 +71,9 @@ type Target interface {
 	// Queue is handed each entry recorded for the sink once it is committed, in order, from
 	// the journal's goroutine; it must not block.
 	Queue(Entry)
+	// InitialState reports whether the sink, when the journal first sees it, is to be handed
+	// every current object as ADDED (see ReplayPage).
+	InitialState() bool
 }
 
 // Options are a Journal's dependencies.
@@ -96,6 +105,8 @@ const (
 	opDropSink   // a sink's outbox is empty and the sink gone: remove the outbox
 	opRemoveSink // a sink is removed: hand it to retired once what was queued for it is committed
 	opTrim       // checkpoints: remove the outbox entries they acknowledge
+	opReplay     // a page of current objects for one target's initialState
+	opReplayStatus
 )
 
 type op struct {
@@ -106,11 +117,15 @@ type op struct {
 	sink     string
 	seq      uint64
 	deadline time.Time
-	target   Target       // opRemoveSink
-	streams  []string     // opListStarted
-	revision uint64       // opListSynced
-	cp       Checkpoints  // opTrim
-	pre      *preselected // opEvent: what the preselector computed; nil for the writer to
+	target   Target                       // opRemoveSink
+	streams  []string                     // opListStarted
+	revision uint64                       // opListSynced
+	cp       Checkpoints                  // opTrim
+	pre      *preselected                 // opEvent: what the preselector computed; nil for the writer to
+	objects  []*unstructured.Unstructured // opReplay
+	complete bool                         // opReplay: the resource's last page
+	replayed chan<- int                   // opReplay: how many entries, once committed
+	status   chan<- ReplayStatus          // opReplayStatus
 }
 
 // listing is a resource's initial list being compared with the stored state.
@@ -135,6 +150,8 @@ type batch struct {
 	progress []step
 	finished []schema.GroupVersionResource
 	retired  []Target
+	sinks    bool     // a replay state changed
+	replies  []func() // answers to send once committed
 }
 
 type added struct {
@@ -161,7 +178,8 @@ func New(o Options) (*Journal, error) {
 	}
 	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
-		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{}}
+		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
+		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords}
 	if st != nil {
 		j.seq = st.lastSequence()
 		idx, err := st.outboxIndex()
@@ -464,12 +482,15 @@ func (j *Journal) flushBatch() error {
 	if len(ops) == 0 {
 		return nil
 	}
-	seq := j.seq
+	seq, sinks, first := j.seq, j.sinks, j.first
 	var b batch
 	apply := func(tx *bolt.Tx) error {
-		j.seq = seq
+		j.seq, j.sinks, j.first = seq, cloneSinks(sinks), first
 		b = batch{}
 		targets := j.targets()
+		if err := j.see(tx, targets, &b); err != nil {
+			return fmt.Errorf("note the sinks: %w", err)
+		}
 		for _, o := range ops {
 			if err := j.apply(tx, targets, o, &b); err != nil {
 				j.m.writeErrors.Inc()
@@ -487,7 +508,7 @@ func (j *Journal) flushBatch() error {
 	if j.store == nil {
 		_ = apply(nil)
 	} else if err := j.store.db.Update(apply); err != nil {
-		j.seq = seq
+		j.seq, j.sinks, j.first = seq, sinks, first
 		j.m.commitErrors.Inc()
 		msg := fmt.Sprintf("state store %s: commit failed: %v", j.store.Path, err)
 		if j.failure.Swap(&msg) == nil {
@@ -504,6 +525,9 @@ func (j *Journal) flushBatch() error {
 		}
 	}
 	j.committed(&b)
+	if b.sinks {
+		j.publishSinks()
+	}
 	if j.pre != nil {
 		for _, o := range ops {
 			if o.pre != nil {
@@ -520,6 +544,9 @@ func (j *Journal) flushBatch() error {
 	for _, t := range b.retired {
 		j.retired(t)
 	}
+	for _, reply := range b.replies {
+		reply()
+	}
 	return nil
 }
 
@@ -531,6 +558,8 @@ func (o op) String() string {
 		return "list " + object.ResourceName(o.gvr)
 	case opTrim:
 		return "trim to checkpoints"
+	case opReplay, opReplayStatus:
+		return fmt.Sprintf("initialState of %s: %s", o.target.Name(), object.ResourceName(o.gvr))
 	default:
 		return fmt.Sprintf("outbox %s entry %d", o.sink, o.seq)
 	}
@@ -571,6 +600,14 @@ func (j *Journal) apply(tx *bolt.Tx, targets []Target, o op, b *batch) error {
 		}
 	case opRemoveSink:
 		b.retired = append(b.retired, o.target)
+		err = j.forget(tx, o.target, b)
+	case opReplay:
+		var n int
+		n, err = j.applyReplay(tx, o, b)
+		b.replies = append(b.replies, func() { o.replayed <- n })
+	case opReplayStatus:
+		st := j.status(o.target)
+		b.replies = append(b.replies, func() { o.status <- st })
 	}
 	return err
 }
@@ -686,7 +723,7 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 			v.selected, v.err = t.Selects(e)
 		}
 		selected, filterErr := v.selected, v.err
-		if !selected {
+		if !selected || !j.delivers(t, e) {
 			continue
 		}
 		if tx != nil && e.Revision != 0 && e.Revision <= j.floor[t.Name()][e.Resource] {

@@ -21,6 +21,7 @@ type syncTarget struct {
 
 func (*syncTarget) Name() string                                { return "sink" }
 func (*syncTarget) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
+func (*syncTarget) InitialState() bool                          { return false }
 func (t *syncTarget) Queue(e Entry) {
 	t.mu.Lock()
 	t.entries = append(t.entries, e)

@@ -23,7 +23,8 @@ type costly struct {
 	queued  []string
 }
 
-func (*costly) Name() string { return "sink" }
+func (*costly) Name() string       { return "sink" }
+func (*costly) InitialState() bool { return false }
 
 func (c *costly) Selects(e dynamicinformer.Event) (bool, error) {
 	if e.Object.GetName() == "big" {

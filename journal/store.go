@@ -22,20 +22,22 @@ import (
 )
 
 // The store's layout: objects/<resource name>/<key> → stored object, outbox/<sink>/<sequence>
-// → outbox entry, and meta/format → the store's format. Resource names, keys and ordering keys
-// are package object's. Sequences are big-endian, so a cursor walks an outbox oldest first.
+// → outbox entry, sinks/<sink> → where its initialState replay stands (see replayRecord), and
+// meta/format → the store's format. Resource names, keys and ordering keys are package
+// object's. Sequences are big-endian, so a cursor walks an outbox oldest first.
 var (
 	objectsBucket = []byte("objects")
 	outboxBucket  = []byte("outbox")
+	sinksBucket   = []byte("sinks")
 	metaBucket    = []byte("meta")
 	formatKey     = []byte("format")
 )
 
 // format is the store's format. 2 added the entries' revision; 3 names resources as
 // object.ResourceName does, where 2 wrote schema.GroupVersionResource's String; 4 added the
-// entries' filter error. A store of an earlier format (1 has no meta bucket) is converted when
-// it is opened, in one transaction.
-const format = "4"
+// entries' filter error; 5 the sinks bucket. A store of an earlier format (1 has no meta
+// bucket) is converted when it is opened, in one transaction.
+const format = "5"
 
 // store is the journal's file, a bbolt database: per resource the last state of every object
 // handed to the sinks, and per sink the outbox of events neither delivered nor dead-lettered
@@ -50,6 +52,9 @@ type store struct {
 	// Damaged, when set, is where a damaged file was moved, and DamageErr what was wrong.
 	Damaged   string
 	DamageErr error
+	// NoSinkRecords is true when the store was of a format before 5, which kept no record of
+	// the sinks it had seen.
+	NoSinkRecords bool
 }
 
 // errLocked is another process holding the store.
@@ -77,7 +82,11 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	if err := s.db.Update(upgrade); err != nil {
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		was, err := upgrade(tx)
+		s.NoSinkRecords = was != format
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, errors.Join(err, s.db.Close()))
 	}
 	return s, nil
@@ -160,34 +169,38 @@ func (s *store) size() int64 {
 }
 
 // upgrade creates the store's buckets and converts a store of an earlier format to this one.
-func upgrade(tx *bolt.Tx) error {
+// It returns the format the store was in.
+func upgrade(tx *bolt.Tx) (string, error) {
 	was := format // a new store
 	if meta := tx.Bucket(metaBucket); meta != nil {
 		was = string(meta.Get(formatKey))
 	} else if tx.Bucket(outboxBucket) != nil {
 		was = "1"
 	}
-	for _, b := range [][]byte{objectsBucket, outboxBucket, metaBucket} {
+	found := was
+	for _, b := range [][]byte{objectsBucket, outboxBucket, sinksBucket, metaBucket} {
 		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-			return err
+			return found, err
 		}
 	}
 	steps := []struct {
 		from, to string
 		convert  func(*bolt.Tx) error
-	}{{"1", "2", addRevisions}, {"2", "3", renameResources}, {"3", "4", addFilterErrors}}
+	}{{"1", "2", addRevisions}, {"2", "3", renameResources}, {"3", "4", addFilterErrors}, {"4", "5", nil}}
 	for _, st := range steps {
 		if was == st.from {
-			if err := st.convert(tx); err != nil {
-				return fmt.Errorf("convert the store from format %s to %s: %w", st.from, st.to, err)
+			if st.convert != nil {
+				if err := st.convert(tx); err != nil {
+					return found, fmt.Errorf("convert the store from format %s to %s: %w", st.from, st.to, err)
+				}
 			}
 			was = st.to
 		}
 	}
 	if was != format {
-		return fmt.Errorf("the store's format %q is not one this dynwatch reads (%s or earlier): it was written by a later release", was, format)
+		return found, fmt.Errorf("the store's format %q is not one this dynwatch reads (%s or earlier): it was written by a later release", was, format)
 	}
-	return tx.Bucket(metaBucket).Put(formatKey, []byte(format))
+	return found, tx.Bucket(metaBucket).Put(formatKey, []byte(format))
 }
 
 // addRevisions converts format 1 outbox entries, which had no revision, taking it from the

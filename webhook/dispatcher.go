@@ -33,6 +33,9 @@ type Options struct {
 	Now func() time.Time
 	// ShutdownTimeout bounds what Run does once its context ends.
 	ShutdownTimeout time.Duration
+	// Resources are the informers' resources, read by the initialState replays (package
+	// dynamicinformer's Manager.Resources); nil replays nothing.
+	Resources func() []*dynamicinformer.Resource
 }
 
 // Dispatcher hands every event to the sinks whose filters select it, through the journal.
@@ -47,6 +50,9 @@ type Dispatcher struct {
 	abandon       context.Context
 	abandonCancel context.CancelFunc
 	retiring      sync.WaitGroup
+	resources     func() []*dynamicinformer.Resource
+	replays       sync.WaitGroup  // the initialState replays
+	replayCtx     context.Context // Run's, once it runs: Update starts replays under it
 
 	life  sync.Mutex // held by Update, and by Run while it starts and stops
 	mu    sync.RWMutex
@@ -57,7 +63,7 @@ type Dispatcher struct {
 // New builds a Dispatcher with one Sink per configured webhook and registers the metrics.
 // Nothing is sent until Run.
 func New(o Options) (*Dispatcher, error) {
-	d := &Dispatcher{log: o.Logger, now: o.Now, election: o.Election, shutdownTimeout: o.ShutdownTimeout}
+	d := &Dispatcher{log: o.Logger, now: o.Now, election: o.Election, shutdownTimeout: o.ShutdownTimeout, resources: o.Resources}
 	if d.now == nil {
 		d.now = time.Now
 	}
@@ -152,6 +158,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	for _, s := range d.current() {
 		s.dead.start()
 	}
+	d.life.Lock()
+	d.replayCtx = ctx
+	for _, s := range d.current() {
+		d.startReplay(ctx, s)
+	}
+	d.life.Unlock()
 	var elected sync.WaitGroup
 	if d.election == nil {
 		if err := d.lead(ctx); err != nil {
@@ -178,6 +190,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	deadline := time.AfterFunc(d.shutdownTimeout, d.abandonCancel)
 	defer deadline.Stop()
 	elected.Wait() // the lease is given up only once delivery has stopped
+	d.replays.Wait()
 	d.life.Lock()
 	defer d.life.Unlock()
 	d.mu.Lock()
@@ -304,7 +317,7 @@ func (d *Dispatcher) orphaned(name string) error {
 // are. A changed sink keeps its queue, outbox and retry deadlines and restarts its workers
 // with the new settings. A removed sink stops; once what was queued for it is committed, its
 // queue and outbox are dead-lettered with reason sink_removed. A new sink receives the events
-// that arrive from now on.
+// that arrive from now on and, with initialState, every current object first (see replay.go).
 func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 	d.life.Lock()
 	defer d.life.Unlock()
@@ -363,6 +376,9 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 		c.s.log.Info("webhook reconfigured")
 	}
 	for _, s := range old {
+		if s.stopReplay != nil {
+			s.stopReplay()
+		}
 		s.stopWorkers()
 		d.journal.RemoveTarget(s)
 		s.log.Info("webhook removed")
@@ -371,6 +387,9 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 		s.dead.start()
 		if ctx != nil {
 			s.startWorkers(ctx)
+		}
+		if d.replayCtx != nil && d.replayCtx.Err() == nil {
+			d.startReplay(d.replayCtx, s)
 		}
 	}
 	return nil

@@ -14,6 +14,8 @@ type metrics struct {
 	attempts, retries, filterErrors *prometheus.CounterVec
 	deadLetters, deadLetterFailures *prometheus.CounterVec
 	requestDuration, age            *prometheus.HistogramVec
+	initialState                    *prometheus.CounterVec
+	replaying                       *prometheus.GaugeVec
 	queueLength, outboxLength       *prometheus.Desc
 	journal                         *journal.Journal
 
@@ -26,6 +28,8 @@ type sinkMetrics struct {
 	enqueued, delivered, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
 	deadLetters                                                                            map[string]prometheus.Counter
 	requestDuration, age                                                                   prometheus.Observer
+	initialState                                                                           prometheus.Counter
+	replaying                                                                              prometheus.Gauge
 }
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
@@ -47,6 +51,10 @@ func newMetrics(j *journal.Journal) *metrics {
 		}, []string{"sink"}),
 		age: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynwatch_webhook_event_age_seconds", Help: "Time from an event's observation to its delivery.", Buckets: latencyBuckets,
+		}, []string{"sink"}),
+		initialState: counter("initial_state_objects_total", "Current objects recorded for a sink as ADDED by its initialState replay (those its filters selected)."),
+		replaying: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dynwatch_webhook_initial_state_replaying", Help: "1 while a sink's initialState replay is under way on this replica, else 0.",
 		}, []string{"sink"}),
 		queueLength:  prometheus.NewDesc("dynwatch_webhook_queue_length", "Events queued or being delivered, per sink.", []string{"sink"}, nil),
 		outboxLength: prometheus.NewDesc("dynwatch_webhook_outbox_length", "Events in a sink's durable outbox: neither delivered nor dead-lettered. 0 without a state store.", []string{"sink"}, nil),
@@ -71,6 +79,8 @@ func (m *metrics) forSink(sink string, q *Queue) sinkMetrics {
 		deadLetters:        map[string]prometheus.Counter{},
 		requestDuration:    m.requestDuration.WithLabelValues(sink),
 		age:                m.age.WithLabelValues(sink),
+		initialState:       m.initialState.WithLabelValues(sink),
+		replaying:          m.replaying.WithLabelValues(sink),
 	}
 	for _, r := range reasons {
 		sm.deadLetters[r] = m.deadLetters.WithLabelValues(sink, r)
@@ -85,13 +95,15 @@ func (m *metrics) removeSink(sink string) {
 	m.mu.Unlock()
 	for _, c := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
+		m.initialState, m.replaying,
 	} {
 		c.DeletePartialMatch(prometheus.Labels{"sink": sink})
 	}
 }
 
 func (m *metrics) vectors() []prometheus.Collector {
-	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age}
+	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
+		m.initialState, m.replaying}
 }
 
 // Describe implements prometheus.Collector.

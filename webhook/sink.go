@@ -57,6 +57,8 @@ type Sink struct {
 	run     sync.Mutex // guards cancel and workers
 	cancel  context.CancelFunc
 	workers sync.WaitGroup
+
+	stopReplay context.CancelFunc // ends its initialState replay; guarded by the Dispatcher's life
 }
 
 // settings is what a webhook's configuration decides, replaced whole when it changes.
@@ -126,6 +128,9 @@ func (s *Sink) cfg() *config.Webhook { return s.cur.Load().cfg }
 
 // Name implements journal.Target.
 func (s *Sink) Name() string { return s.name }
+
+// InitialState implements journal.Target: the webhook's initialState.
+func (s *Sink) InitialState() bool { return s.cfg().InitialState }
 
 // Selects implements journal.Target: it reports whether the sink's filters select e. An event
 // its filter cannot decide on is counted, logged (at most a line a second, naming the object,
