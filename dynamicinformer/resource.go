@@ -324,7 +324,7 @@ func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, 
 			if err == nil && sel != nil {
 				opts := metav1.ListOptions{}
 				tweak(&opts)
-				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: resource, opts: opts, sel: sel, state: selected}
+				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: resource, opts: opts, sel: sel, state: selected, relist: relist}
 				go sw.run(ctx, o.ResourceVersion, initial)
 				return sw, nil
 			}
@@ -373,6 +373,13 @@ type relisted struct {
 	mu       sync.Mutex
 	changed  map[string]string // key → resourceVersion
 	revision uint64
+	joins    map[string]joinedAt // objects a namespace brought in as it joined the selection
+}
+
+// joinedAt is an object, at resourceVersion rv, that came in with its namespace at revision at.
+type joinedAt struct {
+	rv string
+	at uint64
 }
 
 // note records the objects of one page of a relist that differ from the cache.
@@ -397,6 +404,29 @@ func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
 		}
 		x.changed[key] = u.GetResourceVersion()
 	}
+}
+
+// join notes that u comes in because its namespace joined the selection at revision at.
+func (x *relisted) join(u *unstructured.Unstructured, at uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.joins == nil {
+		x.joins = map[string]joinedAt{}
+	}
+	x.joins[object.KeyOf(u)] = joinedAt{rv: u.GetResourceVersion(), at: at}
+}
+
+// joined reports the revision at which u, as it is, came in with its namespace, and forgets it.
+func (x *relisted) joined(u *unstructured.Unstructured) (uint64, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if len(x.joins) == 0 {
+		return 0, false
+	}
+	key := object.KeyOf(u)
+	j, ok := x.joins[key]
+	delete(x.joins, key)
+	return j.at, ok && j.rv == u.GetResourceVersion()
 }
 
 // listRevision is the last relist's resourceVersion.
@@ -467,7 +497,11 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 					r.relistEvents[Added].Inc()
 					inOrder = false
 				}
-				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: inOrder})
+				revision := object.Revision(u.GetResourceVersion())
+				if at, ok := relist.joined(u); ok {
+					revision = at // its namespace joined the selection then
+				}
+				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: revision, InOrder: inOrder})
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {

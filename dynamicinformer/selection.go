@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // namespacesGVR is what a namespaceSelector selects among.
@@ -35,6 +37,7 @@ type selection struct {
 
 	mu      sync.Mutex
 	names   members
+	rev     uint64 // the resourceVersion of the last change to names: when it happened
 	synced  bool
 	changed chan struct{} // closed when names change, then replaced
 }
@@ -99,48 +102,60 @@ func (s *selection) wait(ctx context.Context, timeout time.Duration) (members, <
 	}
 }
 
-// set replaces the selected namespaces, and wakes whoever waits for a change.
-func (s *selection) set(update func(members) members) {
+// revision is the resourceVersion of the selection's last change.
+func (s *selection) revision() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rev
+}
+
+// set replaces the selected namespaces, as they are at resourceVersion rv, and wakes whoever
+// waits for a change.
+func (s *selection) set(rv string, update func(members) members) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next := update(maps.Clone(s.names))
 	if s.synced && maps.Equal(next, s.names) {
 		return
 	}
-	s.names, s.synced = next, true
+	s.names, s.synced, s.rev = next, true, max(s.rev, object.Revision(rv))
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
 
-func nameOf(obj any) string {
+// nameOf is a namespace's name and resourceVersion.
+func nameOf(obj any) (string, string) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
 	if m, err := meta.Accessor(obj); err == nil {
-		return m.GetName()
+		return m.GetName(), m.GetResourceVersion()
 	}
-	return ""
+	return "", ""
 }
 
 // The cache.Store the reflector fills: only what the reflector calls does anything.
 
 func (s *selection) Add(obj any) error {
-	s.set(func(m members) members { m[nameOf(obj)] = struct{}{}; return m })
+	name, rv := nameOf(obj)
+	s.set(rv, func(m members) members { m[name] = struct{}{}; return m })
 	return nil
 }
 
 func (s *selection) Update(obj any) error { return s.Add(obj) }
 
 func (s *selection) Delete(obj any) error {
-	s.set(func(m members) members { delete(m, nameOf(obj)); return m })
+	name, rv := nameOf(obj)
+	s.set(rv, func(m members) members { delete(m, name); return m })
 	return nil
 }
 
-func (s *selection) Replace(items []any, _ string) error {
-	s.set(func(members) members {
+func (s *selection) Replace(items []any, rv string) error {
+	s.set(rv, func(members) members {
 		m := members{}
 		for _, obj := range items {
-			m[nameOf(obj)] = struct{}{}
+			name, _ := nameOf(obj)
+			m[name] = struct{}{}
 		}
 		return m
 	})
@@ -154,7 +169,10 @@ func (s *selection) ListKeys() []string {
 	return slices.Sorted(maps.Keys(names))
 }
 
-func (s *selection) Get(obj any) (any, bool, error) { return s.GetByKey(nameOf(obj)) }
+func (s *selection) Get(obj any) (any, bool, error) {
+	name, _ := nameOf(obj)
+	return s.GetByKey(name)
+}
 
 func (s *selection) GetByKey(key string) (any, bool, error) {
 	names, _, _ := s.snapshot()
@@ -200,6 +218,7 @@ type selectWatch struct {
 	opts   metav1.ListOptions // the informer's selectors
 	sel    *selection
 	state  *applied
+	relist *relisted // notes what a transition brings in, for the handler
 }
 
 func (w *selectWatch) ResultChan() <-chan watch.Event { return w.out }
@@ -227,7 +246,7 @@ func (w *selectWatch) run(ctx context.Context, rv string, initial bool) {
 			return
 		case <-changed:
 			cur, _, after := w.sel.snapshot()
-			if err := w.transition(ctx, rv, names, cur); errors.Is(err, errStopped) {
+			if err := w.transition(ctx, rv, w.sel.revision(), names, cur); errors.Is(err, errStopped) {
 				return
 			} else if err != nil {
 				w.r.m.log.Info("namespace selection changed: listing again", "resource", w.r.name, "err", err)
@@ -276,11 +295,13 @@ var errStopped = errors.New("watch stopped")
 
 // transition brings the namespaces that joined (in cur, not in was) in as ADDED and those
 // that left out as DELETED, as they were at rv, then passes on a bookmark of rv: the watch
-// goes on from where it was.
-func (w *selectWatch) transition(ctx context.Context, rv string, was, cur members) error {
+// goes on from where it was. The objects that joined count as changed at the later of rv and
+// changed, the selection's change: after anything a reader of the cache at rv has seen.
+func (w *selectWatch) transition(ctx context.Context, rv string, changed uint64, was, cur members) error {
 	if rv == "" || rv == "0" {
 		return errors.New("the watch has no revision yet")
 	}
+	at := max(object.Revision(rv), changed)
 	for _, step := range []struct {
 		from, to members
 		typ      watch.EventType
@@ -289,7 +310,7 @@ func (w *selectWatch) transition(ctx context.Context, rv string, was, cur member
 			if _, ok := step.to[ns]; ok || w.r.cfg.Excludes(ns) {
 				continue
 			}
-			if err := w.listAt(ctx, ns, rv, step.typ); err != nil {
+			if err := w.listAt(ctx, ns, rv, at, step.typ); err != nil {
 				return err
 			}
 		}
@@ -305,8 +326,9 @@ func (w *selectWatch) transition(ctx context.Context, rv string, was, cur member
 // listPage bounds what a transition holds at once.
 const listPage = 500
 
-// listAt passes on every object of namespace ns, as it was at exactly rv, as an event of typ.
-func (w *selectWatch) listAt(ctx context.Context, ns, rv string, typ watch.EventType) error {
+// listAt passes on every object of namespace ns, as it was at exactly rv, as an event of typ;
+// an object added is noted as joined at revision at.
+func (w *selectWatch) listAt(ctx context.Context, ns, rv string, at uint64, typ watch.EventType) error {
 	o := w.opts
 	o.ResourceVersion, o.ResourceVersionMatch, o.Limit = rv, metav1.ResourceVersionMatchExact, listPage
 	for {
@@ -315,6 +337,9 @@ func (w *selectWatch) listAt(ctx context.Context, ns, rv string, typ watch.Event
 			return fmt.Errorf("list namespace %s at resourceVersion %s: %w", ns, rv, err)
 		}
 		for i := range list.Items {
+			if typ == watch.Added {
+				w.relist.join(&list.Items[i], at)
+			}
 			if !w.send(watch.Event{Type: typ, Object: &list.Items[i]}) {
 				return errStopped
 			}

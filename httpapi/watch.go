@@ -78,8 +78,17 @@ type watcher struct {
 
 func rvOf(o *unstructured.Unstructured) uint64 { return object.Revision(o.GetResourceVersion()) }
 
+// revisionOf is the revision at which e happened: its Revision, which for an object brought in
+// by its namespace joining a namespaceSelector is when it joined, not its resourceVersion.
+func revisionOf(e dynamicinformer.Event) uint64 {
+	if e.Revision != 0 {
+		return e.Revision
+	}
+	return rvOf(e.Object)
+}
+
 func (s *stream) publish(e dynamicinformer.Event) {
-	rv := rvOf(e.Object)
+	rv := revisionOf(e)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e.InitialList {
@@ -87,7 +96,7 @@ func (s *stream) publish(e dynamicinformer.Event) {
 		s.floor = max(s.floor, rv)
 	} else if len(s.ring) > 0 {
 		if s.n == len(s.ring) {
-			s.floor = max(s.floor, rvOf(s.ring[s.next].Object))
+			s.floor = max(s.floor, revisionOf(s.ring[s.next]))
 		} else {
 			s.n++
 		}
@@ -175,7 +184,7 @@ func (s *stream) subscribe(rv uint64, initial bool, read func() (uint64, []*unst
 	var replay []dynamicinformer.Event
 	for i := range s.n {
 		e := s.ring[(s.next-s.n+i+len(s.ring))%len(s.ring)]
-		if len(replay) > 0 || rvOf(e.Object) > rv {
+		if len(replay) > 0 || revisionOf(e) > rv {
 			replay = append(replay, e)
 		}
 	}
@@ -208,7 +217,7 @@ func (s *stream) settle(w *watcher, minRV uint64, snapshot []*unstructured.Unstr
 		if e.Type == dynamicinformer.Deleted && !shown[k] {
 			continue
 		}
-		if w.wants(e, rvOf(e.Object)) {
+		if w.wants(e, revisionOf(e)) {
 			shown[k] = true
 			kept = append(kept, e)
 		}

@@ -126,13 +126,22 @@ webhooks: [{name: all, url: %q}]
 		}
 	}()
 
-	// Every configmap changes while the selection does.
+	// Every configmap changes while the selection does: five every 50ms, in turn, a pace that
+	// leaves the other tests' cluster-wide watches of configmaps unhurried.
 	changing, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for n := 1; changing.Err() == nil; n++ {
-			for _, ns := range names {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-changing.Done():
+				return
+			case <-tick.C:
+			}
+			for i := range 5 {
+				ns := names[(5*n+i)%len(names)]
 				patch := fmt.Sprintf(`{"data":{"n":"%d"}}`, n)
 				_, _ = cs.CoreV1().ConfigMaps(ns).Patch(changing, "cm", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 			}
