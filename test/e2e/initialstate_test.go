@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -71,12 +73,25 @@ func stampLatencies(rc *receiver, from, to time.Time) []time.Duration {
 // before the reload and during the replay.
 func TestASinkAddedByReloadReceivesEveryObjectOnceWhileAnotherKeepsItsLatency(t *testing.T) {
 	t.Parallel()
-	ns := namespace(t)
-	cs, create := configMaps(ns)
-	if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, replayObjects, testbed.NumberedConfigMap(ns, "cm-%05d")); err != nil {
+	// A cluster of the test's own: in the shared one, every test watching all namespaces would
+	// list and follow its 10,000 objects.
+	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := create(t.Context(), "stamp", "0"); err != nil {
+	t.Cleanup(c.Stop)
+	ns := "replay"
+	fast := rest.CopyConfig(c.Config)
+	fast.QPS, fast.Burst = 2000, 2000
+	cs := kubernetes.NewForConfigOrDie(fast)
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testbed.CreateConfigMaps(t.Context(), c.Config, replayObjects, testbed.NumberedConfigMap(ns, "cm-%05d")); err != nil {
+		t.Fatal(err)
+	}
+	stampObject := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "stamp"}, Data: map[string]string{"v": "0"}}
+	if _, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), stampObject, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	steady, late := newReceiver(t, nil, false), newReceiver(t, nil, false)
@@ -92,7 +107,10 @@ metrics: {address: "127.0.0.1:0"}
 `, ns, steady.URL, webhooks, filepath.Join(dir, "state", "state.db"))
 	}
 	writeFile(t, configPath, config(""))
-	p := startProcess(t, configPath)
+	p := startFile(t, c.Kubeconfig, configPath)
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	_, metrics, _ := p.WaitListening(t.Context())
 
 	const interval = 20 * time.Millisecond
