@@ -1,16 +1,10 @@
 package chart
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
-
-	authorizationv1 "k8s.io/api/authorization/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 )
 
 // TestRenderedRBACFollowsANamespaceSelector renders a resource selected by namespace labels,
@@ -31,54 +25,23 @@ config:
 		t.Fatal(err)
 	}
 	objs := objects(t, render(t, release, "-f", values))
-	var manifest bytes.Buffer
-	for _, o := range objs {
-		if slices.Contains([]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, o.GetKind()) {
-			b, _ := o.MarshalJSON()
-			manifest.Write(append(b, '\n'))
-		}
-	}
-	path := filepath.Join(t.TempDir(), "rbac.json")
-	if err := os.WriteFile(path, manifest.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", path); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	applyRBAC(t, objs)
 	sa := "system:serviceaccount:" + release + ":dw-dynwatch"
-	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + release, "system:authenticated"}
-	kubeconfig, err := cluster.KubeconfigAs(sa, groups...)
+	kubeconfig, err := cluster.KubeconfigAs(sa, "system:serviceaccounts", "system:serviceaccounts:"+release, "system:authenticated")
 	if err != nil {
 		t.Fatal(err)
 	}
 	startRendered(t, objs, kubeconfig, sa)
-
-	cs := kubernetes.NewForConfigOrDie(cluster.Config)
-	for _, tt := range []struct {
-		verb, resource, namespace string
-		allowed                   bool
-	}{
-		{"list", "namespaces", "", true},
-		{"watch", "namespaces", "", true},
-		{"get", "namespaces", "", false},
-		{"update", "namespaces", "", false},
-		{"list", "configmaps", "", true},
-		{"watch", "configmaps", "", true},
-		{"update", "configmaps", "kube-system", false},
-		{"list", "secrets", "", false},
-	} {
-		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: sa, Groups: groups,
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: tt.verb, Resource: tt.resource, Namespace: tt.namespace},
-		}}
-		got, err := cs.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), review, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Status.Allowed != tt.allowed {
-			t.Errorf("%s %s in %q: allowed=%v, want %v", tt.verb, tt.resource, tt.namespace, got.Status.Allowed, tt.allowed)
-		}
-	}
+	checkAccess(t, release, []access{
+		{verb: "list", resource: "namespaces", allowed: true},
+		{verb: "watch", resource: "namespaces", allowed: true},
+		{verb: "get", resource: "namespaces"},
+		{verb: "update", resource: "namespaces"},
+		{verb: "list", resource: "configmaps", allowed: true},
+		{verb: "watch", resource: "configmaps", allowed: true},
+		{verb: "update", resource: "configmaps", namespace: "kube-system"},
+		{verb: "list", resource: "secrets"},
+	})
 }
 
 // TestANamespaceSelectorWithLeaderElectionIsRefused: the chart turns leader election on by
