@@ -116,8 +116,6 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{`resources[0].namespaceSelector: " " selects every namespace`}},
 		{"namespaces to watch and a namespace selector", "resources: [{version: v1, resource: pods, namespaces: [a], namespaceSelector: team=a}]\n",
 			[]string{"resources[0].namespaceSelector: cannot be set with namespaces"}},
-		{"a namespace selector with leader election", "resources: [{version: v1, resource: pods, namespaceSelector: team=a}]\nstate: {path: /tmp/x.db}\nleaderElection: {enabled: true, namespace: dw}\n",
-			[]string{"resources[0].namespaceSelector: is not supported with leaderElection.enabled"}},
 		{"a bad label selector", "resources: [{version: v1, resource: pods, labelSelector: 'app in (a'}]\n",
 			[]string{"resources[0].labelSelector:"}},
 		{"a bad field selector", "resources: [{version: v1, resource: pods, fieldSelector: 'spec.nodeName'}]\n",

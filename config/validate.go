@@ -89,14 +89,6 @@ func (c *Config) validate() error {
 		p.add("state.path", "must name a file, %q is a directory", c.State.Path)
 	}
 	c.LeaderElection.validate(c.State, &p)
-	for i, r := range c.Resources {
-		if r.NamespaceSelector != "" && c.LeaderElection.Enabled {
-			// Each replica sees a namespace's labels change at its own point in the resource's
-			// stream; the checkpoints that let a follower drop what the leader delivered cannot
-			// yet tell whether the leader has delivered that change's ADDED and DELETED events.
-			p.add(fmt.Sprintf("resources[%d].namespaceSelector", i), "is not supported with leaderElection.enabled yet: a handover could lose the events of a namespace's selection change")
-		}
-	}
 	return errors.Join(p...)
 }
 

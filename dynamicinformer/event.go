@@ -41,6 +41,13 @@ type Event struct {
 	// that a relist found, the relist's. 0 when it is not an integer, or not known: the
 	// deletion of an object still cached when its whole group's member was retired.
 	Revision uint64
+	// Since, when not 0, is the lowest resourceVersion at which the change may have happened,
+	// for a change Revision only bounds from above: a delete a relist found (after the
+	// object's last known resourceVersion, by the relist's), an object that came in or went
+	// out with its namespace as a namespaceSelector changed. Replicas that see such a change
+	// at different points agree on a range that holds it: a checkpoint stays below Since
+	// while the change is undelivered, and acknowledges it only once it reaches Revision.
+	Since uint64
 	// InOrder is set for changes seen on a watch: a stream's InOrder events come in increasing
 	// Revision, and each marks the stream's progress. Initial lists and relists are not in
 	// order.
@@ -64,4 +71,13 @@ type ListObserver interface {
 // return quickly without doing I/O: it should enqueue the event and return.
 type Subscriber interface {
 	OnEvent(Event)
+}
+
+// Lowest is the lowest resourceVersion at which e may have happened: Since when set, else
+// Revision (0 when neither is known).
+func (e Event) Lowest() uint64 {
+	if e.Since != 0 {
+		return e.Since
+	}
+	return e.Revision
 }

@@ -20,6 +20,19 @@ func (r *Resource) API() (schema.GroupVersionResource, metav1.APIResource, bool)
 	return r.gvr, r.api, r.stop != nil
 }
 
+// SelectionRevision is, for a resource with a namespaceSelector, the revision of the namespace
+// selection through which the events of its changes have been emitted: every namespace that
+// joined or left by then has had its objects' ADDED or DELETED handed to the subscribers.
+// False without a namespaceSelector, or while the informers do not run.
+func (r *Resource) SelectionRevision() (uint64, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if r.selection == nil || len(r.informers) != 1 {
+		return 0, false
+	}
+	return r.informers[0].relist.selectionEmitted(), true
+}
+
 // ResourceVersion returns the oldest of the informers' last synced resourceVersions: every
 // change up to it is in the cache. It is 0 before the first list.
 func (r *Resource) ResourceVersion() uint64 {

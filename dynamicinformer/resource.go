@@ -87,6 +87,7 @@ type namespaceInformer struct {
 	informer     cache.SharedIndexInformer
 	registration cache.ResourceEventHandlerRegistration
 	health       *health
+	relist       *relisted
 }
 
 // health is whether an informer's calls to the apiserver succeed: since when they have failed,
@@ -226,7 +227,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		if err != nil {
 			return fmt.Errorf("add event handler: %w", err)
 		}
-		informers = append(informers, namespaceInformer{namespace: ns, informer: inf, registration: reg, health: h})
+		informers = append(informers, namespaceInformer{namespace: ns, informer: inf, registration: reg, health: h, relist: relist})
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	run := r.m.runs.Add(1)
@@ -286,11 +287,12 @@ func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, 
 			tweak(&o)
 			if sel != nil && o.Continue == "" {
 				// Every page of the list is filtered by the selection as it is at its start.
-				names, next, err := sel.wait(ctx, selectionWait)
+				cur, err := sel.wait(ctx, selectionWait)
 				if err != nil {
 					return nil, err
 				}
-				selected.put(names, next)
+				selected.put(cur)
+				relist.selectionApplied(cur.rev, true)
 			}
 			list, err := client.List(ctx, o)
 			if ctx.Err() == nil {
@@ -311,11 +313,12 @@ func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, 
 				return nil, errRelistByList
 			}
 			if sel != nil && initial {
-				names, next, err := sel.wait(ctx, selectionWait)
+				cur, err := sel.wait(ctx, selectionWait)
 				if err != nil {
 					return nil, err
 				}
-				selected.put(names, next)
+				selected.put(cur)
+				relist.selectionApplied(cur.rev, true)
 			}
 			w, err := client.Watch(ctx, o)
 			if ctx.Err() == nil {
@@ -324,8 +327,8 @@ func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, 
 			if err == nil && sel != nil {
 				opts := metav1.ListOptions{}
 				tweak(&opts)
-				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: resource, opts: opts, sel: sel, state: selected, relist: relist}
-				go sw.run(ctx, o.ResourceVersion, initial)
+				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: resource, opts: opts, sel: sel, state: selected, relist: relist, initial: initial}
+				go sw.run(ctx, o.ResourceVersion)
 				return sw, nil
 			}
 			if err == nil && len(r.cfg.ExcludedGlobs) > 0 {
@@ -357,7 +360,7 @@ func (r *Resource) dropExcluded(list *unstructured.UnstructuredList, sel *select
 	}
 	var names members
 	if sel != nil {
-		names, _ = selected.get()
+		names = selected.get().names
 	}
 	list.Items = slices.DeleteFunc(list.Items, func(u unstructured.Unstructured) bool {
 		if _, ok := names[u.GetNamespace()]; sel != nil && !ok {
@@ -373,13 +376,17 @@ type relisted struct {
 	mu       sync.Mutex
 	changed  map[string]string // key → resourceVersion
 	revision uint64
-	joins    map[string]joinedAt // objects a namespace brought in as it joined the selection
+	moved    map[string]moved // objects that came in or went out with their namespace
+	// applied is the namespace selection's revision the watch has brought the cache to, and
+	// emitted the one through which the handler has emitted the events of doing so.
+	applied, emitted uint64
 }
 
-// joinedAt is an object, at resourceVersion rv, that came in with its namespace at revision at.
-type joinedAt struct {
-	rv string
-	at uint64
+// moved is an object, at resourceVersion rv, that came in or went out of the cache with its
+// namespace, as a namespaceSelector changed somewhere from since to at (see Event.Since).
+type moved struct {
+	rv        string
+	since, at uint64
 }
 
 // note records the objects of one page of a relist that differ from the cache.
@@ -406,27 +413,54 @@ func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
 	}
 }
 
-// join notes that u comes in because its namespace joined the selection at revision at.
-func (x *relisted) join(u *unstructured.Unstructured, at uint64) {
+// move notes that u comes in or goes out because its namespace joined or left the selection
+// between revisions since and at.
+func (x *relisted) move(u *unstructured.Unstructured, since, at uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.joins == nil {
-		x.joins = map[string]joinedAt{}
+	if x.moved == nil {
+		x.moved = map[string]moved{}
 	}
-	x.joins[object.KeyOf(u)] = joinedAt{rv: u.GetResourceVersion(), at: at}
+	x.moved[object.KeyOf(u)] = moved{rv: u.GetResourceVersion(), since: since, at: at}
 }
 
-// joined reports the revision at which u, as it is, came in with its namespace, and forgets it.
-func (x *relisted) joined(u *unstructured.Unstructured) (uint64, bool) {
+// movedWith reports whether u, as it is, came in or went out with its namespace, and when (see
+// move), and forgets it.
+func (x *relisted) movedWith(u *unstructured.Unstructured) (moved, bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if len(x.joins) == 0 {
-		return 0, false
+	if len(x.moved) == 0 {
+		return moved{}, false
 	}
 	key := object.KeyOf(u)
-	j, ok := x.joins[key]
-	delete(x.joins, key)
-	return j.at, ok && j.rv == u.GetResourceVersion()
+	m, ok := x.moved[key]
+	delete(x.moved, key)
+	if len(x.moved) == 0 {
+		x.emitted = x.applied
+	}
+	return m, ok && m.rv == u.GetResourceVersion()
+}
+
+// selectionApplied notes that the watch has passed on every event of bringing the cache to the
+// namespace selection of revision rev; restart, that a list starts again from it.
+func (x *relisted) selectionApplied(rev uint64, restart bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if restart {
+		clear(x.moved)
+	}
+	x.applied = rev
+	if len(x.moved) == 0 {
+		x.emitted = rev
+	}
+}
+
+// selectionEmitted is the namespace selection's revision through which the handler has emitted
+// every event of its changes.
+func (x *relisted) selectionEmitted() uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.emitted
 }
 
 // listRevision is the last relist's resourceVersion.
@@ -497,11 +531,9 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 					r.relistEvents[Added].Inc()
 					inOrder = false
 				}
-				revision := object.Revision(u.GetResourceVersion())
-				if at, ok := relist.joined(u); ok {
-					revision = at // its namespace joined the selection then
-				}
-				r.emit(Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: revision, InOrder: inOrder})
+				e := Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: inOrder}
+				movedIn(&e, relist)
+				r.emit(e)
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
@@ -509,18 +541,25 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 			defer r.emitting.RUnlock()
 			o, ok1 := oldObj.(*unstructured.Unstructured)
 			n, ok2 := newObj.(*unstructured.Unstructured)
+			var m moved
+			var movedWith bool
 			if ok2 {
 				ord.set(n) // also when unchanged: a relist's copy replaced the cached one
+				m, movedWith = relist.movedWith(n)
 			}
 			if !ok1 || !ok2 || o.GetResourceVersion() == n.GetResourceVersion() {
-				return // a resync or relist of an unchanged object
+				return // a resync, relist or transition of an unchanged object
 			}
 			inOrder := true
 			if relist.take(n) {
 				r.relistEvents[Modified].Inc()
 				inOrder = false
 			}
-			r.emit(Event{Type: Modified, Resource: gvr, Object: n, OldObject: o, Stream: stream, Revision: object.Revision(n.GetResourceVersion()), InOrder: inOrder})
+			e := Event{Type: Modified, Resource: gvr, Object: n, OldObject: o, Stream: stream, Revision: object.Revision(n.GetResourceVersion()), InOrder: inOrder}
+			if movedWith {
+				e.Since, e.Revision, e.InOrder = m.since, m.at, false
+			}
+			r.emit(e)
 		},
 		DeleteFunc: func(obj any) {
 			r.emitting.RLock()
@@ -533,15 +572,24 @@ func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relis
 				ord.delete(u)
 				r.objects.Add(-1)
 				// A watch's delete carries the deletion's resourceVersion; a tombstone the
-				// object's last known one, and the deletion happened by the relist's.
+				// object's last known one: the deletion happened after it, by the relist's.
 				e := Event{Type: Deleted, Resource: gvr, Object: u, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: !fromRelist}
 				if fromRelist {
 					r.relistEvents[Deleted].Inc()
-					e.Revision = relist.listRevision()
+					e.Since, e.Revision = object.After(e.Revision), relist.listRevision()
 				}
+				movedIn(&e, relist)
 				r.emit(e)
 			}
 		},
+	}
+}
+
+// movedIn makes e, if its object came in or went out with its namespace (see selectWatch), a
+// change between the selection's two revisions: it is not in the order of the watch.
+func movedIn(e *Event, relist *relisted) {
+	if m, ok := relist.movedWith(e.Object); ok {
+		e.Since, e.Revision, e.InOrder = m.since, m.at, false
 	}
 }
 

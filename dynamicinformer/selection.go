@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -73,40 +74,47 @@ func (s *selection) run(ctx context.Context, client dynamic.Interface, sel strin
 // snapshot returns the selected namespaces, whether they have been listed yet, and a channel
 // closed at their next change.
 func (s *selection) snapshot() (members, bool, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.names, s.synced, s.changed
+	v := s.view()
+	return v.names, v.synced, v.changed
 }
 
-// wait returns the selected namespaces once they have been listed, or an error naming why
-// they have not been within timeout.
-func (s *selection) wait(ctx context.Context, timeout time.Duration) (members, <-chan struct{}, error) {
+// selected is the selection at one moment: the namespaces, the resourceVersion of their last
+// change, whether they have been listed yet, and a channel closed at their next change.
+type selected struct {
+	names   members
+	rev     uint64
+	synced  bool
+	changed <-chan struct{}
+}
+
+func (s *selection) view() selected {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return selected{names: s.names, rev: s.rev, synced: s.synced, changed: s.changed}
+}
+
+// wait returns the selection once it has been listed, or an error naming why it has not been
+// within timeout.
+func (s *selection) wait(ctx context.Context, timeout time.Duration) (selected, error) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
-		names, synced, changed := s.snapshot()
-		if synced {
-			return names, changed, nil
+		v := s.view()
+		if v.synced {
+			return v, nil
 		}
 		select {
-		case <-changed:
+		case <-v.changed:
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return selected{}, ctx.Err()
 		case <-deadline.C:
 			_, why := s.health.failing(time.Now())
 			if why == "" {
 				why = "not listed yet"
 			}
-			return nil, nil, fmt.Errorf("namespaces of namespaceSelector: %s", why)
+			return selected{}, fmt.Errorf("namespaces of namespaceSelector: %s", why)
 		}
 	}
-}
-
-// revision is the resourceVersion of the selection's last change.
-func (s *selection) revision() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.rev
 }
 
 // set replaces the selected namespaces, as they are at resourceVersion rv, and wakes whoever
@@ -185,40 +193,48 @@ func (s *selection) Resync() error { return nil }
 // applied is the selection the objects in an informer's cache reflect: the one its last list
 // was filtered by, then each change its watches brought in.
 type applied struct {
-	mu    sync.Mutex
-	names members
-	next  <-chan struct{} // closed when the selection moves past names
+	mu  sync.Mutex
+	cur selected
 }
 
-func (a *applied) get() (members, <-chan struct{}) {
+func (a *applied) get() selected {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.names, a.next
+	return a.cur
 }
 
-func (a *applied) put(names members, next <-chan struct{}) {
+func (a *applied) put(cur selected) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.names, a.next = names, next
+	a.cur = cur
 }
 
 // selectWatch passes on the events of the watch under it for the objects of the namespaces in
-// its selection, and brings the cache along when the selection changes: at the revision the
-// watch has reached, it lists the objects of each namespace that joined (passed on as ADDED)
-// and of each that left (passed on as DELETED), as they were at exactly that revision, then a
-// bookmark of that revision. If it cannot (the revision is not known yet, a list fails) it
-// ends with an Expired error, and the reflector lists again.
+// its selection, and brings the cache along when the selection changes: it lists the objects
+// of each namespace that joined (passed on as ADDED) and of each that left (passed on as
+// DELETED), then a bookmark of the revision the watch has reached. If it cannot (the revision
+// is not known yet, a list fails) it ends with an Expired error, and the reflector lists again.
+//
+// Where a change is placed in the watch depends on when the selection's own watch reported it,
+// which differs between replicas; what each replica makes of it must not. A namespace changed
+// at some revision t between the selection's last applied revision and its current one, cur:
+// its objects are listed as they were at the later of the watch's revision and cur, and their
+// events carry that range (Event.Since and Revision), which holds t on every replica. A
+// namespace that joined has its objects listed at that revision, and its watch events up to it
+// dropped: none before t is passed on as the namespace's.
 type selectWatch struct {
-	in     watch.Interface
-	out    chan watch.Event
-	stop   chan struct{}
-	once   sync.Once
-	r      *Resource
-	client dynamic.NamespaceableResourceInterface
-	opts   metav1.ListOptions // the informer's selectors
-	sel    *selection
-	state  *applied
-	relist *relisted // notes what a transition brings in, for the handler
+	in      watch.Interface
+	out     chan watch.Event
+	stop    chan struct{}
+	once    sync.Once
+	r       *Resource
+	client  dynamic.NamespaceableResourceInterface
+	opts    metav1.ListOptions // the informer's selectors
+	sel     *selection
+	state   *applied
+	relist  *relisted         // notes what a transition moves, for the handler
+	listed  map[string]uint64 // namespaces that joined → the revision their objects were listed at
+	initial bool              // a watch-list stream's initial events are still coming
 }
 
 func (w *selectWatch) ResultChan() <-chan watch.Event { return w.out }
@@ -231,22 +247,22 @@ func (w *selectWatch) Stop() {
 }
 
 // run passes events on until the watch under it ends or Stop. rv is the revision the watch
-// starts from; initial is set while a watch-list stream's initial events are still coming.
-func (w *selectWatch) run(ctx context.Context, rv string, initial bool) {
+// starts from.
+func (w *selectWatch) run(ctx context.Context, rv string) {
 	defer close(w.out)
 	defer w.in.Stop()
-	names, next := w.state.get()
+	cur := w.state.get()
 	for {
 		var changed <-chan struct{}
-		if !initial {
-			changed = next
+		if !w.initial {
+			changed = cur.changed
 		}
 		select {
 		case <-w.stop:
 			return
 		case <-changed:
-			cur, _, after := w.sel.snapshot()
-			if err := w.transition(ctx, rv, w.sel.revision(), names, cur); errors.Is(err, errStopped) {
+			next := w.sel.view()
+			if err := w.transition(ctx, rv, cur, next); errors.Is(err, errStopped) {
 				return
 			} else if err != nil {
 				w.r.m.log.Info("namespace selection changed: listing again", "resource", w.r.name, "err", err)
@@ -254,8 +270,9 @@ func (w *selectWatch) run(ctx context.Context, rv string, initial bool) {
 				w.send(watch.Event{Type: watch.Error, Object: &status})
 				return
 			}
-			names, next = cur, after
-			w.state.put(names, next)
+			cur = next
+			w.state.put(cur)
+			w.relist.selectionApplied(cur.rev, false)
 		case e, ok := <-w.in.ResultChan():
 			if !ok {
 				return
@@ -265,9 +282,9 @@ func (w *selectWatch) run(ctx context.Context, rv string, initial bool) {
 				rv = u.GetResourceVersion()
 			}
 			if e.Type == watch.Bookmark && u != nil && u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-				initial = false
+				w.initial = false
 			}
-			if isObject && (e.Type == watch.Added || e.Type == watch.Modified || e.Type == watch.Deleted) && !w.keeps(names, u.GetNamespace()) {
+			if isObject && (e.Type == watch.Added || e.Type == watch.Modified || e.Type == watch.Deleted) && !w.passes(cur.names, u) {
 				continue
 			}
 			if !w.send(e) {
@@ -277,9 +294,20 @@ func (w *selectWatch) run(ctx context.Context, rv string, initial bool) {
 	}
 }
 
-func (w *selectWatch) keeps(names members, namespace string) bool {
-	_, ok := names[namespace]
-	return ok && !w.r.cfg.Excludes(namespace)
+// passes reports whether an event of u goes on: its namespace is selected, not excluded, and
+// the event is not one its listing as it joined already holds.
+func (w *selectWatch) passes(names members, u *unstructured.Unstructured) bool {
+	ns := u.GetNamespace()
+	if _, ok := names[ns]; !ok || w.r.cfg.Excludes(ns) {
+		return false
+	}
+	if at, ok := w.listed[ns]; ok {
+		if object.Revision(u.GetResourceVersion()) <= at {
+			return false
+		}
+		delete(w.listed, ns) // the watch is past the listing
+	}
+	return true
 }
 
 func (w *selectWatch) send(e watch.Event) bool {
@@ -293,25 +321,39 @@ func (w *selectWatch) send(e watch.Event) bool {
 
 var errStopped = errors.New("watch stopped")
 
-// transition brings the namespaces that joined (in cur, not in was) in as ADDED and those
-// that left out as DELETED, as they were at rv, then passes on a bookmark of rv: the watch
-// goes on from where it was. The objects that joined count as changed at the later of rv and
-// changed, the selection's change: after anything a reader of the cache at rv has seen.
-func (w *selectWatch) transition(ctx context.Context, rv string, changed uint64, was, cur members) error {
-	if rv == "" || rv == "0" {
+// transition brings the namespaces that joined (in next, not in was) in as ADDED and takes
+// those that left out as DELETED, then passes on a bookmark of rv, the revision the watch has
+// reached: it goes on from there. The selection changed after was.rev, by next.rev; the objects
+// that joined are listed at the later of rv and next.rev, those that left at rv (as the cache
+// holds them), and both carry the range from just after was.rev to that later revision.
+func (w *selectWatch) transition(ctx context.Context, rv string, was, next selected) error {
+	pos := object.Revision(rv)
+	if pos == 0 {
 		return errors.New("the watch has no revision yet")
 	}
-	at := max(object.Revision(rv), changed)
+	since, at := object.After(was.rev), max(pos, next.rev)
+	for ns := range w.listed {
+		if _, ok := next.names[ns]; !ok {
+			delete(w.listed, ns)
+		}
+	}
 	for _, step := range []struct {
 		from, to members
 		typ      watch.EventType
-	}{{cur, was, watch.Added}, {was, cur, watch.Deleted}} {
+		rv       uint64
+	}{{next.names, was.names, watch.Added, at}, {was.names, next.names, watch.Deleted, pos}} {
 		for _, ns := range slices.Sorted(maps.Keys(step.from)) {
 			if _, ok := step.to[ns]; ok || w.r.cfg.Excludes(ns) {
 				continue
 			}
-			if err := w.listAt(ctx, ns, rv, at, step.typ); err != nil {
+			if err := w.listAt(ctx, ns, step.rv, since, at, step.typ); err != nil {
 				return err
+			}
+			if step.typ == watch.Added && at > pos {
+				if w.listed == nil {
+					w.listed = map[string]uint64{}
+				}
+				w.listed[ns] = at
 			}
 		}
 	}
@@ -326,20 +368,18 @@ func (w *selectWatch) transition(ctx context.Context, rv string, changed uint64,
 // listPage bounds what a transition holds at once.
 const listPage = 500
 
-// listAt passes on every object of namespace ns, as it was at exactly rv, as an event of typ;
-// an object added is noted as joined at revision at.
-func (w *selectWatch) listAt(ctx context.Context, ns, rv string, at uint64, typ watch.EventType) error {
+// listAt passes on every object of namespace ns, as it was at exactly revision rv, as an
+// event of typ, each noted as moved between since and at.
+func (w *selectWatch) listAt(ctx context.Context, ns string, rv, since, at uint64, typ watch.EventType) error {
 	o := w.opts
-	o.ResourceVersion, o.ResourceVersionMatch, o.Limit = rv, metav1.ResourceVersionMatchExact, listPage
+	o.ResourceVersion, o.ResourceVersionMatch, o.Limit = strconv.FormatUint(rv, 10), metav1.ResourceVersionMatchExact, listPage
 	for {
 		list, err := w.client.Namespace(ns).List(ctx, o)
 		if err != nil {
-			return fmt.Errorf("list namespace %s at resourceVersion %s: %w", ns, rv, err)
+			return fmt.Errorf("list namespace %s at resourceVersion %d: %w", ns, rv, err)
 		}
 		for i := range list.Items {
-			if typ == watch.Added {
-				w.relist.join(&list.Items[i], at)
-			}
+			w.relist.move(&list.Items[i], since, at)
 			if !w.send(watch.Event{Type: typ, Object: &list.Items[i]}) {
 				return errStopped
 			}

@@ -86,13 +86,19 @@ func (j *Journal) committed(b *batch) {
 
 // Checkpoints computes what this journal's outboxes acknowledge, per target and per resource
 // whose initial lists have synced: the revision just below its oldest entry still in the
-// outbox, and no further than every stream of the resource has been recorded, nor than any
-// of its events the preselector still holds. They hold for
-// a replica that delivers: what it has not delivered is in its outboxes. A target has none
-// before the journal has seen it, nor for a resource it has still to be replayed (its
-// initialState): the objects yet to replay are older than the events after them.
+// outbox (the lowest its change may have happened at: see Entry.Since), and no further than
+// every stream of the resource has been recorded, nor than any of its events the preselector
+// still holds, nor than its Bound. They hold for a replica that delivers: what it has not
+// delivered is in its outboxes. A target has none before the journal has seen it, nor for a
+// resource it has still to be replayed (its initialState): the objects yet to replay are
+// older than the events after them.
+//
+// The Bound keeps a checkpoint from acknowledging a change this replica has not made yet and
+// another may have: a namespace that joined a selection, seen first by a follower, whose own
+// events of it carry revisions the leader's checkpoints would otherwise pass.
 func (j *Journal) Checkpoints() Checkpoints {
 	targets := j.targets()
+	bounds := j.bounds()
 	j.idx.Lock()
 	defer j.idx.Unlock()
 	cp := Checkpoints{}
@@ -116,17 +122,37 @@ func (j *Journal) Checkpoints() Checkpoints {
 					reach, first = pos, false
 				}
 			}
+			if b, ok := bounds[gvr]; ok {
+				reach = min(reach, b)
+			}
 			if reach > 0 {
 				byResource[gvr] = reach
 			}
 		}
 		for _, x := range j.outbox[t.Name()] {
-			if c, ok := byResource[x.resource]; ok && x.revision != 0 && x.revision <= c {
-				byResource[x.resource] = x.revision - 1
+			if c, ok := byResource[x.resource]; ok && x.lowest() != 0 && x.lowest() <= c {
+				byResource[x.resource] = x.lowest() - 1
 			}
 		}
 	}
 	return cp
+}
+
+// bounds reads the Bound of every resource whose progress the journal follows.
+func (j *Journal) bounds() map[schema.GroupVersionResource]uint64 {
+	if j.bound == nil {
+		return nil
+	}
+	j.idx.Lock()
+	gvrs := slices.Collect(maps.Keys(j.progress))
+	j.idx.Unlock()
+	out := map[schema.GroupVersionResource]uint64{}
+	for _, gvr := range gvrs {
+		if b, ok := j.bound(gvr); ok {
+			out[gvr] = b
+		}
+	}
+	return out
 }
 
 // preselecting is the lowest revision of a stream's events the preselector holds, if any.

@@ -138,3 +138,97 @@ func TestSeenIsTheHighestRevisionOfAnyStream(t *testing.T) {
 		t.Errorf("Seen = %d, %v; want 40 and [a b]", rev, streams)
 	}
 }
+
+// TestAChangeKnownAsARangeIsNotLostAtAHandover: a leader and a follower see the same change at
+// different points of their watches, so give it different revisions, and only its range
+// [Since, Revision] in common: a namespace that joined a namespaceSelector (the leader listed
+// it at 300, the follower at 150), a deletion one found by a relist at 400 and the other on
+// its watch at 200. While the leader has not delivered its event, its checkpoint stays below
+// the range, and the follower, trimmed to it, keeps its own; once delivered, the follower's
+// goes.
+func TestAChangeKnownAsARangeIsNotLostAtAHandover(t *testing.T) {
+	joined := func(rev uint64) dynamicinformer.Event {
+		e := addedAt("joined", 90)
+		e.Since, e.Revision, e.InOrder = 101, rev, false
+		return e
+	}
+	deleted := func(since, rev uint64, inOrder bool) dynamicinformer.Event {
+		e := addedAt("deleted", 50)
+		e.Type, e.Since, e.Revision, e.InOrder = dynamicinformer.Deleted, since, rev, inOrder
+		return e
+	}
+	for _, c := range []struct {
+		name             string
+		leader, follower dynamicinformer.Event
+		below            uint64 // the leader's checkpoint while its event is undelivered
+	}{
+		{"a namespace that joined", joined(300), joined(150), 100},
+		{"a deletion a relist found", deleted(51, 400, false), deleted(0, 200, true), 50},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			leader, delivered := newJournal(t)
+			follower, _ := newJournal(t)
+			for _, j := range []*Journal{leader, follower} {
+				j.ListStarted(configmaps, 1, []string{""})
+				j.ListSynced(configmaps, 1, 10)
+			}
+			leader.Record(c.leader)
+			follower.Record(c.follower)
+			for _, j := range []*Journal{leader, follower} {
+				j.Record(addedAt("later", 500)) // the watch goes on past both
+			}
+			flush(t, leader)
+			flush(t, follower)
+			later := delivered.entries[1]
+			leader.Ack("sink", later.Seq)
+			flush(t, leader)
+			cp := leader.Checkpoints()
+			if got := cp["sink"][configmaps]; got != c.below {
+				t.Fatalf("leader's checkpoint with its event undelivered = %d; want %d", got, c.below)
+			}
+			follower.Trim(cp)
+			flush(t, follower)
+			if n := follower.OutboxLen("sink"); n != 2 {
+				t.Fatalf("follower's outbox after the leader's checkpoint: %d entries; want 2 (its own event and the later one)", n)
+			}
+			leader.Ack("sink", delivered.entries[0].Seq)
+			flush(t, leader)
+			cp = leader.Checkpoints()
+			if got := cp["sink"][configmaps]; got != 500 {
+				t.Fatalf("leader's checkpoint with everything delivered = %d; want 500", got)
+			}
+			follower.Trim(cp)
+			flush(t, follower)
+			if n := follower.OutboxLen("sink"); n != 0 {
+				t.Errorf("follower's outbox once the leader delivered everything: %d entries; want none", n)
+			}
+		})
+	}
+}
+
+// TestABoundCapsTheCheckpoint: a resource whose informers have not yet handed over a change
+// they make on their own (a namespace selection's) has no checkpoint past it.
+func TestABoundCapsTheCheckpoint(t *testing.T) {
+	tg := &target{}
+	bound := uint64(120)
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return []Target{tg} },
+		Bound: func(gvr schema.GroupVersionResource) (uint64, bool) { return bound, gvr == configmaps }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	j.ListStarted(configmaps, 1, []string{""})
+	j.ListSynced(configmaps, 1, 10)
+	j.Record(addedAt("a", 200))
+	flush(t, j)
+	j.Ack("sink", tg.entries[0].Seq)
+	flush(t, j)
+	if got := j.Checkpoints()["sink"][configmaps]; got != 120 {
+		t.Errorf("checkpoint under a bound of 120 = %d; want 120", got)
+	}
+	bound = 300
+	if got := j.Checkpoints()["sink"][configmaps]; got != 200 {
+		t.Errorf("checkpoint under a bound of 300 = %d; want 200", got)
+	}
+}

@@ -31,6 +31,9 @@ type Entry struct {
 	Deadline time.Time
 	// Revision is the event's: a checkpoint at or past it acknowledges the entry.
 	Revision uint64
+	// Since is the event's (see dynamicinformer.Event.Since), 0 when Revision is exact: while
+	// the entry is in the outbox, this replica's checkpoints stay below it.
+	Since uint64
 	// FilterError is why the sink's filter could not decide on the event (an evaluation error,
 	// its cost limit); empty when it selected the event. The sink acts on it as its
 	// filterErrors says: a dead letter, or a delivery flagged with it.

@@ -36,6 +36,7 @@ type Journal struct {
 	m       *metrics
 	retired func(Target)
 	pre     *preselector // nil: the writer filters and encodes
+	bound   func(schema.GroupVersionResource) (uint64, bool)
 
 	mu      sync.Mutex
 	pending []op
@@ -92,6 +93,11 @@ type Options struct {
 	// the writer and in parallel across objects (each object's events in order); 0 leaves it
 	// to the writer. Targets' Selects must then be safe to call from several goroutines.
 	Workers int
+	// Bound, when set, caps a resource's checkpoints: the revision through which the changes
+	// the resource's informers make on their own (a namespaceSelector's namespaces joining and
+	// leaving) have been handed to the journal; false for a resource without any. It is called
+	// before the outboxes are read.
+	Bound func(schema.GroupVersionResource) (uint64, bool)
 }
 
 type opKind int
@@ -176,7 +182,7 @@ func New(o Options) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, m: newMetrics(st),
+	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
 		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords}
@@ -687,7 +693,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 		}
 	case prev.uid != string(e.Object.GetUID()):
 		// Deleted and created again under the same name while nobody was looking.
-		gone := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision}
+		gone := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision, Since: object.After(object.Revision(prev.rv))}
 		if err := j.fanOut(tx, targets, gone, nil, nil, nil, bt); err != nil {
 			return err
 		}
@@ -732,7 +738,7 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 		if body == nil {
 			body = appendPayload(make([]byte, 0, len(objJSON)+len(oldJSON)+256), e, objJSON, oldJSON)
 		}
-		d := Entry{Event: e, ID: EventID(e), Key: object.OrderingKey(e.Resource, e.Object.GetNamespace(), e.Object.GetName()), Enqueued: now, Body: body, Revision: e.Revision}
+		d := Entry{Event: e, ID: EventID(e), Key: object.OrderingKey(e.Resource, e.Object.GetNamespace(), e.Object.GetName()), Enqueued: now, Body: body, Revision: e.Revision, Since: e.Since}
 		if filterErr != nil {
 			d.FilterError = filterErr.Error()
 		}
@@ -746,7 +752,7 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 			if err := b.Put(sequenceKey(d.Seq), encodeEntry(d)); err != nil {
 				return err
 			}
-			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision}})
+			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since}})
 		}
 		bt.out = append(bt.out, queued{t, d})
 	}
@@ -820,7 +826,8 @@ func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVers
 		if err := b.Delete(k); err != nil {
 			return err
 		}
-		if err := j.fanOut(tx, targets, dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now, Revision: revision}, nil, nil, nil, bt); err != nil {
+		e := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now, Revision: revision, Since: object.After(object.Revision(objects[i].GetResourceVersion()))}
+		if err := j.fanOut(tx, targets, e, nil, nil, nil, bt); err != nil {
 			return err
 		}
 	}

@@ -37,7 +37,7 @@ type preselector struct {
 	queues   map[string][]op              // ordering key → its ops, oldest first
 	ready    []string                     // keys with ops and no worker on them
 	busy     map[string]bool              // keys a worker is on
-	revision map[streamRef]map[uint64]int // InOrder revisions not yet committed, per stream, counted
+	revision map[streamRef]map[uint64]int // lowest revisions of events not yet committed, per stream, counted
 	count    int                          // ops queued or being evaluated
 	stopped  bool
 	workers  sync.WaitGroup
@@ -64,12 +64,12 @@ func (p *preselector) add(o op) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.count++
-	if e := o.event; e.InOrder && e.Revision != 0 {
-		ref := streamRef{e.Resource, e.Stream}
+	if low := o.event.Lowest(); low != 0 {
+		ref := streamRef{o.event.Resource, o.event.Stream}
 		if p.revision[ref] == nil {
 			p.revision[ref] = map[uint64]int{}
 		}
-		p.revision[ref][e.Revision]++
+		p.revision[ref][low]++
 	}
 	if len(p.queues[key]) == 0 && !p.busy[key] {
 		p.ready = append(p.ready, key)
@@ -111,10 +111,10 @@ func (p *preselector) run() {
 func (p *preselector) committed(o op) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if e := o.event; e.InOrder && e.Revision != 0 {
-		ref := streamRef{e.Resource, e.Stream}
-		if p.revision[ref][e.Revision]--; p.revision[ref][e.Revision] <= 0 {
-			delete(p.revision[ref], e.Revision)
+	if low := o.event.Lowest(); low != 0 {
+		ref := streamRef{o.event.Resource, o.event.Stream}
+		if p.revision[ref][low]--; p.revision[ref][low] <= 0 {
+			delete(p.revision[ref], low)
 		}
 		if len(p.revision[ref]) == 0 {
 			delete(p.revision, ref)
@@ -125,7 +125,9 @@ func (p *preselector) committed(o op) {
 	}
 }
 
-// pending is the lowest revision of gvr's stream still to be committed; false if none is.
+// pending is the lowest revision of gvr's stream still to be committed (an event's Lowest:
+// relists' and transitions' too, which do not move the stream's progress but are not yet in
+// the outbox either); false if none is.
 func (p *preselector) pending(gvr schema.GroupVersionResource, stream string) (uint64, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

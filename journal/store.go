@@ -35,9 +35,10 @@ var (
 
 // format is the store's format. 2 added the entries' revision; 3 names resources as
 // object.ResourceName does, where 2 wrote schema.GroupVersionResource's String; 4 added the
-// entries' filter error; 5 the sinks bucket. A store of an earlier format (1 has no meta
-// bucket) is converted when it is opened, in one transaction.
-const format = "5"
+// entries' filter error; 5 the sinks bucket; 6 the entries' since (see Entry.Since). A store
+// of an earlier format (1 has no meta bucket) is converted when it is opened, in one
+// transaction.
+const format = "6"
 
 // store is the journal's file, a bbolt database: per resource the last state of every object
 // handed to the sinks, and per sink the outbox of events neither delivered nor dead-lettered
@@ -186,7 +187,7 @@ func upgrade(tx *bolt.Tx) (string, error) {
 	steps := []struct {
 		from, to string
 		convert  func(*bolt.Tx) error
-	}{{"1", "2", addRevisions}, {"2", "3", renameResources}, {"3", "4", addFilterErrors}, {"4", "5", nil}}
+	}{{"1", "2", addRevisions}, {"2", "3", renameResources}, {"3", "4", addFilterErrors}, {"4", "5", nil}, {"5", "6", addSince}}
 	for _, st := range steps {
 		if was == st.from {
 			if st.convert != nil {
@@ -232,10 +233,10 @@ func addRevisions(tx *bolt.Tx) error {
 func addFilterErrors(tx *bolt.Tx) error {
 	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
 		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(name), func(v []byte) []byte {
-			if len(v) < entryHeader {
+			if len(v) < formatFourHeader {
 				return nil // corrupt: removed when it is read
 			}
-			_, rest, err := readString(v[entryHeader:])
+			_, rest, err := readString(v[formatFourHeader:])
 			if err == nil {
 				_, rest, err = readString(rest)
 			}
@@ -247,6 +248,22 @@ func addFilterErrors(tx *bolt.Tx) error {
 			nv = append(nv, v[:at]...)
 			nv = appendString(nv, "")
 			return append(nv, rest...)
+		})
+	})
+}
+
+// addSince converts format 5 outbox entries, which had no since, giving each 0: its revision
+// is exact.
+func addSince(tx *bolt.Tx) error {
+	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
+		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(name), func(v []byte) []byte {
+			if len(v) < formatFourHeader {
+				return nil // corrupt: removed when it is read
+			}
+			nv := make([]byte, 0, len(v)+8)
+			nv = append(nv, v[:formatFourHeader]...)
+			nv = binary.BigEndian.AppendUint64(nv, 0)
+			return append(nv, v[formatFourHeader:]...)
 		})
 	})
 }
@@ -271,10 +288,10 @@ func renameResources(tx *bolt.Tx) error {
 	}
 	return tx.Bucket(outboxBucket).ForEachBucket(func(sink []byte) error {
 		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(sink), func(v []byte) []byte {
-			if len(v) < entryHeader {
+			if len(v) < formatFourHeader {
 				return nil // corrupt: counted and removed when it is read
 			}
-			id, rest, err := readString(v[entryHeader:])
+			id, rest, err := readString(v[formatFourHeader:])
 			if err != nil {
 				return nil
 			}
@@ -288,7 +305,7 @@ func renameResources(tx *bolt.Tx) error {
 				return nil
 			}
 			ns, name := object.SplitKey(objKey)
-			nv := appendString(append([]byte(nil), v[:entryHeader]...), id)
+			nv := appendString(append([]byte(nil), v[:formatFourHeader]...), id)
 			nv = appendString(nv, object.OrderingKey(gvr, ns, name))
 			return append(nv, body...)
 		})
@@ -459,8 +476,12 @@ func (s stored) object() (*unstructured.Unstructured, error) {
 }
 
 // An outbox entry: deadline, enqueued and observed times (unix nanoseconds), the revision, the
-// id and the ordering key, then the request body, from which the event is restored.
-const entryHeader = 4 * 8
+// since, the id, the ordering key and the filter error, then the request body, from which the
+// event is restored. Formats 2 to 5 had no since.
+const (
+	entryHeader      = 5 * 8
+	formatFourHeader = 4 * 8
+)
 
 func encodeEntry(d Entry) []byte {
 	buf := make([]byte, entryHeader, entryHeader+3*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.FilterError)+len(d.Body))
@@ -468,6 +489,7 @@ func encodeEntry(d Entry) []byte {
 	binary.BigEndian.PutUint64(buf[8:], uint64(unixNano(d.Enqueued)))
 	binary.BigEndian.PutUint64(buf[16:], uint64(unixNano(d.Event.Observed)))
 	binary.BigEndian.PutUint64(buf[24:], d.Revision)
+	binary.BigEndian.PutUint64(buf[32:], d.Since)
 	buf = appendString(buf, d.ID)
 	buf = appendString(buf, d.Key)
 	buf = appendString(buf, d.FilterError)
@@ -485,6 +507,15 @@ func setEntryDeadline(v []byte, deadline time.Time) []byte {
 type indexed struct {
 	resource schema.GroupVersionResource // from the ordering key
 	revision uint64
+	since    uint64
+}
+
+// lowest is the lowest revision the entry's change may have happened at (see Entry.Since).
+func (x indexed) lowest() uint64 {
+	if x.since != 0 {
+		return x.since
+	}
+	return x.revision
 }
 
 // indexEntry reads an entry's index fields; a corrupt entry has neither.
@@ -492,7 +523,7 @@ func indexEntry(v []byte) indexed {
 	if len(v) < entryHeader {
 		return indexed{}
 	}
-	x := indexed{revision: binary.BigEndian.Uint64(v[24:])}
+	x := indexed{revision: binary.BigEndian.Uint64(v[24:]), since: binary.BigEndian.Uint64(v[32:])}
 	if _, rest, err := readString(v[entryHeader:]); err == nil {
 		if key, _, err := readString(rest); err == nil {
 			x.resource, _ = object.OrderingKeyResource(key)
@@ -514,6 +545,7 @@ func decodeEntry(v []byte) (Entry, error) {
 		Deadline: fromUnixNano(int64(binary.BigEndian.Uint64(v[0:]))),
 		Enqueued: fromUnixNano(int64(binary.BigEndian.Uint64(v[8:]))),
 		Revision: binary.BigEndian.Uint64(v[24:]),
+		Since:    binary.BigEndian.Uint64(v[32:]),
 	}
 	observed := fromUnixNano(int64(binary.BigEndian.Uint64(v[16:])))
 	rest := v[entryHeader:]
@@ -560,6 +592,7 @@ func decodeEntry(v []byte) (Entry, error) {
 		Object:   &unstructured.Unstructured{Object: map[string]any{"metadata": meta}},
 		Observed: observed,
 		Revision: d.Revision,
+		Since:    d.Since,
 	}
 	return d, nil
 }

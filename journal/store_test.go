@@ -54,6 +54,9 @@ func TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything(t *testing.T) {
 	var keys []string
 	if _, _, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool {
 		keys = append(keys, e.Key)
+		if e.Since != 0 || e.Revision == 0 {
+			t.Errorf("entry %d: since %d, revision %d; want an exact revision, as format 2 had", e.Seq, e.Since, e.Revision)
+		}
 		if r, err := object.OrderingKeyResource(e.Key); err != nil || r != e.Event.Resource {
 			t.Errorf("entry %d: its key %q names %v (%v); its event is of %v", e.Seq, e.Key, r, err, e.Event.Resource)
 		}

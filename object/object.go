@@ -60,6 +60,15 @@ func Revision(resourceVersion string) uint64 {
 	return n
 }
 
+// After is the revision just after rev: the lowest a change to an object last seen at rev
+// can have. 0 stays 0 (not known).
+func After(rev uint64) uint64 {
+	if rev == 0 {
+		return 0
+	}
+	return rev + 1
+}
+
 // ResourceName names gvr as dynwatch does everywhere: resource.version.group, or
 // resource.version for the core group.
 func ResourceName(gvr schema.GroupVersionResource) string {

@@ -76,7 +76,7 @@ func New(o Options) (*Dispatcher, error) {
 		return nil, errors.New("leader election needs a state store (state.path)")
 	}
 	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, Now: d.now, Targets: d.targets, Retired: d.retire,
-		Workers: filterWorkers()})
+		Workers: filterWorkers(), Bound: d.selectionRevision})
 	if err != nil {
 		return nil, err
 	}
@@ -444,3 +444,17 @@ var errRemoved = errors.New("the webhook was removed from the configuration")
 // writer: twice the CPUs, at least 4, so that a few costly objects being filtered at once do not
 // hold up everyone else's.
 func filterWorkers() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
+
+// selectionRevision bounds the journal's checkpoints of a resource with a namespaceSelector
+// (see journal.Options.Bound and dynamicinformer.Resource.SelectionRevision).
+func (d *Dispatcher) selectionRevision(gvr schema.GroupVersionResource) (uint64, bool) {
+	if d.resources == nil {
+		return 0, false
+	}
+	for _, r := range d.resources() {
+		if g, _, running := r.API(); running && g == gvr {
+			return r.SelectionRevision()
+		}
+	}
+	return 0, false
+}

@@ -3,12 +3,11 @@ package chart
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
 // TestRenderedRBACFollowsANamespaceSelector renders a resource selected by namespace labels,
-// applies the rendered RBAC, and runs dynwatch as the chart's ServiceAccount: it becomes ready,
+// with the chart's defaults (two replicas, leader election), applies the rendered RBAC, and runs dynwatch as the chart's ServiceAccount: it becomes ready,
 // so the rules suffice, and a SubjectAccessReview for each permission shows they grant no more
 // than listing and watching the namespaces and the resource cluster-wide.
 func TestRenderedRBACFollowsANamespaceSelector(t *testing.T) {
@@ -16,9 +15,7 @@ func TestRenderedRBACFollowsANamespaceSelector(t *testing.T) {
 	namespace(t, release)
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	if err := os.WriteFile(values, []byte(`
-replicaCount: 1
 config:
-  leaderElection: {enabled: false}
   resources:
     - {version: v1, resource: configmaps, namespaceSelector: "team in (a, b)"}
 `), 0o600); err != nil {
@@ -42,14 +39,4 @@ config:
 		{verb: "update", resource: "configmaps", namespace: "kube-system"},
 		{verb: "list", resource: "secrets"},
 	})
-}
-
-// TestANamespaceSelectorWithLeaderElectionIsRefused: the chart turns leader election on by
-// default, which a namespaceSelector does not support yet; the rendering says what to change.
-func TestANamespaceSelectorWithLeaderElectionIsRefused(t *testing.T) {
-	_, err := helm(t, "template", "dw", chartDir, "--set", "config.resources[0].version=v1", "--set", "config.resources[0].resource=pods",
-		"--set", "config.resources[0].namespaceSelector=team=a")
-	if err == nil || !strings.Contains(err.Error(), "config.resources[0].namespaceSelector is not supported with leader election yet") {
-		t.Errorf("helm template = %v; want the leader election message", err)
-	}
 }
