@@ -74,16 +74,23 @@ func newHAFixture(t *testing.T, objects int) haFixture {
 
 // haGroup starts n replicas watching configmaps in ns and delivering to url.
 func haGroup(t *testing.T, ns, url string, n int) []*replica {
+	return haGroupOf(t, fmt.Sprintf("[{version: v1, resource: configmaps, namespaces: [%s]}]", ns), ns, url, n)
+}
+
+// haGroupOf starts n replicas watching resources, with their Lease in ns, delivering to url.
+func haGroupOf(t *testing.T, resources, ns, url string, n int) []*replica {
 	dir := t.TempDir()
 	var rs []*replica
 	for i := range n {
 		name := fmt.Sprintf("r%d", i)
 		r := &replica{name: name, config: filepath.Join(dir, name+".yaml")}
-		writeFile(t, r.config, plainConfig(ns, fmt.Sprintf(`
+		writeFile(t, r.config, fmt.Sprintf(`resources: %s
 webhooks: [{name: sink, url: %s, workers: 4, headers: [{name: X-Replica, value: %s}], retry: {initialBackoff: 100ms, maxBackoff: 1s}}]
 state: {path: %s}
 leaderElection: {enabled: true, namespace: %s, identity: %s, leaseDuration: %s, renewDeadline: 3s, retryPeriod: 500ms, checkpointInterval: 1s}
-`, url, name, filepath.Join(dir, name+".db"), ns, name, haLease)))
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}
+`, resources, url, name, filepath.Join(dir, name+".db"), ns, name, haLease))
 		rs = append(rs, r)
 	}
 	var wg sync.WaitGroup

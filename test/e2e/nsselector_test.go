@@ -7,8 +7,11 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -239,4 +242,187 @@ webhooks: [{name: all, url: %q}]
 	if err := json.Unmarshal([]byte(body), &status); err != nil || len(status.Resources) != 1 || status.Resources[0].State != "Synced" {
 		t.Errorf("/status: %s (%v), want one Synced resource", body, err)
 	}
+}
+
+// TestANamespaceSelectionSurvivesAKilledLeader runs three replicas with leader election over
+// the configmaps of the namespaces a label selects, among 12 of which half carry it. While
+// every configmap changes, namespaces join and leave one after the other. Each replica sees
+// each change at its own point of its watch; the receiver refuses the leader's deliveries of
+// one namespace that joins, and once the leader has had a few checkpoints the chance to pass
+// them, it is killed: its successor must deliver the ADDED the killed leader could not. The
+// receiver ends with every selected namespace's object at its last version, brought in by an
+// ADDED, and every other namespace's object gone (DELETED last) or never delivered.
+func TestANamespaceSelectionSurvivesAKilledLeader(t *testing.T) {
+	ctx := t.Context()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	first := namespace(t) // the Lease's, outside the selection
+	id := first[strings.LastIndexByte(first, '-')+1:]
+	key := "nsha-" + id
+	names := make([]string, 12)
+	selected := map[string]bool{}
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%02d", first, i)
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: names[i]}}
+		if selected[names[i]] = i%2 == 0; selected[names[i]] {
+			ns.Labels = map[string]string{key: "in"}
+		}
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Labels: map[string]string{key: "obj"}}, Data: map[string]string{"n": "0"}}
+		if _, err := cs.CoreV1().ConfigMaps(names[i]).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const stuck = 5 // joins third, and the leader cannot deliver it
+	var leaderName atomic.Value
+	leaderName.Store("")
+	var refused atomic.Int64
+	rc := newJudge(t, func(r received, _ int, _ http.Header) int {
+		if strings.HasPrefix(r.subject, names[stuck]+"/") && r.header.Get("X-Replica") == leaderName.Load() {
+			refused.Add(1)
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	})
+	rs := haGroupOf(t, fmt.Sprintf("[{version: v1, resource: configmaps, labelSelector: %q, namespaceSelector: %q}]", key+"=obj", key+"=in"), first, rc.URL, haReplicas)
+	leader := waitLeader(t, rs)
+	leaderName.Store(leader.name)
+
+	// Every configmap changes throughout: two every 20 ms, in turn.
+	changing, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-changing.Done():
+				return
+			case <-tick.C:
+			}
+			for i := range 2 {
+				patch := fmt.Sprintf(`{"data":{"n":"%d"}}`, n)
+				_, _ = cs.CoreV1().ConfigMaps(names[(2*n+i)%len(names)]).Patch(changing, "cm", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			}
+		}
+	}()
+	var lastChange uint64 // the resourceVersion of the last namespace change
+	relabel := func(ns, value string) {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, key, value)
+		changed, err := cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lastChange, _ = strconv.ParseUint(changed.ResourceVersion, 10, 64)
+	}
+	pace := time.NewTicker(400 * time.Millisecond)
+	defer pace.Stop()
+	var joined []string
+	for i := range len(names) / 2 {
+		<-pace.C
+		in, out := names[2*i+1], names[2*i]
+		relabel(in, `"in"`)
+		relabel(out, "null")
+		selected[in], selected[out] = true, false
+		joined = append(joined, in)
+		if 2*i+1 == stuck {
+			testbed.Eventually(t, 30*time.Second, func() error {
+				if refused.Load() == 0 {
+					return fmt.Errorf("the leader has not tried to deliver the object of %s yet", in)
+				}
+				return nil
+			})
+			for range 3 * time.Second / (400 * time.Millisecond) { // three checkpoint intervals
+				<-pace.C
+			}
+			if err := leader.proc().Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	<-pace.C
+	stop()
+	<-done
+	waitLeader(t, rs, leader)
+
+	// Each object's last state is its event of the highest resourceVersion (a DELETED over
+	// another of the same: a namespace leaving takes the object out as the cache held it).
+	rank := func(r received) (int, bool) {
+		rv, _ := strconv.Atoi(r.payload.Object["metadata"].(map[string]any)["resourceVersion"].(string))
+		return rv, r.payload.Type == "DELETED"
+	}
+	testbed.Eventually(t, time.Minute, func() error {
+		last := map[string]received{}
+		for _, r := range accepted(rc) {
+			ns := strings.SplitN(r.subject, "/", 2)[0]
+			prev, seen := last[ns]
+			if !seen {
+				last[ns] = r
+				continue
+			}
+			rv, deleted := rank(r)
+			if prevRV, prevDeleted := rank(prev); rv > prevRV || rv == prevRV && deleted && !prevDeleted {
+				last[ns] = r
+			}
+		}
+		for _, ns := range names {
+			r, seen := last[ns]
+			if !selected[ns] {
+				if seen && r.payload.Type != "DELETED" {
+					return fmt.Errorf("namespace %s is not selected, yet its object's last event is %s at %v", ns, r.payload.Type, r.payload.Object["metadata"])
+				}
+				continue
+			}
+			cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "cm", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if !seen {
+				return fmt.Errorf("namespace %s is selected, and nothing of its object has arrived", ns)
+			}
+			if rv, deleted := rank(r); deleted || strconv.Itoa(rv) != cm.ResourceVersion {
+				return fmt.Errorf("namespace %s is selected: its object's last event is %s at %d, want resourceVersion %s", ns, r.payload.Type, rv, cm.ResourceVersion)
+			}
+		}
+		return nil
+	})
+	byNamespace := map[string][]string{}
+	for _, r := range accepted(rc) {
+		ns := strings.SplitN(r.subject, "/", 2)[0]
+		byNamespace[ns] = append(byNamespace[ns], r.payload.Type+" from "+r.header.Get("X-Replica"))
+	}
+	// The new leader's checkpoints move past the selection's last change once its events are
+	// delivered: followers keep no more than they must.
+	testbed.Eventually(t, 30*time.Second, func() error {
+		cm, err := cs.CoreV1().ConfigMaps(first).Get(ctx, "dynwatch-checkpoints", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var cp map[string]map[string]string
+		if err := json.Unmarshal([]byte(cm.Data["checkpoints.json"]), &cp); err != nil {
+			return err
+		}
+		if got, _ := strconv.ParseUint(cp["sink"]["configmaps.v1"], 10, 64); got < lastChange {
+			return fmt.Errorf("checkpoint of configmaps %d; want it past the last namespace change, %d (%s)", got, lastChange, cm.Data["checkpoints.json"])
+		}
+		return nil
+	})
+	for _, ns := range joined {
+		if types := byNamespace[ns]; len(types) == 0 || !strings.HasPrefix(types[0], "ADDED ") {
+			t.Errorf("namespace %s joined the selection: its events %v, want ADDED first", ns, types)
+		}
+	}
+}
+
+// accepted is what rc answered 2xx: what was delivered.
+func accepted(rc *receiver) []received {
+	var out []received
+	for _, r := range rc.got() {
+		if r.code/100 == 2 {
+			out = append(out, r)
+		}
+	}
+	return out
 }
