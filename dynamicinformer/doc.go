@@ -17,7 +17,10 @@
 // follows the Namespaces the selector matches (the selection): objects of other namespaces are
 // dropped before the cache, and when the selection changes the informer's watch brings the
 // namespaces that joined in as ADDED and those that left out as DELETED, listed at the
-// revision the watch has reached.
+// revision the watch has reached (for those that joined, at least the selection's). Such
+// events, and deletes a relist found, carry the range of revisions the change happened in
+// (Event.Since to Revision) rather than one, and are not in the watch's order; a resource's
+// SelectionRevision is the selection's revision whose changes have been emitted.
 //
 // Objects pass the resource's Transform before they enter the cache; the transform is
 // idempotent, as client-go requires. Objects handed out by the cache and in Events are shared
