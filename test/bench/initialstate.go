@@ -108,6 +108,9 @@ func reportInitialState(o options, b *bed, writes []write, arrivals map[string]i
 	out, _ := json.MarshalIndent(map[string]any{
 		"machine": machine(), "cbor": !o.json, "race": o.race, "resource": o.resource, "objects": o.objects, "objectBytes": b.objBytes,
 		"updatesBefore": len(pre), "updatesDuring": len(during), "loadAverage": r.load, "results": rows,
+		// Every latency, so that several runs can be pooled: one run's p99 during the replay is
+		// its third-slowest update of about 270.
+		"latenciesBeforeMs": millis(pre), "latenciesDuringMs": millis(during),
 	}, "", "  ")
 	return os.WriteFile(o.jsonPath, out, 0o644)
 }
@@ -219,6 +222,15 @@ func initialStateRows(o options, pre, during []time.Duration, before sample, r r
 		row("replay: ADDED received by the new sink", "", float64(r.added), 0, "", "", always),
 		row("replay: objects received per second", "/s", float64(o.objects)/took, 0, "", "", always),
 	}
+}
+
+// millis are durations in milliseconds.
+func millis(ds []time.Duration) []float64 {
+	out := make([]float64, len(ds))
+	for i, d := range ds {
+		out[i] = float64(d.Microseconds()) / 1000
+	}
+	return out
 }
 
 // logWorst logs the n slowest of the writes, each with when it was made after since.
