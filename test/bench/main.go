@@ -3,7 +3,8 @@
 // It starts the test bed, creates realistic configmaps (or pods, with -resource pods), runs
 // both watchers as separate processes, storms them with updates, queries both dynwatch and the
 // apiserver, and prints one table of figures and ratios (and writes it as JSON with -json).
-// Run it with `make bench`.
+// Run it with `make bench`. With -initial-state it measures instead what a webhook added by a
+// reload with initialState costs another sink's latency while its replay runs (initialstate.go).
 package main
 
 import (
@@ -40,8 +41,11 @@ const namespace = "bench"
 type options struct {
 	objects, updates, rate, queries          int
 	resource, jsonPath, profile, heapProfile string
-	json, chart                              bool
+	json, chart, race                        bool
 	env                                      []string
+	initialState                             bool
+	profileSeconds                           int           // -initial-state: the profile's length
+	beforeReload                             time.Duration // -initial-state: the steady sink measured alone
 }
 
 func main() {
@@ -60,7 +64,14 @@ func main() {
 	})
 	flag.BoolVar(&o.json, "json-only", false, "run the apiserver without CBOR (its CBORServingAndStorage feature gate off), so that dynwatch reads JSON as B0 does")
 	flag.BoolVar(&o.chart, "chart", false, "run dynwatch with the chart's default configuration: the resource cluster-wide, one indexer, no webhook; the storm's updates are received from a watch of its API")
+	flag.BoolVar(&o.race, "race", false, "build dynwatch with the race detector, as the e2e tests run it")
+	flag.BoolVar(&o.initialState, "initial-state", false, "measure instead a steady sink's latency before and while a sink added by a reload with initialState is replayed the objects (10,000 unless -objects is given); -profile then profiles the replay")
+	flag.IntVar(&o.profileSeconds, "profile-seconds", 5, "with -initial-state: the length of the replay's CPU profile, from the reload (10,000 configmaps take about 6 s on 2 cores)")
+	flag.DurationVar(&o.beforeReload, "before", 20*time.Second, "with -initial-state: how long the steady sink's latency is measured before the reload")
 	flag.Parse()
+	if o.initialState && !flagSet("objects") {
+		o.objects = initialStateObjects
+	}
 	if o.resource != "configmaps" && o.resource != "pods" {
 		fmt.Fprintf(os.Stderr, "bench: -resource %q: configmaps or pods\n", o.resource)
 		os.Exit(2)
@@ -70,6 +81,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // result is one row of the table.
@@ -95,29 +113,52 @@ func row(name, unit string, dw, base float64, against, target string, met func(r
 
 func logf(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...) }
 
-func run(ctx context.Context, o options) error {
+// bed is what every run starts from: the test bed, loaded with the objects, and dynwatch built.
+type bed struct {
+	cluster  *testbed.Cluster
+	cs       kubernetes.Interface // unthrottled
+	objBytes int                  // one object's size, as the apiserver serves it in JSON
+	dwBin    string
+}
+
+// setUp starts the test bed, creates o.objects objects of o.resource in it and builds dynwatch.
+// The caller stops the cluster.
+func setUp(ctx context.Context, o options) (*bed, error) {
 	start := time.Now()
 	cluster, err := testbed.Start(ctx, testbed.Options{Out: os.Stderr, CBOR: !o.json})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer cluster.Stop()
+	b := &bed{cluster: cluster}
 	fast := rest.CopyConfig(cluster.Config)
 	fast.QPS, fast.Burst = -1, 0
-	cs := kubernetes.NewForConfigOrDie(fast)
-	objBytes, err := load(ctx, cs, o.resource, o.objects)
+	b.cs = kubernetes.NewForConfigOrDie(fast)
+	if b.objBytes, err = load(ctx, b.cs, o.resource, o.objects); err == nil {
+		logf("created %d %s of %d bytes each (with managedFields) in %s", o.objects, o.resource, b.objBytes, time.Since(start).Round(time.Second))
+		b.dwBin, err = runner.Build(ctx, cluster.Dir, o.race)
+	}
+	if err != nil {
+		cluster.Stop()
+		return nil, err
+	}
+	return b, nil
+}
+
+func run(ctx context.Context, o options) error {
+	start := time.Now()
+	b, err := setUp(ctx, o)
 	if err != nil {
 		return err
 	}
-	logf("created %d %s of %d bytes each (with managedFields) in %s", o.objects, o.resource, objBytes, time.Since(start).Round(time.Second))
+	defer b.cluster.Stop()
+	if o.initialState {
+		return runInitialState(ctx, o, b, start)
+	}
+	cluster, cs, objBytes, dwBin := b.cluster, b.cs, b.objBytes, b.dwBin
 
 	baselineBin := filepath.Join(cluster.Dir, "baseline")
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", baselineBin, "./test/bench/baseline").CombinedOutput(); err != nil {
 		return fmt.Errorf("build baseline: %w\n%s", err, out)
-	}
-	dwBin, err := runner.Build(ctx, cluster.Dir, false)
-	if err != nil {
-		return err
 	}
 
 	// B0 first, alone: time to synced and heap.
@@ -137,12 +178,13 @@ func run(ctx context.Context, o options) error {
 	// dynwatch, alone: time to synced, then the initial-list deliveries drain (without a
 	// webhook: the state store stops committing), then heap.
 	recv := newReceiver()
-	webhook := ""
+	var webhooks []string
 	if !o.chart {
-		webhook = recv.serve()
+		// The default queue: what it cannot hold waits in the outbox.
+		webhooks = append(webhooks, fmt.Sprintf("{name: bench, url: %s, workers: 4}", recv.serve()))
 		defer recv.close()
 	}
-	dw, err := startDynwatch(ctx, dwBin, cluster, o, webhook)
+	dw, err := startDynwatch(ctx, dwBin, cluster, o, webhooks)
 	if err != nil {
 		return err
 	}
@@ -285,7 +327,7 @@ func run(ctx context.Context, o options) error {
 		row("peak resident memory (VmHWM), whole run", "MB", mb(dwEnd.peak), mb(b0End.peak), "B0", "", always),
 	)
 	logf("at the end: dynwatch resident %d MB of which %d MB file-backed; B0 %d MB", dwEnd.now>>20, dwEnd.file>>20, b0End.now>>20)
-	printTable(o, objBytes, rows, time.Since(start))
+	printTable(title(o, objBytes, time.Since(start)), [2]string{"dynwatch", "baseline"}, rows)
 	if o.jsonPath != "" {
 		b, _ := json.MarshalIndent(map[string]any{
 			"machine": machine(), "cbor": !o.json, "chart": o.chart, "resource": o.resource, "objects": o.objects, "objectBytes": objBytes,
@@ -338,11 +380,11 @@ type dwProc struct {
 	metrics string
 }
 
-// startDynwatch starts dynwatch, delivering to the webhook URL (with -chart: to none), and
+// startDynwatch starts dynwatch with the webhooks (with -chart: none; see dynwatchConfig), and
 // waits until it has synced, timing it from the start.
-func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o options, webhook string) (*dwProc, error) {
-	cfg := filepath.Join(cluster.Dir, "bench-dynwatch.yaml")
-	if err := os.WriteFile(cfg, []byte(dynwatchConfig(o, webhook, filepath.Join(cluster.Dir, "state", "bench-state.db"))), 0o600); err != nil {
+func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o options, webhooks []string) (*dwProc, error) {
+	cfg, err := writeConfig(cluster, o, webhooks)
+	if err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
@@ -366,9 +408,21 @@ func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o 
 	return &dwProc{proc: proc{pid: p.PID(), synced: synced, peak: residentMemory(p.PID()).peak, stop: stop}, rp: p, metrics: metrics}, nil
 }
 
-// dynwatchConfig is dynwatch's configuration file for the run. Both keep the state store in a
-// directory of its own, as the chart does, and serve the API and metrics on loopback.
-func dynwatchConfig(o options, webhook, state string) string {
+// writeConfig writes dynwatch's configuration file for the run with the webhooks, replacing
+// the file in one rename (dynwatch reloads it when it changes), and returns its path.
+func writeConfig(cluster *testbed.Cluster, o options, webhooks []string) (string, error) {
+	path := filepath.Join(cluster.Dir, "bench-dynwatch.yaml")
+	text := dynwatchConfig(o, webhooks, filepath.Join(cluster.Dir, "state", "bench-state.db"))
+	if err := os.WriteFile(path+".new", []byte(text), 0o600); err != nil {
+		return "", err
+	}
+	return path, os.Rename(path+".new", path)
+}
+
+// dynwatchConfig is dynwatch's configuration file for the run, with the webhooks (YAML flow
+// mappings). Both keep the state store in a directory of its own, as the chart does, and serve
+// the API and metrics on loopback.
+func dynwatchConfig(o options, webhooks []string, state string) string {
 	if o.chart {
 		return fmt.Sprintf(`# The chart's default config (charts/dynwatch/values.yaml), but with the API and metrics on
 # loopback, the API without TLS or authentication, and pprof on.
@@ -392,12 +446,11 @@ resources:
       - {name: byApp, type: label, key: app}
       - {name: byTeam, type: annotation, key: example.com/team}
       - {name: byOwner, type: owner}
-webhooks:
-  - {name: bench, url: %s, workers: 4}  # the default queue: what it cannot hold waits in the outbox
+webhooks: [%s]
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0", pprof: true}
 state: {path: %s}  # as the chart runs it: every event through the state store
-`, o.resource, namespace, webhook, state)
+`, o.resource, namespace, strings.Join(webhooks, ", "), state)
 }
 
 type write struct {
@@ -442,19 +495,23 @@ func storm(ctx context.Context, cs kubernetes.Interface, o options) ([]write, er
 // receiver notes when each resourceVersion reached dynwatch's consumer: the webhook receiver
 // it serves, or a watch of dynwatch's API.
 type receiver struct {
-	srv  *http.Server
-	mu   sync.Mutex
-	seen map[string]int64
-	n    int
+	srv   *http.Server
+	mu    sync.Mutex
+	seen  map[string]int64
+	n     int
+	added int // requests whose ce-id names an ADDED
 }
 
 func newReceiver() *receiver { return &receiver{seen: map[string]int64{}} }
 
-func (r *receiver) note(rv string) {
+func (r *receiver) note(rv string, added bool) {
 	now := time.Now().UnixNano()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.n++
+	if added {
+		r.added++
+	}
 	if rv != "" {
 		r.seen[rv] = now
 	}
@@ -467,10 +524,11 @@ func (r *receiver) serve() string {
 	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		_, _ = io.Copy(io.Discard, req.Body)
 		var rv string
+		added := false
 		if parts := strings.Split(req.Header.Get("ce-id"), "."); len(parts) == 3 {
-			rv = parts[1]
+			rv, added = parts[1], parts[2] == "added"
 		}
-		r.note(rv)
+		r.note(rv, added)
 	})}
 	go func() { _ = r.srv.Serve(ln) }()
 	return "http://" + ln.Addr().String() + "/events"
@@ -506,7 +564,7 @@ func (r *receiver) watch(ctx context.Context, url string) error {
 			}
 			return fmt.Errorf("watch %s: %w", url, err)
 		}
-		r.note(e.Object.Metadata.ResourceVersion)
+		r.note(e.Object.Metadata.ResourceVersion, false)
 	}
 }
 
@@ -514,6 +572,13 @@ func (r *receiver) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.n
+}
+
+// addedCount counts the requests received that carried an ADDED.
+func (r *receiver) addedCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.added
 }
 
 func (r *receiver) arrivals() map[string]int64 {
@@ -802,7 +867,8 @@ func machine() string {
 	return fmt.Sprintf("%d CPUs (%s), %s %s/%s", runtime.NumCPU(), model, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
-func printTable(o options, objBytes int, rows []result, took time.Duration) {
+// title is the default run's first line.
+func title(o options, objBytes int, took time.Duration) string {
 	served := "CBOR to dynwatch (CBORServingAndStorage on), JSON to B0"
 	if o.json {
 		served = "JSON to both (CBORServingAndStorage off)"
@@ -811,10 +877,16 @@ func printTable(o options, objBytes int, rows []result, took time.Duration) {
 	if o.chart {
 		config = "the chart's default config: cluster-wide, 1 indexer, no webhook"
 	}
-	fmt.Printf("dynwatch benchmark: %d %s of %d bytes, %d updates at %d/s, %d requests per query; dynwatch with %s; apiserver serving %s; %s; took %s\n\n",
+	return fmt.Sprintf("dynwatch benchmark: %d %s of %d bytes, %d updates at %d/s, %d requests per query; dynwatch with %s; apiserver serving %s; %s; took %s",
 		o.objects, o.resource, objBytes, o.updates, o.rate, o.queries, config, served, machine(), took.Round(time.Second))
+}
+
+// printTable prints the title and the rows, the measured value and its baseline in the columns
+// named by cols. A row with no baseline (no against) shows neither it nor a ratio.
+func printTable(title string, cols [2]string, rows []result) {
+	fmt.Printf("%s\n\n", title)
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "measure\tunit\tdynwatch\tbaseline\tbaseline is\tratio\ttarget\tmet")
+	fmt.Fprintf(w, "measure\tunit\t%s\t%s\tbaseline is\tratio\ttarget\tmet\n", cols[0], cols[1])
 	for _, r := range rows {
 		met := "yes"
 		if !r.Met {
@@ -823,7 +895,11 @@ func printTable(o options, objBytes int, rows []result, took time.Duration) {
 		if r.Target == "" {
 			met = ""
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.3f\t%.3f\t%s\t%.2fx\t%s\t%s\n", r.Name, r.Unit, r.Dynwatch, r.Baseline, r.Against, r.Ratio, r.Target, met)
+		base, ratio := fmt.Sprintf("%.3f", r.Baseline), fmt.Sprintf("%.2fx", r.Ratio)
+		if r.Against == "" {
+			base, ratio = "", ""
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Unit, r.Dynwatch, base, r.Against, ratio, r.Target, met)
 	}
 	_ = w.Flush()
 }
