@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-api bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-api bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -46,6 +46,11 @@ test-e2e: testbed
 ## bench: dynwatch side by side with a bare informer and the apiserver (about 3 minutes)
 bench: testbed
 	$(GO) run ./test/bench -json bench.json
+
+## bench-initial-state: another sink's latency before and while a sink added by a reload with
+## initialState is replayed 10,000 objects, side by side in one run (about a minute)
+bench-initial-state: testbed
+	$(GO) run ./test/bench -initial-state -json-only -json bench-initial-state.json
 
 ## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
 bench-api: testbed
