@@ -216,12 +216,13 @@ func (a *applied) put(cur selected) {
 // is not known yet, a list fails) it ends with an Expired error, and the reflector lists again.
 //
 // Where a change is placed in the watch depends on when the selection's own watch reported it,
-// which differs between replicas; what each replica makes of it must not. A namespace changed
-// at some revision t between the selection's last applied revision and its current one, cur:
-// its objects are listed as they were at the later of the watch's revision and cur, and their
-// events carry that range (Event.Since and Revision), which holds t on every replica. A
-// namespace that joined has its objects listed at that revision, and its watch events up to it
-// dropped: none before t is passed on as the namespace's.
+// which differs between replicas; what each replica makes of it must not lose anything. A
+// namespace changed at some revision t after the selection's last applied revision and by its
+// current one, cur. One that joined has its objects listed as they were at the later of the
+// watch's revision and cur, and its watch events up to that revision dropped, so nothing of it
+// from before t is passed on; one that left has its objects listed at the watch's revision, as
+// the cache holds them. Their events carry the range from just after the last applied revision
+// to that later one (Event.Since and Revision), which holds t on every replica.
 type selectWatch struct {
 	in      watch.Interface
 	out     chan watch.Event
