@@ -41,25 +41,7 @@ func TestANamespaceSelectorIsFollowedLive(t *testing.T) {
 	first := namespace(t)
 	id := first[strings.LastIndexByte(first, '-')+1:]
 	key := "nssel-" + id // this test's label, on namespaces and on its configmaps
-	names := make([]string, 50)
-	for i := range names {
-		names[i] = fmt.Sprintf("%s-%02d", first, i)
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: names[i]}}
-		if i%2 == 0 {
-			ns.Labels = map[string]string{key: "in"}
-		}
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Labels: map[string]string{key: "obj"}}, Data: map[string]string{"n": "0"}}
-		if _, err := cs.CoreV1().ConfigMaps(names[i]).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	selected := map[string]bool{}
-	for i, ns := range names {
-		selected[ns] = i%2 == 0
-	}
+	names, selected := selectableNamespaces(t, cs, first, key, 50)
 
 	rc := newReceiver(t, nil, false)
 	p, _ := startWithWebhooks(t, fmt.Sprintf(`
@@ -131,31 +113,8 @@ webhooks: [{name: all, url: %q}]
 
 	// Every configmap changes while the selection does: five every 50ms, in turn, a pace that
 	// leaves the other tests' cluster-wide watches of configmaps unhurried.
-	changing, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for n := 0; ; n++ {
-			select {
-			case <-changing.Done():
-				return
-			case <-tick.C:
-			}
-			for i := range 5 {
-				ns := names[(5*n+i)%len(names)]
-				patch := fmt.Sprintf(`{"data":{"n":"%d"}}`, n)
-				_, _ = cs.CoreV1().ConfigMaps(ns).Patch(changing, "cm", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-			}
-		}
-	}()
-	relabel := func(ns, value string) {
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, key, value)
-		if _, err := cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stop := changeConfigMaps(ctx, cs, names, 50*time.Millisecond, 5)
+	relabel := func(ns, value string) { relabelNamespace(t, cs, key, ns, value) }
 	var joined, left []string
 	for i := range 10 {
 		in, out := names[2*i+1], names[2*i]
@@ -181,7 +140,6 @@ webhooks: [{name: all, url: %q}]
 	selected[gone] = false
 	left = append(left, gone)
 	stop()
-	<-done
 
 	testbed.Eventually(t, time.Minute, func() error {
 		got, _, err := listed()
@@ -258,22 +216,7 @@ func TestANamespaceSelectionSurvivesAKilledLeader(t *testing.T) {
 	first := namespace(t) // the Lease's, outside the selection
 	id := first[strings.LastIndexByte(first, '-')+1:]
 	key := "nsha-" + id
-	names := make([]string, 12)
-	selected := map[string]bool{}
-	for i := range names {
-		names[i] = fmt.Sprintf("%s-%02d", first, i)
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: names[i]}}
-		if selected[names[i]] = i%2 == 0; selected[names[i]] {
-			ns.Labels = map[string]string{key: "in"}
-		}
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Labels: map[string]string{key: "obj"}}, Data: map[string]string{"n": "0"}}
-		if _, err := cs.CoreV1().ConfigMaps(names[i]).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	names, selected := selectableNamespaces(t, cs, first, key, 12)
 	const stuck = 5 // joins third, and the leader cannot deliver it
 	var leaderName atomic.Value
 	leaderName.Store("")
@@ -290,33 +233,9 @@ func TestANamespaceSelectionSurvivesAKilledLeader(t *testing.T) {
 	leaderName.Store(leader.name)
 
 	// Every configmap changes throughout: two every 20 ms, in turn.
-	changing, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for n := 0; ; n++ {
-			select {
-			case <-changing.Done():
-				return
-			case <-tick.C:
-			}
-			for i := range 2 {
-				patch := fmt.Sprintf(`{"data":{"n":"%d"}}`, n)
-				_, _ = cs.CoreV1().ConfigMaps(names[(2*n+i)%len(names)]).Patch(changing, "cm", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-			}
-		}
-	}()
+	stop := changeConfigMaps(ctx, cs, names, 20*time.Millisecond, 2)
 	var lastChange uint64 // the resourceVersion of the last namespace change
-	relabel := func(ns, value string) {
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, key, value)
-		changed, err := cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		lastChange, _ = strconv.ParseUint(changed.ResourceVersion, 10, 64)
-	}
+	relabel := func(ns, value string) { lastChange = relabelNamespace(t, cs, key, ns, value) }
 	pace := time.NewTicker(400 * time.Millisecond)
 	defer pace.Stop()
 	var joined []string
@@ -344,7 +263,6 @@ func TestANamespaceSelectionSurvivesAKilledLeader(t *testing.T) {
 	}
 	<-pace.C
 	stop()
-	<-done
 	waitLeader(t, rs, leader)
 
 	// Each object's last state is its event of the highest resourceVersion (a DELETED over
@@ -425,4 +343,66 @@ func accepted(rc *receiver) []received {
 		}
 	}
 	return out
+}
+
+// selectableNamespaces creates n namespaces named after first, the even ones labelled key=in,
+// each with a configmap "cm" labelled key=obj, and returns their names and which are labelled.
+func selectableNamespaces(t *testing.T, cs kubernetes.Interface, first, key string, n int) ([]string, map[string]bool) {
+	t.Helper()
+	names, selected := make([]string, n), map[string]bool{}
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%02d", first, i)
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: names[i]}}
+		if selected[names[i]] = i%2 == 0; selected[names[i]] {
+			ns.Labels = map[string]string{key: "in"}
+		}
+		if _, err := cs.CoreV1().Namespaces().Create(t.Context(), ns, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm", Labels: map[string]string{key: "obj"}}, Data: map[string]string{"n": "0"}}
+		if _, err := cs.CoreV1().ConfigMaps(names[i]).Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return names, selected
+}
+
+// changeConfigMaps patches the configmap "cm" of perTick of names every interval, in turn,
+// until the returned function is called; it returns once the patching has stopped.
+func changeConfigMaps(ctx context.Context, cs kubernetes.Interface, names []string, every time.Duration, perTick int) func() {
+	changing, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-changing.Done():
+				return
+			case <-tick.C:
+			}
+			for i := range perTick {
+				patch := fmt.Sprintf(`{"data":{"n":"%d"}}`, n)
+				_, _ = cs.CoreV1().ConfigMaps(names[(perTick*n+i)%len(names)]).Patch(changing, "cm", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			}
+		}
+	}()
+	return func() {
+		stop()
+		<-done
+	}
+}
+
+// relabelNamespace sets (value a JSON string) or removes (null) the namespace's label key, and
+// returns the resourceVersion of the change.
+func relabelNamespace(t *testing.T, cs kubernetes.Interface, key, ns, value string) uint64 {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, key, value)
+	changed, err := cs.CoreV1().Namespaces().Patch(t.Context(), ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, _ := strconv.ParseUint(changed.ResourceVersion, 10, 64)
+	return rv
 }
