@@ -1,6 +1,12 @@
 // Package dynamicinformer owns dynwatch's caches: for every configured resource it runs
-// client-go dynamic shared informers over unstructured.Unstructured, keyed by
-// GroupVersionResource (one informer per listed namespace, or one for all namespaces).
+// client-go's informer machinery over unstructured.Unstructured through the dynamic client,
+// keyed by GroupVersionResource (one list and watch per listed namespace, or one for all
+// namespaces): a Reflector lists and watches into a RealFIFO, which hands every change, in the
+// order received, to the resource's store instead of client-go's indexer. The store keeps the
+// objects in list order and by the values of their indexers, with the resourceVersion through
+// which each stream's changes are applied, and is read through Snapshots taken in O(1): a
+// snapshot shows every change up to its resourceVersion and none after, as the apiserver's
+// watch cache does.
 //
 // Vocabulary: the Manager resolves each configured resource through discovery, starts its
 // informers when the apiserver serves it and stops them when it no longer does (a CRD deleted),
@@ -10,8 +16,8 @@
 // entry's settings and a state of its own; a member Stale before its first list holds back
 // neither readiness nor the others. A member no longer served or no longer selected is retired:
 // the objects its cache still held are handed out as Deleted. An Event is what a change
-// becomes: Added, Modified (with the old object) or Deleted (with the last known object,
-// unwrapped from a DeletedFinalStateUnknown tombstone).
+// becomes: Added, Modified (with the old object) or Deleted (with the last known object: the
+// watch's, or for a delete a relist found, the one the cache held).
 //
 // With a namespaceSelector, one informer watches the resource cluster-wide and a reflector
 // follows the Namespaces the selector matches (the selection): objects of other namespaces are
@@ -26,8 +32,9 @@
 // idempotent, as client-go requires. Objects handed out by the cache and in Events are shared
 // and read-only.
 //
-// Concurrency: Subscribers are called from the informers' handler goroutines, one goroutine per
-// informer, in the order the informer saw the changes, and for a retired member from the
-// Manager's goroutine once its informers have stopped; they must return quickly and do no I/O.
-// All Manager and Resource methods are safe for concurrent use.
+// Concurrency: Subscribers are called from the informers' processing goroutines, one goroutine
+// per list and watch, in the order it received the changes, each change's events once the
+// store shows it, and for a retired member from the Manager's goroutine once its informers
+// have stopped; they must return quickly and do no I/O: the list and watch waits for them. All
+// Manager and Resource methods are safe for concurrent use.
 package dynamicinformer

@@ -62,7 +62,7 @@ func (r *Resource) Listed() bool {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	for _, ni := range r.informers {
-		if !ni.registration.HasSynced() {
+		if !ni.controller.HasSynced() {
 			return false
 		}
 	}
@@ -271,14 +271,14 @@ func (s served) groupFailed(group string) string {
 // The events carry no Revision: when the objects went is not known.
 func (r *Resource) retire() {
 	r.mu.RLock()
-	ord, gvr := r.order, r.gvr
+	st, gvr := r.store, r.gvr
 	r.mu.RUnlock()
 	r.stopInformers()
-	if ord == nil {
+	if st == nil {
 		return
 	}
 	var gone []*unstructured.Unstructured
-	ord.snapshot().Scan("", Key{}, func(u *unstructured.Unstructured) bool {
+	st.current().Scan("", Key{}, func(u *unstructured.Unstructured) bool {
 		gone = append(gone, u)
 		return true
 	})

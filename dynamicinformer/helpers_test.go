@@ -151,6 +151,16 @@ func names(objs []*unstructured.Unstructured) string {
 	return strings.Join(keys, " ")
 }
 
+// scanned is every object s's Scan of namespace ("" for all) yields, in its order.
+func scanned(s Snapshot, namespace string) []*unstructured.Unstructured {
+	var objs []*unstructured.Unstructured
+	s.Scan(namespace, Key{}, func(o *unstructured.Unstructured) bool {
+		objs = append(objs, o)
+		return true
+	})
+	return objs
+}
+
 // cacheHas waits until the resource's cache holds exactly the objects with the namespace/name
 // keys given.
 func cacheHas(t *testing.T, r *Resource, keys ...string) {
@@ -158,7 +168,7 @@ func cacheHas(t *testing.T, r *Resource, keys ...string) {
 	slices.Sort(keys)
 	want := strings.Join(keys, " ")
 	testbed.Eventually(t, 20*time.Second, func() error {
-		if got := names(r.List()); got != want {
+		if got := names(scanned(r.Snapshot(), "")); got != want {
 			return fmt.Errorf("cache of %s holds %q, want %q", r.Name(), got, want)
 		}
 		return nil

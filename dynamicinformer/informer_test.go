@@ -47,10 +47,10 @@ resources:
 	create(t, configMap(ns[1], "b", nil), configMap(ns[2], "excluded-too", nil))
 	r := resource(t, m, "configmaps.v1")
 	cacheHas(t, r, ns[0]+"/a", ns[1]+"/b")
-	if _, ok := r.Get(ns[1], "b"); !ok {
+	if _, ok := r.Snapshot().Get(ns[1], "b"); !ok {
 		t.Errorf("Get(%s, b) found nothing", ns[1])
 	}
-	if _, ok := r.Get(ns[2], "excluded"); ok {
+	if _, ok := r.Snapshot().Get(ns[2], "excluded"); ok {
 		t.Errorf("Get found an object of a namespace that is not watched")
 	}
 	if st := r.Status(); st.Objects != 2 || !st.Synced || st.Plural != "configmaps" || !st.Namespaced {
@@ -109,7 +109,7 @@ resources:
 	waitReady(t, m)
 	r := resource(t, m, "configmaps.v1")
 	cacheHas(t, r, ns+"/applied")
-	obj, _ := r.Get(ns, "applied")
+	obj, _ := r.Snapshot().Get(ns, "applied")
 	if obj.GetManagedFields() != nil {
 		t.Errorf("managedFields are still cached: %v", obj.GetManagedFields())
 	}
@@ -181,16 +181,23 @@ resources:
 		{pods, "byOwner", string(created.UID), ns + "/owned"},
 	}
 	for _, tt := range tests {
-		objs, err := tt.r.ByIndex(tt.index, tt.value)
-		if err != nil {
-			t.Errorf("ByIndex(%s, %s): %v", tt.index, tt.value, err)
-			continue
+		snap := tt.r.Snapshot()
+		var objs []*unstructured.Unstructured
+		if tt.index == "namespace" {
+			objs = scanned(snap, tt.value)
+		} else {
+			by, ok := snap.ByIndex(tt.index, tt.value)
+			if !ok {
+				t.Errorf("ByIndex(%s, %s): no such index", tt.index, tt.value)
+				continue
+			}
+			objs = scanned(by, "")
 		}
 		if got := names(objs); got != tt.want {
 			t.Errorf("%s ByIndex(%s, %q) = %q, want %q", tt.r.Name(), tt.index, tt.value, got, tt.want)
 		}
 	}
-	if _, err := pods.ByIndex("byNothing", "x"); err == nil {
+	if _, ok := pods.Snapshot().ByIndex("byNothing", "x"); ok {
 		t.Errorf("ByIndex of an unknown index succeeded")
 	}
 }
@@ -326,7 +333,7 @@ resources:
 		}
 		return nil
 	})
-	if things.running() || len(things.List()) != 0 {
+	if things.running() || things.Snapshot().Len() != 0 {
 		t.Errorf("informers still run or cache still holds objects after the CRD went away")
 	}
 	if evs := rec.find(ns, "gear"); len(evs) != 2 || evs[1].Type != Deleted {
@@ -389,26 +396,33 @@ resources:
 	cacheHas(t, r, ns+"/a")
 }
 
-// The handler is tested directly for what a live cluster cannot produce on demand.
+// Processing is tested directly for what a live cluster cannot produce on demand.
 
-func TestHandlerUnwrapsTombstonesDatedByTheRelistAndSkipsResyncs(t *testing.T) {
+func TestARelistDatesItsDeletesByTheListAndAResyncChangesNothing(t *testing.T) {
 	testbed.Need(t)
 	rec := &recorder{}
 	m := startManager(t, cluster.Config, "resources: [{version: v1, resource: configmaps, namespaces: [none]}]\n", rec)
 	r := resource(t, m, "configmaps.v1")
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	h := r.handler(gvr, "ns", &relisted{revision: 42}, newOrder(nil))
+	process := r.process(gvr, "ns", &relisted{}, newStore(nil))
 	obj := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
 	}}}
-	h.OnUpdate(obj, obj.DeepCopy()) // same resourceVersion: a resync
-	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "ns/gone", Obj: obj})
+	for i, d := range []cache.Delta{
+		{Type: cache.ReplacedAll, Object: cache.ReplacedAllInfo{ResourceVersion: "8", Objects: []any{obj}}},
+		{Type: cache.SyncAll, Object: cache.SyncAllInfo{}},
+		{Type: cache.ReplacedAll, Object: cache.ReplacedAllInfo{ResourceVersion: "42"}},
+	} {
+		if err := process(cache.Deltas{d}, i == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	events := rec.find("ns", "gone")
-	if len(events) != 1 || events[0].Type != Deleted || events[0].Object != obj {
-		t.Fatalf("events = %+v; want one DELETED carrying the tombstone's object", events)
+	if len(events) != 2 || events[0].Type != Added || events[1].Type != Deleted || events[1].Object != obj {
+		t.Fatalf("events = %+v; want ADDED, then one DELETED carrying the cached object", events)
 	}
 	// The object's resourceVersion is from before the deletion; the relist's is after it.
-	if e := events[0]; e.Revision != 42 || e.InOrder || e.Stream != "ns" {
-		t.Fatalf("tombstone delete: revision %d, in order %t, stream %q; want 42, false, ns", e.Revision, e.InOrder, e.Stream)
+	if e := events[1]; e.Since != 8 || e.Revision != 42 || e.InOrder || e.Stream != "ns" {
+		t.Fatalf("relist delete: since %d, revision %d, in order %t, stream %q; want 8, 42, false, ns", e.Since, e.Revision, e.InOrder, e.Stream)
 	}
 }

@@ -1,15 +1,10 @@
 package dynamicinformer
 
 import (
-	"fmt"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/object"
 )
 
 // API returns the resource's GroupVersionResource and its discovery entry (kind, scope,
@@ -33,93 +28,16 @@ func (r *Resource) SelectionRevision() (uint64, bool) {
 	return r.informers[0].relist.selectionEmitted(), true
 }
 
-// ResourceVersion returns the oldest of the informers' last synced resourceVersions: every
-// change up to it is in the cache. It is 0 before the first list.
-func (r *Resource) ResourceVersion() uint64 {
+// Snapshot is, in O(1), the resource's cache as it is now (see Snapshot); empty while its
+// informers do not run.
+func (r *Resource) Snapshot() Snapshot {
 	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var oldest uint64
-	for i, ni := range r.informers {
-		rv := object.Revision(ni.informer.LastSyncResourceVersion())
-		if i == 0 || rv < oldest {
-			oldest = rv
-		}
+	st := r.store
+	r.mu.RUnlock()
+	if st == nil {
+		return Snapshot{}
 	}
-	return oldest
-}
-
-// The objects these methods return are shared with the cache: callers must not modify them.
-
-// Get returns the cached object namespace/name ("" namespace for cluster-scoped objects).
-func (r *Resource) Get(namespace, name string) (*unstructured.Unstructured, bool) {
-	key := object.Key(namespace, name)
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	for _, ni := range r.informers {
-		if ni.namespace != "" && ni.namespace != namespace {
-			continue
-		}
-		if obj, ok, _ := ni.informer.GetIndexer().GetByKey(key); ok {
-			return obj.(*unstructured.Unstructured), true
-		}
-	}
-	return nil, false
-}
-
-// List returns every cached object, in no particular order.
-func (r *Resource) List() []*unstructured.Unstructured {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var out []*unstructured.Unstructured
-	for _, ni := range r.informers {
-		for _, obj := range ni.informer.GetIndexer().List() {
-			out = append(out, obj.(*unstructured.Unstructured))
-		}
-	}
-	return out
-}
-
-// Ordered returns a snapshot of the cached objects in list order, taken in O(1). It is empty
-// while the informers do not run.
-func (r *Resource) Ordered() Ordered {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.order == nil {
-		return Ordered{}
-	}
-	return r.order.snapshot()
-}
-
-// OrderedByIndex returns, in O(1), a snapshot of the cached objects whose configured indexer
-// index has value, in list order; false for the namespace index, which Ordered's Scan serves.
-func (r *Resource) OrderedByIndex(index, value string) (Ordered, bool) {
-	if index == config.NamespaceIndex {
-		return Ordered{}, false
-	}
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	if r.order == nil {
-		return Ordered{}, true
-	}
-	return r.order.snapshotIndex(index, value), true
-}
-
-// ByIndex returns the cached objects whose index named index has value, in no particular
-// order. The "namespace" index always exists.
-func (r *Resource) ByIndex(index, value string) ([]*unstructured.Unstructured, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	var out []*unstructured.Unstructured
-	for _, ni := range r.informers {
-		objs, err := ni.informer.GetIndexer().ByIndex(index, value)
-		if err != nil {
-			return nil, fmt.Errorf("index %q of %s: %w", index, r.name, err)
-		}
-		for _, obj := range objs {
-			out = append(out, obj.(*unstructured.Unstructured))
-		}
-	}
-	return out, nil
+	return st.snapshot()
 }
 
 // ObjectLabels returns obj's labels as labels.Labels, read in place: GetLabels would copy them,

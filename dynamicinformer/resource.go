@@ -2,7 +2,6 @@ package dynamicinformer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -65,8 +64,8 @@ type Resource struct {
 	relistEvents map[EventType]counter
 	watchErrs    counter
 
-	// emitting is read-held by the handlers around each update of the order and its event,
-	// and held by Page: see snapshot.go.
+	// emitting is read-held by the informers' processing around each change to the store and
+	// its events, and held by Read: see snapshot.go.
 	emitting sync.RWMutex
 
 	mu        sync.RWMutex
@@ -77,17 +76,16 @@ type Resource struct {
 	api       metav1.APIResource // as discovery serves it
 	informers []namespaceInformer
 	selection *selection // the namespaces namespaceSelector selects; nil without one
-	order     *order     // the informers' objects in list order, kept by their handlers
+	store     *store     // the informers' objects, kept by their processing
 	stop      context.CancelFunc
 	done      sync.WaitGroup
 }
 
 type namespaceInformer struct {
-	namespace    string
-	informer     cache.SharedIndexInformer
-	registration cache.ResourceEventHandlerRegistration
-	health       *health
-	relist       *relisted
+	namespace  string
+	controller cache.Controller
+	health     *health
+	relist     *relisted
 }
 
 // health is whether an informer's calls to the apiserver succeed: since when they have failed,
@@ -147,7 +145,7 @@ func (r *Resource) stateReasonLocked() (State, string) {
 		return r.state, r.reason
 	}
 	for _, ni := range r.informers {
-		if !ni.registration.HasSynced() {
+		if !ni.controller.HasSynced() {
 			return r.syncingLocked()
 		}
 	}
@@ -209,25 +207,27 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		o.FieldSelector = fieldSelector
 	}
 	informers := make([]namespaceInformer, 0, len(namespaces))
-	ord := newOrder(configuredIndexers(r.cfg))
+	st := newStore(configuredIndexers(r.cfg))
 	var sel *selection
 	if r.cfg.Namespaced != nil {
 		sel = newSelection()
 	}
 	for _, ns := range namespaces {
-		h := &health{}
-		inf, relist := r.newInformer(client.Resource(gvr), ns, tweak, h, sel)
-		if err := inf.SetTransform(NewTransform(r.cfg)); err != nil {
-			return fmt.Errorf("set transform: %w", err)
-		}
-		if err := inf.SetWatchErrorHandlerWithContext(r.onWatchError); err != nil {
-			return fmt.Errorf("set watch error handler: %w", err)
-		}
-		reg, err := inf.AddEventHandler(r.handler(gvr, ns, relist, ord))
-		if err != nil {
-			return fmt.Errorf("add event handler: %w", err)
-		}
-		informers = append(informers, namespaceInformer{namespace: ns, informer: inf, registration: reg, health: h, relist: relist})
+		ni := namespaceInformer{namespace: ns, health: &health{}, relist: &relisted{}}
+		ni.controller = cache.New(&cache.Config{
+			Queue: cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
+				Transformer:           NewTransform(r.cfg),
+				AtomicEvents:          true,
+				UnlockWhileProcessing: true,
+				EmitDeltaTypeBookmark: true,
+			}),
+			ListerWatcher:                r.listWatch(client.Resource(gvr), ns, tweak, ni.health, sel, ni.relist),
+			ObjectType:                   &unstructured.Unstructured{},
+			FullResyncPeriod:             r.cfg.Resync,
+			WatchErrorHandlerWithContext: r.onWatchError,
+			Process:                      r.process(gvr, ns, ni.relist, st),
+		})
+		informers = append(informers, ni)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	run := r.m.runs.Add(1)
@@ -239,15 +239,15 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gvr, r.api = gvr, api
-	r.informers, r.selection, r.order, r.stop, r.lastError = informers, sel, ord, cancel, ""
+	r.informers, r.selection, r.store, r.stop, r.lastError = informers, sel, st, cancel, ""
 	r.state, r.reason = StateSyncing, ""
 	if sel != nil {
 		r.done.Go(func() { sel.run(ctx, client, r.cfg.NamespaceSelector) })
 	}
 	synced := make([]cache.InformerSynced, 0, len(informers))
 	for _, ni := range informers {
-		r.done.Go(func() { ni.informer.RunWithContext(ctx) })
-		synced = append(synced, ni.registration.HasSynced)
+		r.done.Go(func() { ni.controller.RunWithContext(ctx) })
+		synced = append(synced, ni.controller.HasSynced)
 	}
 	r.done.Go(func() {
 		if !cache.WaitForCacheSync(ctx.Done(), synced...) {
@@ -256,7 +256,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		// Each informer's last synced resourceVersion is now that of its initial list or later.
 		var revision uint64
 		for _, ni := range informers {
-			revision = max(revision, object.Revision(ni.informer.LastSyncResourceVersion()))
+			revision = max(revision, object.Revision(ni.controller.LastSyncResourceVersion()))
 		}
 		for _, s := range r.m.subscribers {
 			if o, ok := s.(ListObserver); ok {
@@ -268,21 +268,13 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	return nil
 }
 
-// errRelistByList makes a reflector that relists fall back from a watch-list stream to a
-// LIST, whose items newInformer compares with the cache.
-var errRelistByList = errors.New("dynwatch relists with LIST")
-
-// newInformer builds an informer as client-go's dynamic informer does, except that a relist
-// (a list after the informer has synced: after a watch expired or the apiserver restarted)
-// is a LIST whose changed objects it notes, so that the events it produces can be counted.
+// listWatch lists and watches the resource in namespace, as client-go's dynamic informer does.
 // Every list and watch call's outcome goes to h. With sel, only the objects of the namespaces
-// it selects enter the cache, and its changes are brought in as they happen.
-func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection) (cache.SharedIndexInformer, *relisted) {
-	var inf cache.SharedIndexInformer
+// it selects are passed on, and its changes are brought in as they happen (see selectWatch).
+func (r *Resource) listWatch(resource dynamic.NamespaceableResourceInterface, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection, relist *relisted) *cache.ListWatch {
 	client := resource.Namespace(namespace)
-	relist := &relisted{}
 	selected := &applied{}
-	lw := &cache.ListWatch{
+	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			tweak(&o)
 			if sel != nil && o.Continue == "" {
@@ -301,17 +293,11 @@ func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, 
 			if err == nil {
 				r.dropExcluded(list, sel, selected)
 			}
-			if err == nil && inf.HasSynced() {
-				relist.note(o.Continue == "", list, inf.GetIndexer())
-			}
 			return list, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			tweak(&o)
 			initial := o.SendInitialEvents != nil && *o.SendInitialEvents
-			if initial && inf.HasSynced() {
-				return nil, errRelistByList
-			}
 			if sel != nil && initial {
 				cur, err := sel.wait(ctx, selectionWait)
 				if err != nil {
@@ -340,11 +326,6 @@ func (r *Resource) newInformer(resource dynamic.NamespaceableResourceInterface, 
 			return w, err
 		},
 	}
-	inf = cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{
-		ResyncPeriod: r.cfg.Resync,
-		Indexers:     NewIndexers(r.cfg),
-	})
-	return inf, relist
 }
 
 // selectionWait bounds how long a list waits for the namespaces a namespaceSelector selects
@@ -370,121 +351,6 @@ func (r *Resource) dropExcluded(list *unstructured.UnstructuredList, sel *select
 	})
 }
 
-// relisted holds the objects a relist found changed, by cache key, until their events pass,
-// and the relist's resourceVersion.
-type relisted struct {
-	mu       sync.Mutex
-	changed  map[string]string // key → resourceVersion
-	revision uint64
-	moved    map[string]moved // objects that came in or went out with their namespace
-	// applied is the namespace selection's revision the watch has brought the cache to, and
-	// emitted the one through which the handler has emitted the events of doing so.
-	applied, emitted uint64
-}
-
-// moved is an object, at resourceVersion rv, that came in or went out of the cache with its
-// namespace, as a namespaceSelector changed somewhere from since to at (see Event.Since).
-type moved struct {
-	rv        string
-	since, at uint64
-}
-
-// note records the objects of one page of a relist that differ from the cache.
-func (x *relisted) note(first bool, list runtime.Object, cached cache.Indexer) {
-	items, ok := list.(*unstructured.UnstructuredList)
-	if !ok {
-		return
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if first || x.changed == nil {
-		x.changed = map[string]string{}
-		x.revision = object.Revision(items.GetResourceVersion())
-	}
-	for i := range items.Items {
-		u := &items.Items[i]
-		key := object.KeyOf(u)
-		if old, ok, _ := cached.GetByKey(key); ok {
-			if o, ok := old.(*unstructured.Unstructured); ok && o.GetResourceVersion() == u.GetResourceVersion() {
-				continue
-			}
-		}
-		x.changed[key] = u.GetResourceVersion()
-	}
-}
-
-// move notes that u comes in or goes out because its namespace joined or left the selection
-// between revisions since and at.
-func (x *relisted) move(u *unstructured.Unstructured, since, at uint64) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.moved == nil {
-		x.moved = map[string]moved{}
-	}
-	x.moved[object.KeyOf(u)] = moved{rv: u.GetResourceVersion(), since: since, at: at}
-}
-
-// movedWith reports whether u, as it is, came in or went out with its namespace, and when (see
-// move), and forgets it.
-func (x *relisted) movedWith(u *unstructured.Unstructured) (moved, bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if len(x.moved) == 0 {
-		return moved{}, false
-	}
-	key := object.KeyOf(u)
-	m, ok := x.moved[key]
-	delete(x.moved, key)
-	if len(x.moved) == 0 {
-		x.emitted = x.applied
-	}
-	return m, ok && m.rv == u.GetResourceVersion()
-}
-
-// selectionApplied notes that the watch has passed on every event of bringing the cache to the
-// namespace selection of revision rev; restart, that a list starts again from it.
-func (x *relisted) selectionApplied(rev uint64, restart bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if restart {
-		clear(x.moved)
-	}
-	x.applied = rev
-	if len(x.moved) == 0 {
-		x.emitted = rev
-	}
-}
-
-// selectionEmitted is the namespace selection's revision through which the handler has emitted
-// every event of its changes.
-func (x *relisted) selectionEmitted() uint64 {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.emitted
-}
-
-// listRevision is the last relist's resourceVersion.
-func (x *relisted) listRevision() uint64 {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.revision
-}
-
-// take reports whether u, as it is, was found changed by a relist, and forgets it.
-func (x *relisted) take(u *unstructured.Unstructured) bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if len(x.changed) == 0 {
-		return false
-	}
-	key := object.KeyOf(u)
-	if rv, ok := x.changed[key]; ok && rv == u.GetResourceVersion() {
-		delete(x.changed, key)
-		return true
-	}
-	return false
-}
-
 // stopInformers stops the informers, waits for them, and drops their caches.
 func (r *Resource) stopInformers() {
 	r.mu.Lock()
@@ -497,7 +363,7 @@ func (r *Resource) stopInformers() {
 	stop()
 	r.done.Wait()
 	r.mu.Lock()
-	r.informers, r.selection, r.order = nil, nil, nil
+	r.informers, r.selection, r.store = nil, nil, nil
 	r.mu.Unlock()
 	r.objects.Store(0)
 	r.m.log.Info("resource informers stopped", "resource", r.name)
@@ -512,93 +378,6 @@ func (r *Resource) onWatchError(ctx context.Context, reflector *cache.Reflector,
 	if apierrors.IsNotFound(err) {
 		// The resource may have gone away (CRD deleted): let discovery decide, now.
 		r.m.Nudge()
-	}
-}
-
-// handler turns the notifications of stream's informer into Events, keeping ord up to date
-// first. It never blocks on I/O. Events a relist produced (the object noted by relist, or a
-// delete known only from a tombstone) are counted, and are not in order.
-func (r *Resource) handler(gvr schema.GroupVersionResource, stream string, relist *relisted, ord *order) cache.ResourceEventHandler {
-	return cache.ResourceEventHandlerDetailedFuncs{
-		AddFunc: func(obj any, isInInitialList bool) {
-			r.emitting.RLock()
-			defer r.emitting.RUnlock()
-			if u, ok := obj.(*unstructured.Unstructured); ok {
-				ord.set(u)
-				r.objects.Add(1)
-				inOrder := !isInInitialList
-				if inOrder && relist.take(u) {
-					r.relistEvents[Added].Inc()
-					inOrder = false
-				}
-				e := Event{Type: Added, Resource: gvr, Object: u, InitialList: isInInitialList, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: inOrder}
-				movedIn(&e, relist)
-				r.emit(e)
-			}
-		},
-		UpdateFunc: func(oldObj, newObj any) {
-			r.emitting.RLock()
-			defer r.emitting.RUnlock()
-			o, ok1 := oldObj.(*unstructured.Unstructured)
-			n, ok2 := newObj.(*unstructured.Unstructured)
-			var m moved
-			var movedWith bool
-			if ok2 {
-				ord.set(n) // also when unchanged: a relist's copy replaced the cached one
-				m, movedWith = relist.movedWith(n)
-			}
-			if !ok1 || !ok2 || o.GetResourceVersion() == n.GetResourceVersion() {
-				return // a resync, relist or transition of an unchanged object
-			}
-			inOrder := true
-			if relist.take(n) {
-				r.relistEvents[Modified].Inc()
-				inOrder = false
-			}
-			e := Event{Type: Modified, Resource: gvr, Object: n, OldObject: o, Stream: stream, Revision: object.Revision(n.GetResourceVersion()), InOrder: inOrder}
-			if movedWith {
-				e.Since, e.Revision, e.InOrder = m.since, m.at, false
-			}
-			r.emit(e)
-		},
-		DeleteFunc: func(obj any) {
-			r.emitting.RLock()
-			defer r.emitting.RUnlock()
-			tombstone, fromRelist := obj.(cache.DeletedFinalStateUnknown)
-			if fromRelist {
-				obj = tombstone.Obj
-			}
-			if u, ok := obj.(*unstructured.Unstructured); ok {
-				ord.delete(u)
-				r.objects.Add(-1)
-				// A watch's delete carries the deletion's resourceVersion; a tombstone the
-				// object's last known one: the deletion happened after it, by the relist's.
-				e := Event{Type: Deleted, Resource: gvr, Object: u, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: !fromRelist}
-				if fromRelist {
-					r.relistEvents[Deleted].Inc()
-					e.Since, e.Revision = object.After(e.Revision), relist.listRevision()
-				}
-				movedIn(&e, relist)
-				r.emit(e)
-			}
-		},
-	}
-}
-
-// movedIn makes e, if its object came in or went out with its namespace (see selectWatch), a
-// change between the selection's two revisions: it is not in the order of the watch.
-func movedIn(e *Event, relist *relisted) {
-	if m, ok := relist.movedWith(e.Object); ok {
-		e.Since, e.Revision, e.InOrder = m.since, m.at, false
-	}
-}
-
-func (r *Resource) emit(e Event) {
-	e.Observed = r.m.now()
-	r.lastEvent.Store(e.Observed.UnixNano())
-	r.events[e.Type].Inc()
-	for _, s := range r.m.subscribers {
-		s.OnEvent(e)
 	}
 }
 

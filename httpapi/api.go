@@ -77,6 +77,7 @@ type api struct {
 	rejected *prometheus.CounterVec
 	// watchInitial counts the cached objects read to open watches.
 	watchInitial prometheus.Counter
+	pins         *pins // the snapshots of paged lists
 }
 
 // routes are the values of the route label.
@@ -94,6 +95,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	a := &api{
 		APIOptions: o,
 		gate:       newGate(o.Authenticator, o.Authorizer, o.Limits),
+		pins:       newPins(time.Now),
 		crds:       newCRDs(o.Dynamic, o.Logger),
 		openAPI:    newOpenAPI(o.Kubernetes),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -276,7 +278,7 @@ func (a *api) serve(c *gin.Context) {
 		a.serveWatch(c, res, t, q, out)
 	case t.name != "":
 		a.deadline(c, a.RequestTimeout)
-		obj, found := res.Get(t.namespace, t.name)
+		obj, found := res.Snapshot().Get(t.namespace, t.name)
 		if !found {
 			writeStatus(w, apierrors.NewNotFound(gvr.GroupResource(), t.name))
 			return
@@ -321,21 +323,33 @@ func printerFor(gk schema.GroupKind, crd crdView) printer {
 func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.RequestTimeout)
 	defer cancel()
-	// The resourceVersion before the snapshot: the list holds every change up to it that the
-	// informers' handlers have applied (see docs/api.md, What is not there yet).
-	rv := q.listRV
-	if rv == "" {
-		rv = strconv.FormatUint(res.ResourceVersion(), 10)
+	// Every page reads the first page's snapshot, at its resourceVersion: it holds every change
+	// up to it and none after.
+	gvr, _, _ := res.API()
+	snap, rv, pinned := res.Snapshot(), q.listRV, q.pinned
+	if q.after == "" {
+		rv = strconv.FormatUint(snap.Revision(t.namespace), 10)
+	} else if kept, ok := a.pins.get(pinned, gvr); ok {
+		snap = kept
+	} else {
+		writeStatus(c.Writer, apierrors.NewResourceExpired("the provided continue parameter is too old to display a consistent list result: start a new list without it"))
+		return
 	}
-	l, serr := q.candidates(res)
+	l, serr := q.candidates(res, snap)
 	if serr != nil {
 		writeStatus(c.Writer, serr)
 		return
 	}
-	p, err := q.paginate(ctx, l, t.namespace, rv)
+	p, err := q.paginate(ctx, l, t.namespace)
 	if err != nil {
 		a.interrupted(c)
 		return
+	}
+	if p.last != "" {
+		if pinned == 0 {
+			pinned = a.pins.pin(gvr, snap)
+		}
+		p.next = encodeContinue(rv, p.last, pinned)
 	}
 	c.Header("X-Dynwatch-Lookup", l.strategy)
 	out.list(c.Writer, p, rv)

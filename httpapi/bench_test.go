@@ -22,6 +22,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
@@ -123,7 +124,7 @@ func newBenchFixture(n int) (*benchFixture, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	f.res, _ = mgr.Lookup(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
-	fmt.Fprintf(os.Stderr, "cache synced %d objects in %s\n", len(f.res.List()), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "cache synced %d objects in %s\n", f.res.Snapshot().Len(), time.Since(start).Round(time.Millisecond))
 	opts := APIOptions{Logger: log, Informers: mgr, Watches: hub, Registerer: prometheus.NewRegistry(),
 		MaxPageSize: 500, RequestTimeout: time.Minute, MaxWatchTimeout: time.Minute, Limits: cfg.API.Limits}
 	if f.handler, err = NewAPI(opts); err != nil {
@@ -184,9 +185,11 @@ func BenchmarkIndexLookup(b *testing.B) {
 	f := fixture(b)
 	i := 0
 	for b.Loop() {
-		objs, err := f.res.ByIndex("byApp", fmt.Sprintf("app-%03d", i%benchApps))
-		if err != nil || len(objs) == 0 {
-			b.Fatalf("ByIndex: %d objects, %v", len(objs), err)
+		by, ok := f.res.Snapshot().ByIndex("byApp", fmt.Sprintf("app-%03d", i%benchApps))
+		n := 0
+		by.Scan("", dynamicinformer.Key{}, func(*unstructured.Unstructured) bool { n++; return true })
+		if !ok || n == 0 {
+			b.Fatalf("ByIndex: %d objects, index found %t", n, ok)
 		}
 		i++
 	}

@@ -33,6 +33,7 @@ type query struct {
 	limit      int
 	after      string // continue: the last key of the previous page
 	listRV     string // continue: the resourceVersion of the first page
+	pinned     uint64 // continue: the id of the first page's snapshot (see pins)
 
 	resourceVersion     uint64
 	sendInitialEvents   bool
@@ -72,7 +73,7 @@ func parseQuery(v url.Values, maxPage int) (*query, *apierrors.StatusError) {
 		if err != nil || tok.After == "" {
 			return nil, badParameter("continue", "invalid continue token")
 		}
-		q.after, q.listRV = tok.After, tok.RV
+		q.after, q.listRV, q.pinned = tok.After, tok.RV, tok.Snapshot
 	}
 	if s := v.Get("resourceVersion"); s != "" {
 		if q.resourceVersion, err = strconv.ParseUint(s, 10, 64); err != nil {
@@ -112,12 +113,13 @@ func (q *query) selectFields(s selectable) *apierrors.StatusError {
 }
 
 type continueToken struct {
-	RV    string `json:"rv"`
-	After string `json:"after"`
+	RV       string `json:"rv"`
+	After    string `json:"after"`
+	Snapshot uint64 `json:"snapshot,omitempty"`
 }
 
-func encodeContinue(rv, after string) string {
-	b, _ := json.Marshal(continueToken{RV: rv, After: after})
+func encodeContinue(rv, after string, snapshot uint64) string {
+	b, _ := json.Marshal(continueToken{RV: rv, After: after, Snapshot: snapshot})
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
@@ -162,21 +164,21 @@ func fieldValue(obj map[string]any, path []string) string {
 type lookup struct {
 	strategy string
 	inOrder  bool
-	ordered  dynamicinformer.Ordered
+	ordered  dynamicinformer.Snapshot
 	objs     []*unstructured.Unstructured
 }
 
 // candidates returns a superset of the objects the query selects, through an index when one
 // applies: the explicit index, a label indexer for an equality or set requirement of the
 // label selector, a jsonPath indexer for an equality of the field selector; otherwise the
-// cache in key order.
-func (q *query) candidates(r *dynamicinformer.Resource) (lookup, *apierrors.StatusError) {
+// cache in key order. All of them are read from snap.
+func (q *query) candidates(r *dynamicinformer.Resource, snap dynamicinformer.Snapshot) (lookup, *apierrors.StatusError) {
 	cfg := r.Config()
 	if q.index != "" {
 		if q.index != config.NamespaceIndex && !slices.ContainsFunc(cfg.Indexers, func(ix config.Indexer) bool { return ix.Name == q.index }) {
 			return lookup{}, badParameter("index", "%s has no index %q", r.Name(), q.index)
 		}
-		return byIndex(r, q.index, q.value)
+		return byIndex(snap, q.index, q.value)
 	}
 	if reqs, ok := q.labels.Requirements(); ok {
 		for _, req := range reqs {
@@ -185,7 +187,7 @@ func (q *query) candidates(r *dynamicinformer.Resource) (lookup, *apierrors.Stat
 			}
 			for _, ix := range cfg.Indexers {
 				if ix.Type == config.IndexLabel && ix.Key == req.Key() {
-					return byIndex(r, ix.Name, req.Values().UnsortedList()...)
+					return byIndex(snap, ix.Name, req.Values().UnsortedList()...)
 				}
 			}
 		}
@@ -196,30 +198,38 @@ func (q *query) candidates(r *dynamicinformer.Resource) (lookup, *apierrors.Stat
 		}
 		for _, ix := range cfg.Indexers {
 			if p, ok := config.DotPath(ix.Path); ok && ix.Type == config.IndexJSONPath && p == req.Field {
-				return byIndex(r, ix.Name, req.Value)
+				return byIndex(snap, ix.Name, req.Value)
 			}
 		}
 	}
-	return lookup{strategy: "scan", inOrder: true, ordered: r.Ordered()}, nil
+	return lookup{strategy: "scan", inOrder: true, ordered: snap}, nil
 }
 
 // byIndex looks objects up by index: one value of a configured index in order, anything
-// else (several values, the namespace index) as objects in no order.
-func byIndex(r *dynamicinformer.Resource, index string, values ...string) (lookup, *apierrors.StatusError) {
+// else (several values, the namespace index) as objs, in no order.
+func byIndex(snap dynamicinformer.Snapshot, index string, values ...string) (lookup, *apierrors.StatusError) {
 	l := lookup{strategy: "index/" + index}
 	if len(values) == 1 {
-		if ordered, ok := r.OrderedByIndex(index, values[0]); ok {
+		if ordered, ok := snap.ByIndex(index, values[0]); ok {
 			l.inOrder, l.ordered = true, ordered
 			return l, nil
 		}
 	}
+	collect := func(o *unstructured.Unstructured) bool {
+		l.objs = append(l.objs, o)
+		return true
+	}
 	for _, v := range values {
-		objs, err := r.ByIndex(index, v)
-		if err != nil {
+		if index == config.NamespaceIndex {
+			snap.Scan(v, dynamicinformer.Key{}, collect)
+			continue
+		}
+		ordered, ok := snap.ByIndex(index, v)
+		if !ok {
 			// Only a configured index is asked for: this is a bug, and its detail is not the caller's.
 			return lookup{}, apierrors.NewInternalError(errors.New("the index could not be read"))
 		}
-		l.objs = append(l.objs, objs...)
+		ordered.Scan("", dynamicinformer.Key{}, collect)
 	}
 	if len(values) > 1 { // an object can carry several of the values
 		slices.SortFunc(l.objs, object.CompareObjects)
@@ -231,6 +241,7 @@ func byIndex(r *dynamicinformer.Resource, index string, values ...string) (looku
 // page is one page of a list: the selected objects in key order after the cursor.
 type page struct {
 	items     []*unstructured.Unstructured
+	last      string // the key of the last item, when more may follow it; else ""
 	next      string // the continue token, "" on the last page
 	remaining *int64 // objects after this page, counted only for a list without selectors
 }
@@ -254,9 +265,9 @@ func (q *query) unselected() bool { return q.labels.Empty() && q.fields.Empty() 
 // the cursor and stops at the page's last match, as the apiserver reads etcd: a page that
 // ends before the last object has a continue token even when nothing after it matches. It
 // stops with ctx's error when ctx ends.
-func (q *query) paginate(ctx context.Context, l lookup, namespace, rv string) (page, error) {
+func (q *query) paginate(ctx context.Context, l lookup, namespace string) (page, error) {
 	if l.inOrder {
-		return q.scan(ctx, l.ordered, namespace, rv)
+		return q.scan(ctx, l.ordered, namespace)
 	}
 	selected := make([]keyed, 0, len(l.objs))
 	for i, o := range l.objs {
@@ -280,7 +291,7 @@ func (q *query) paginate(ctx context.Context, l lookup, namespace, rv string) (p
 		p.items[i] = selected[i].obj
 	}
 	if len(selected) > n {
-		p.next = encodeContinue(rv, selected[n-1].key)
+		p.last = selected[n-1].key
 		if q.unselected() {
 			rest := int64(len(selected) - n)
 			p.remaining = &rest
@@ -290,7 +301,7 @@ func (q *query) paginate(ctx context.Context, l lookup, namespace, rv string) (p
 }
 
 // scan reads a page from the cache in key order.
-func (q *query) scan(ctx context.Context, ordered dynamicinformer.Ordered, namespace, rv string) (page, error) {
+func (q *query) scan(ctx context.Context, ordered dynamicinformer.Snapshot, namespace string) (page, error) {
 	var after dynamicinformer.Key
 	if q.after != "" {
 		after.Namespace, after.Name = object.SplitKey(q.after)
@@ -321,7 +332,7 @@ func (q *query) scan(ctx context.Context, ordered dynamicinformer.Ordered, names
 		return page{}, err
 	}
 	if more {
-		p.next = encodeContinue(rv, object.KeyOf(p.items[len(p.items)-1]))
+		p.last = object.KeyOf(p.items[len(p.items)-1])
 		if q.unselected() {
 			p.remaining = &rest
 		}

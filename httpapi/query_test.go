@@ -59,7 +59,7 @@ var sources = map[string]func(objs []*unstructured.Unstructured) lookup{
 		return lookup{strategy: "index/test", objs: slices.Clone(objs)}
 	},
 	"scan": func(objs []*unstructured.Unstructured) lookup {
-		return lookup{strategy: "scan", inOrder: true, ordered: dynamicinformer.NewOrdered(objs...)}
+		return lookup{strategy: "scan", inOrder: true, ordered: dynamicinformer.NewSnapshot(objs...)}
 	},
 }
 
@@ -78,14 +78,14 @@ func TestPagingIsStableWhileObjectsChange(t *testing.T) {
 				t.Fatal(serr)
 			}
 			for page := 0; ; page++ {
-				p, err := q.paginate(t.Context(), source(objs), "", "42")
+				p, err := q.paginate(t.Context(), source(objs), "")
 				if err != nil {
 					t.Fatal(err)
 				}
 				for _, o := range p.items {
 					seen[o.GetName()]++
 				}
-				if p.next == "" {
+				if p.last == "" {
 					break
 				}
 				if want := int64(len(objs)) - int64(len(p.items)) - int64(countBefore(objs, q.after)); p.remaining == nil || *p.remaining != want {
@@ -94,7 +94,7 @@ func TestPagingIsStableWhileObjectsChange(t *testing.T) {
 				// Between pages: one object before the cursor goes, two arrive on both sides of it.
 				objs = slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetName() == fmt.Sprintf("obj-%02d", page) })
 				objs = append(objs, obj("ns", fmt.Sprintf("new-a%d", page)), obj("ns", fmt.Sprintf("obj-%02d-new", 9-page)))
-				if q, serr = parseQuery(url.Values{"limit": {"3"}, "continue": {p.next}}, 500); serr != nil {
+				if q, serr = parseQuery(url.Values{"limit": {"3"}, "continue": {encodeContinue("42", p.last, 1)}}, 500); serr != nil {
 					t.Fatal(serr)
 				}
 			}
@@ -142,7 +142,7 @@ func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 				if serr != nil {
 					t.Fatal(serr)
 				}
-				p, err := q.paginate(t.Context(), source(objs), "", "7")
+				p, err := q.paginate(t.Context(), source(objs), "")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -152,10 +152,10 @@ func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 				if p.remaining != nil {
 					t.Errorf("a page of a selected list has remainingItemCount %d", *p.remaining)
 				}
-				if p.next == "" {
+				if p.last == "" {
 					break
 				}
-				v.Set("continue", p.next)
+				v.Set("continue", encodeContinue("7", p.last, 1))
 			}
 			if !slices.Equal(got, want) {
 				t.Errorf("pages listed\n%v\nwant\n%v", got, want)
@@ -185,8 +185,8 @@ func TestPageSizeIsCapped(t *testing.T) {
 			t.Fatal(serr)
 		}
 		for name, source := range sources {
-			if p, _ := q.paginate(t.Context(), source(objs), "", "1"); len(p.items) != 7 || p.next == "" || p.remaining == nil || *p.remaining != 13 {
-				t.Errorf("%s, limit=%q with a cap of 7: %d items, remaining %v, continue %q", name, limit, len(p.items), p.remaining, p.next)
+			if p, _ := q.paginate(t.Context(), source(objs), ""); len(p.items) != 7 || p.last == "" || p.remaining == nil || *p.remaining != 13 {
+				t.Errorf("%s, limit=%q with a cap of 7: %d items, remaining %v, continue %q", name, limit, len(p.items), p.remaining, p.last)
 			}
 		}
 	}
@@ -204,7 +204,7 @@ func TestAScanStopsWhenItsRequestEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	for name, source := range sources {
-		if _, err := q.paginate(ctx, source(objs), "", "1"); !errors.Is(err, context.Canceled) {
+		if _, err := q.paginate(ctx, source(objs), ""); !errors.Is(err, context.Canceled) {
 			t.Errorf("%s: paginate with an ended context = %v, want context.Canceled", name, err)
 		}
 	}

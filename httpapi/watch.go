@@ -3,7 +3,6 @@ package httpapi
 import (
 	"encoding/json"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 
-	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -69,11 +67,8 @@ type watcher struct {
 	// behind or was unsubscribed: what is pending is still written, then the watch ends.
 	pending []dynamicinformer.Event
 	done    bool
-	wake    chan struct{}     // capacity 1: a value means pending or done changed
-	minRV   uint64            // events at or below this are already known to the client
-	fresh   map[string]uint64 // snapshot objects newer than minRV: key → their resourceVersion
-	// settling is set while the watch's snapshot is read: every event is kept, for settle.
-	settling bool
+	wake    chan struct{} // capacity 1: a value means pending or done changed
+	minRV   uint64        // events at or below this are already known to the client
 }
 
 func rvOf(o *unstructured.Unstructured) uint64 { return object.Revision(o.GetResourceVersion()) }
@@ -104,7 +99,7 @@ func (s *stream) publish(e dynamicinformer.Event) {
 		s.next = (s.next + 1) % len(s.ring)
 	}
 	for w := range s.watchers {
-		if !w.settling && !w.wants(e, rv) {
+		if rv <= w.minRV {
 			continue
 		}
 		if len(w.pending) >= watcherBuffer { // too slow: disconnect it
@@ -113,9 +108,7 @@ func (s *stream) publish(e dynamicinformer.Event) {
 		} else {
 			w.pending = append(w.pending, e)
 		}
-		if !w.settling {
-			w.signal()
-		}
+		w.signal()
 	}
 }
 
@@ -135,98 +128,36 @@ func (s *stream) take(w *watcher) ([]dynamicinformer.Event, bool) {
 	return batch, w.done
 }
 
-// wants reports whether the watcher has not seen e yet. Deletions always pass: one found
-// only by a relist carries the object's last known, older resourceVersion.
-func (w *watcher) wants(e dynamicinformer.Event, rv uint64) bool {
-	if e.Type == dynamicinformer.Deleted {
-		return true
-	}
-	if rv <= w.minRV {
-		return false
-	}
-	if len(w.fresh) == 0 {
-		return true
-	}
-	k := object.KeyOf(e.Object)
-	if seen, ok := w.fresh[k]; ok {
-		if rv <= seen {
-			return false
-		}
-		delete(w.fresh, k)
-	}
-	return true
+// follow registers a watcher that gets every event published from now on. Called within
+// Resource.Read, it gets exactly the changes to the snapshot Read gives.
+func (s *stream) follow() *watcher {
+	w := &watcher{wake: make(chan struct{}, 1)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.watchers[w] = struct{}{}
+	return w
 }
 
-// subscribe registers a watcher. With initial, it returns the snapshot read reads, to be sent
-// first, and the resourceVersion read reads before it: every change up to it is in the
-// snapshot; without, the watch resumes after resourceVersion rv from the history, or fails with
-// 410 Gone when the history no longer reaches back that far.
-//
-// The snapshot is read outside the stream's lock, which publish needs: a watch opening never
-// holds up the informer's handlers. The watcher is registered before it is read and keeps, while
-// it is, every event published, unfiltered; once it is read, what the snapshot already shows is
-// filtered out of them (see settle) as wants filters what follows.
-func (s *stream) subscribe(rv uint64, initial bool, read func() (uint64, []*unstructured.Unstructured)) (*watcher, []*unstructured.Unstructured, uint64, *apierrors.StatusError) {
-	if initial {
-		w := &watcher{wake: make(chan struct{}, 1), settling: true}
-		s.mu.Lock()
-		s.watchers[w] = struct{}{}
-		s.mu.Unlock()
-		minRV, snapshot := read()
-		s.settle(w, minRV, snapshot)
-		return w, snapshot, minRV, nil
-	}
+// resume registers a watcher that gets every change after resourceVersion rv: those in the
+// history first, then every later one; it fails with 410 Gone when the history no longer
+// reaches back that far.
+func (s *stream) resume(rv uint64) (*watcher, *apierrors.StatusError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rv < s.floor {
-		return nil, nil, 0, apierrors.NewResourceExpired("too old resource version: " + strconv.FormatUint(rv, 10) + " (" + strconv.FormatUint(s.floor, 10) + ")")
+		return nil, apierrors.NewResourceExpired("too old resource version: " + strconv.FormatUint(rv, 10) + " (" + strconv.FormatUint(s.floor, 10) + ")")
 	}
 	var replay []dynamicinformer.Event
 	for i := range s.n {
 		e := s.ring[(s.next-s.n+i+len(s.ring))%len(s.ring)]
-		if len(replay) > 0 || revisionOf(e) > rv {
+		if revisionOf(e) > rv {
 			replay = append(replay, e)
 		}
 	}
 	w := &watcher{wake: make(chan struct{}, 1), minRV: rv, pending: replay}
 	w.signal()
 	s.watchers[w] = struct{}{}
-	return w, nil, rv, nil
-}
-
-// settle ends a watcher's settling: the snapshot's objects newer than minRV are remembered, so
-// that their own events are not sent again, and the events kept while it was read are filtered
-// as wants would have: what the snapshot shows is dropped, and so is the deletion of an object
-// it never showed (deleted before it was read, and not added since).
-func (s *stream) settle(w *watcher, minRV uint64, snapshot []*unstructured.Unstructured) {
-	fresh := map[string]uint64{}
-	shown := make(map[string]bool, len(snapshot))
-	for _, o := range snapshot {
-		k := object.KeyOf(o)
-		shown[k] = true
-		if orv := rvOf(o); orv > minRV {
-			fresh[k] = orv
-		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w.minRV, w.fresh, w.settling = minRV, fresh, false
-	kept := w.pending[:0]
-	for _, e := range w.pending {
-		k := object.KeyOf(e.Object)
-		if e.Type == dynamicinformer.Deleted && !shown[k] {
-			continue
-		}
-		if w.wants(e, revisionOf(e)) {
-			shown[k] = true
-			kept = append(kept, e)
-		}
-	}
-	clear(w.pending[len(kept):])
-	w.pending = kept
-	if len(kept) > 0 {
-		w.signal()
-	}
+	return w, nil
 }
 
 func (s *stream) unsubscribe(w *watcher) {
@@ -261,19 +192,24 @@ func (q *query) transition(e dynamicinformer.Event, namespace string) string {
 }
 
 // watch streams watch events, one JSON object per line: with no resourceVersion (or
-// sendInitialEvents), the current matching objects as ADDED first, then every change.
+// sendInitialEvents), the current matching objects as ADDED first, read in key order from a
+// snapshot of the cache, then every change to that snapshot; from a resourceVersion, every
+// change after it.
 func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
 	q.name = t.name
 	gvr, _, _ := res.API()
 	s := a.Watches.stream(gvr)
-	w, snapshot, snapRV, serr := s.subscribe(q.resourceVersion, q.resourceVersion == 0 || q.sendInitialEvents, func() (uint64, []*unstructured.Unstructured) {
-		// The resourceVersion first: every change up to it is in the snapshot that follows.
-		// The snapshot is the cache's (the informer's indexer), not the handlers' order, which
-		// may not yet show a change the resourceVersion covers.
-		rv := res.ResourceVersion()
-		return rv, visible(res, t.namespace, q)
-	})
-	a.watchInitial.Add(float64(len(snapshot)))
+	var w *watcher
+	var snap dynamicinformer.Snapshot
+	var serr *apierrors.StatusError
+	initial := q.resourceVersion == 0 || q.sendInitialEvents
+	if initial {
+		if !res.Read(func(sn dynamicinformer.Snapshot) { snap, w = sn, s.follow() }) {
+			serr = apierrors.NewServiceUnavailable(res.Name() + " is not watched now")
+		}
+	} else {
+		w, serr = s.resume(q.resourceVersion)
+	}
 	timeout := a.MaxWatchTimeout
 	if q.timeoutSeconds > 0 {
 		timeout = min(timeout, time.Duration(q.timeoutSeconds)*time.Second)
@@ -297,28 +233,28 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		c.Writer.Flush()
 		return err == nil
 	}
-	// Sorted here, outside the stream's lock, by namespace and name read once per object.
-	type named struct {
-		namespace, name string
-		obj             *unstructured.Unstructured
-	}
-	ordered := make([]named, len(snapshot))
-	for i, o := range snapshot {
-		ordered[i] = named{o.GetNamespace(), o.GetName(), o}
-	}
-	slices.SortFunc(ordered, func(a, b named) int { return object.Compare(a.namespace, a.name, b.namespace, b.name) })
-	for i, o := range ordered {
-		if i%checkEvery == 0 && c.Request.Context().Err() != nil {
-			return
-		}
-		if q.matches(o.obj, t.namespace) && !send(string(dynamicinformer.Added), o.obj) {
+	if initial {
+		sent, ok := 0, true
+		visible(res, snap, t.namespace, q, func(o *unstructured.Unstructured) bool {
+			if sent%checkEvery == 0 && c.Request.Context().Err() != nil {
+				ok = false
+				return false
+			}
+			if q.matches(o, t.namespace) {
+				sent++
+				ok = send(string(dynamicinformer.Added), o)
+			}
+			return ok
+		})
+		a.watchInitial.Add(float64(sent))
+		if !ok {
 			return
 		}
 	}
 	if q.sendInitialEvents && q.allowWatchBookmarks {
 		bookmark := &unstructured.Unstructured{}
 		bookmark.SetGroupVersionKind(out.gvk)
-		bookmark.SetResourceVersion(strconv.FormatUint(snapRV, 10))
+		bookmark.SetResourceVersion(strconv.FormatUint(snap.Revision(t.namespace), 10))
 		bookmark.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
 		if !send("BOOKMARK", bookmark) {
 			return
@@ -346,24 +282,31 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	}
 }
 
-// visible reads what a watch in namespace ("" for all) with query q can see: the one object a
-// metadata.name field selector names, the namespace's objects (its index), or, for a
-// cluster-wide watch, every object. So opening a watch costs what its caller may see, not the
-// whole cache.
-func visible(res *dynamicinformer.Resource, namespace string, q *query) []*unstructured.Unstructured {
+// visible calls fn, in key order until it returns false, with what a watch in namespace (""
+// for all) with query q may see of snap: the one object a metadata.name field selector names,
+// or the candidates a list would read (an index's objects, the namespace's, or every object).
+// So opening a watch costs what its caller may see, not the whole cache.
+func visible(res *dynamicinformer.Resource, snap dynamicinformer.Snapshot, namespace string, q *query, fn func(*unstructured.Unstructured) bool) {
 	_, api, _ := res.API()
 	if name, ok := nameSelected(q); ok && (namespace != "" || !api.Namespaced) {
-		if o, found := res.Get(namespace, name); found {
-			return []*unstructured.Unstructured{o}
+		if o, found := snap.Get(namespace, name); found {
+			fn(o)
 		}
-		return nil
+		return
 	}
-	if namespace != "" {
-		if objs, err := res.ByIndex(config.NamespaceIndex, namespace); err == nil {
-			return objs
+	l, serr := q.candidates(res, snap)
+	if serr != nil || l.inOrder {
+		if serr != nil {
+			l.ordered = snap
+		}
+		l.ordered.Scan(namespace, dynamicinformer.Key{}, fn)
+		return
+	}
+	for _, o := range l.objs {
+		if !fn(o) {
+			return
 		}
 	}
-	return res.List()
 }
 
 // nameSelected is the name a metadata.name=... field selector names, if q has one.

@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strconv"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -21,41 +20,51 @@ func event(typ dynamicinformer.EventType, name string, rv uint64) dynamicinforme
 	return dynamicinformer.Event{Type: typ, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: cm(name, rv)}
 }
 
-// TestAWatchOpeningHoldsUpNoPublisher: while a watch's snapshot is read, events are published
-// without waiting for it; once read, the watch gets exactly the changes its snapshot does not
-// show: not the ones it shows (at or below its resourceVersion, or the object's own newer
-// state), not the deletion of an object it never showed, and every later change.
-func TestAWatchOpeningHoldsUpNoPublisher(t *testing.T) {
-	s := NewHub(10).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
-	reading, published := make(chan struct{}), make(chan struct{})
-	go func() {
-		<-reading
-		s.publish(event(dynamicinformer.Modified, "a", 10))  // in the snapshot: rv ≤ 11
-		s.publish(event(dynamicinformer.Modified, "b", 12))  // in the snapshot, b's own newer state
-		s.publish(event(dynamicinformer.Deleted, "gone", 9)) // deleted before the snapshot
-		s.publish(event(dynamicinformer.Added, "c", 13))     // after the snapshot
-		s.publish(event(dynamicinformer.Deleted, "c", 13))
-		close(published)
-	}()
-	w, snapshot, rv, serr := s.subscribe(0, true, func() (uint64, []*unstructured.Unstructured) {
-		close(reading)
-		select {
-		case <-published:
-		case <-time.After(10 * time.Second):
-			t.Error("publishing waited for the snapshot to be read")
-		}
-		return 11, []*unstructured.Unstructured{cm("a", 10), cm("b", 12)}
-	})
-	if serr != nil || rv != 11 || len(snapshot) != 2 {
-		t.Fatalf("subscribe: %v, resourceVersion %d, %d objects", serr, rv, len(snapshot))
-	}
-	s.publish(event(dynamicinformer.Modified, "b", 14))
-	batch, _ := s.take(w)
+func typesAndNames(batch []dynamicinformer.Event) []string {
 	var got []string
 	for _, e := range batch {
 		got = append(got, string(e.Type)+" "+e.Object.GetName())
 	}
-	if want := []string{"ADDED c", "DELETED c", "MODIFIED b"}; !slices.Equal(got, want) {
-		t.Errorf("the watch got %q; want %q", got, want)
+	return got
+}
+
+// TestAWatchResumesAfterItsResourceVersionOnly: a watch from a resourceVersion gets the history's
+// changes after it and every later one, and none at or before it: neither one the history holds
+// out of the order of resourceVersions (a relist's change to an object last changed long ago,
+// before it) nor one published after the watch opened.
+func TestAWatchResumesAfterItsResourceVersionOnly(t *testing.T) {
+	s := NewHub(10).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
+	s.publish(event(dynamicinformer.Modified, "a", 10))
+	s.publish(event(dynamicinformer.Added, "b", 12))
+	s.publish(event(dynamicinformer.Modified, "old", 9)) // out of order, at or before 11
+	w, serr := s.resume(11)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	s.publish(event(dynamicinformer.Modified, "a", 11)) // published late, at or before 11
+	s.publish(event(dynamicinformer.Deleted, "b", 13))
+	batch, _ := s.take(w)
+	if got, want := typesAndNames(batch), []string{"ADDED b", "DELETED b"}; !slices.Equal(got, want) {
+		t.Errorf("the watch from 11 got %q; want %q", got, want)
+	}
+}
+
+// TestAWatchFromBeforeTheHistoryIsGone: once the history no longer holds every change after a
+// resourceVersion, a watch from it fails with 410 Gone, as with the apiserver.
+func TestAWatchFromBeforeTheHistoryIsGone(t *testing.T) {
+	s := NewHub(2).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
+	for rv := uint64(10); rv < 14; rv++ {
+		s.publish(event(dynamicinformer.Modified, "a", rv))
+	}
+	if _, serr := s.resume(10); serr == nil || serr.ErrStatus.Code != 410 {
+		t.Errorf("a watch from 10 after the history dropped 11: %v, want 410 Gone", serr)
+	}
+	w, serr := s.resume(11)
+	if serr != nil {
+		t.Fatalf("a watch from 11, which the history still follows: %v", serr)
+	}
+	batch, _ := s.take(w)
+	if got, want := typesAndNames(batch), []string{"MODIFIED a", "MODIFIED a"}; !slices.Equal(got, want) {
+		t.Errorf("the watch from 11 got %q; want %q", got, want)
 	}
 }

@@ -30,7 +30,7 @@ func (c *orderChecker) OnEvent(e Event) {
 		return
 	}
 	var found *unstructured.Unstructured
-	r.Ordered().Scan(e.Object.GetNamespace(), Key{}, func(o *unstructured.Unstructured) bool {
+	r.Snapshot().Scan(e.Object.GetNamespace(), Key{}, func(o *unstructured.Unstructured) bool {
 		if o.GetName() == e.Object.GetName() {
 			found = o
 			return false
@@ -46,7 +46,7 @@ func (c *orderChecker) OnEvent(e Event) {
 	}
 }
 
-func orderedKeys(s Ordered, namespace string, after Key) []string {
+func orderedKeys(s Snapshot, namespace string, after Key) []string {
 	var keys []string
 	s.Scan(namespace, after, func(o *unstructured.Unstructured) bool {
 		keys = append(keys, object.KeyOf(o))
@@ -115,14 +115,14 @@ resources:
 	slices.SortFunc(want, byKey)
 	slices.SortFunc(touched, byKey)
 	testbed.Eventually(t, 20*time.Second, func() error {
-		if got := orderedKeys(r.Ordered(), "", Key{}); !slices.Equal(got, want) {
+		if got := orderedKeys(r.Snapshot(), "", Key{}); !slices.Equal(got, want) {
 			return fmt.Errorf("order holds %v, want %v", got, want)
 		}
-		yes, _ := r.OrderedByIndex("byTouched", "yes")
+		yes, _ := r.Snapshot().ByIndex("byTouched", "yes")
 		if got := orderedKeys(yes, "", Key{}); !slices.Equal(got, touched) {
 			return fmt.Errorf("byTouched=yes holds %v, want %v", got, touched)
 		}
-		no, _ := r.OrderedByIndex("byTouched", "no")
+		no, _ := r.Snapshot().ByIndex("byTouched", "no")
 		if got := orderedKeys(no, "", Key{}); len(got) != 1 || got[0] != moved.Namespace+"/cm-03" {
 			return fmt.Errorf("byTouched=no holds %v, want only cm-03", got)
 		}
@@ -133,16 +133,13 @@ resources:
 		t.Errorf("events seen before the order showed them:\n%s", strings.Join(check.errs, "\n"))
 	}
 	check.mu.Unlock()
-	if got := names(r.List()); got != strings.Join(slices.Sorted(slices.Values(want)), " ") {
-		t.Errorf("cache holds %s, order %v", got, want)
-	}
 
-	snap := r.Ordered()
+	snap := r.Snapshot()
 	if err := cs.CoreV1().ConfigMaps(ns[0]).DeleteCollection(t.Context(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testbed.Eventually(t, 20*time.Second, func() error {
-		if n, left := len(orderedKeys(r.Ordered(), "", Key{})), len(orderedKeys(snap, ns[1], Key{})); n != left {
+		if n, left := len(orderedKeys(r.Snapshot(), "", Key{})), len(orderedKeys(snap, ns[1], Key{})); n != left {
 			return fmt.Errorf("order holds %d objects after %s was emptied, want %d", n, ns[0], left)
 		}
 		return nil
@@ -167,18 +164,18 @@ resources:
 	}
 }
 
-// TestOrderedScansInListOrderAndResumesAfterAnyKey pages objects held outside a cache: list
+// TestASnapshotScansInListOrderAndResumesAfterAnyKey pages objects held outside a cache: list
 // order is by namespace, then name, cluster-scoped objects first, whatever order they come in;
 // a scan keeps to its namespace, resumes after a key whether or not an object has it, and stops
 // when its function says so.
-func TestOrderedScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
+func TestASnapshotScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
 	obj := func(namespace, name string) *unstructured.Unstructured {
 		u := &unstructured.Unstructured{}
 		u.SetNamespace(namespace)
 		u.SetName(name)
 		return u
 	}
-	s := NewOrdered(obj("b", "y"), obj("a", "z"), obj("", "node-2"), obj("b", "x"), obj("a", "m"), obj("", "node-1"), obj("c", "a"))
+	s := NewSnapshot(obj("b", "y"), obj("a", "z"), obj("", "node-2"), obj("b", "x"), obj("a", "m"), obj("", "node-1"), obj("c", "a"))
 	for _, tt := range []struct {
 		name      string
 		namespace string
@@ -210,7 +207,75 @@ func TestOrderedScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
 	if want := []string{"node-1", "node-2", "a/m"}; !slices.Equal(read, want) {
 		t.Errorf("a scan whose function returns false at the third object read %v, want %v", read, want)
 	}
-	if got := orderedKeys(Ordered{}, "", Key{}); got != nil {
-		t.Errorf("the zero Ordered holds %v, want nothing", got)
+	if got := orderedKeys(Snapshot{}, "", Key{}); got != nil {
+		t.Errorf("the zero Snapshot holds %v, want nothing", got)
+	}
+}
+
+func cached(namespace, name string, rv int) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetNamespace(namespace)
+	u.SetName(name)
+	u.SetResourceVersion(fmt.Sprint(rv))
+	return u
+}
+
+// keysAt is a snapshot's objects as namespace/name@resourceVersion, in order.
+func keysAt(s Snapshot) []string {
+	var keys []string
+	for _, o := range scanned(s, "") {
+		keys = append(keys, object.KeyOf(o)+"@"+o.GetResourceVersion())
+	}
+	return keys
+}
+
+// TestAStoreShowsEachChangeWithItsRevision: a snapshot shows every change through its revision
+// and none after. A list is applied in one step at its revision, deleting what it no longer
+// holds; a change with no revision of its own (an object that came in with its namespace) is
+// not shown until the revision that follows it.
+func TestAStoreShowsEachChangeWithItsRevision(t *testing.T) {
+	s := newStore(nil)
+	check := func(step string, wantRV uint64, want ...string) {
+		t.Helper()
+		snap := s.snapshot()
+		if got := keysAt(snap); snap.Revision("") != wantRV || !slices.Equal(got, want) {
+			t.Errorf("%s: snapshot at %d holds %v; want %d and %v", step, snap.Revision(""), got, wantRV, want)
+		}
+	}
+	gone, changes := s.replace("", []*unstructured.Unstructured{cached("ns", "a", 5), cached("ns", "b", 6)}, 10)
+	if len(gone) != 0 || len(changes) != 2 || changes[0].old != nil {
+		t.Fatalf("the first list: %d gone, %d changes; want 0 and 2 additions", len(gone), len(changes))
+	}
+	check("after the list", 10, "ns/a@5", "ns/b@6")
+	if old := s.set("", cached("ns", "a", 11), 11); old == nil || old.GetResourceVersion() != "5" {
+		t.Errorf("an update replaced %v; want a@5", old)
+	}
+	check("after an update", 11, "ns/a@11", "ns/b@6")
+	s.set("", cached("joined", "c", 3), 0)
+	check("while an object comes in with its namespace", 11, "ns/a@11", "ns/b@6")
+	s.bookmark("", 12)
+	check("after the bookmark that follows it", 12, "joined/c@3", "ns/a@11", "ns/b@6")
+	gone, _ = s.replace("", []*unstructured.Unstructured{cached("ns", "a", 11), cached("ns", "d", 13)}, 14)
+	if got := keysAt(NewSnapshot(gone...)); !slices.Equal(got, []string{"joined/c@3", "ns/b@6"}) {
+		t.Errorf("a relist deleted %v; want c and b", got)
+	}
+	check("after a relist", 14, "ns/a@11", "ns/d@13")
+}
+
+// TestAStoreKeepsARevisionPerStream: with a stream per namespace, each list replaces its own
+// namespace's objects only; a namespace's revision is its stream's, and every namespace's is
+// the oldest of them.
+func TestAStoreKeepsARevisionPerStream(t *testing.T) {
+	s := newStore(nil)
+	s.replace("ns1", []*unstructured.Unstructured{cached("ns1", "x", 4)}, 5)
+	s.replace("ns2", []*unstructured.Unstructured{cached("ns2", "y", 7)}, 8)
+	s.set("ns2", cached("ns2", "y", 9), 9)
+	snap := s.snapshot()
+	if got := []uint64{snap.Revision("ns1"), snap.Revision("ns2"), snap.Revision("")}; !slices.Equal(got, []uint64{5, 9, 5}) {
+		t.Errorf("revisions of ns1, ns2 and every namespace: %v; want [5 9 5]", got)
+	}
+	gone, _ := s.replace("ns1", nil, 10)
+	if got := keysAt(s.snapshot()); len(gone) != 1 || !slices.Equal(got, []string{"ns2/y@9"}) {
+		t.Errorf("ns1's empty relist deleted %d objects and left %v; want 1 and ns2/y@9", len(gone), got)
 	}
 }

@@ -1,0 +1,336 @@
+package dynamicinformer
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/google/btree"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// storeDegree is the B-trees' degree: nodes of up to 63 items, a few cache lines of pointers.
+const storeDegree = 32
+
+// entry is one cached object in list order.
+type entry struct {
+	namespace, name string
+	obj             *unstructured.Unstructured
+}
+
+// lessEntry orders entries in list order.
+func lessEntry(a, b entry) bool { return object.Compare(a.namespace, a.name, b.namespace, b.name) < 0 }
+
+// indexed is one object under one value of an index.
+type indexed struct {
+	value string
+	entry
+}
+
+// lessIndexed orders an index by value, then in list order.
+func lessIndexed(a, b indexed) bool {
+	if a.value != b.value {
+		return a.value < b.value
+	}
+	return lessEntry(a.entry, b.entry)
+}
+
+// store is a resource's cache: its objects in list order, the objects of each value of each
+// configured indexer in list order, and for each of its streams (one list and watch, see
+// Event.Stream) the revision through which that stream's changes are applied. Only the
+// informers' processing changes it, one change at a time and before the change's event is
+// emitted; readers take snapshots, in O(1): the trees are shared copy-on-write, so later
+// changes copy the few nodes they touch and do not show in a snapshot.
+//
+// A snapshot shows each stream's changes through its revision and none after, as the
+// apiserver's watch cache does: a list at a stream's revision followed by a watch from it
+// misses nothing and repeats nothing. A change known by no revision of its own (an object
+// that came in or went out with its namespace, see selectWatch) is applied at once but
+// published only with the revision that follows it: until then snapshots show the store as
+// it was before that change began.
+type store struct {
+	mu      sync.Mutex
+	t       *btree.BTreeG[entry]
+	indexes cache.Indexers
+	idx     map[string]*btree.BTreeG[indexed] // index name → its objects by value
+	revs    map[string]uint64                 // stream → revision applied through
+	frozen  *Snapshot                         // what snapshots show while a change has no revision yet
+}
+
+// newStore keeps objects in order, and by the values of indexes.
+func newStore(indexes cache.Indexers) *store {
+	s := &store{t: btree.NewG(storeDegree, lessEntry), indexes: indexes, idx: map[string]*btree.BTreeG[indexed]{}, revs: map[string]uint64{}}
+	for name := range indexes {
+		s.idx[name] = btree.NewG(storeDegree, lessIndexed)
+	}
+	return s
+}
+
+// change is one object's change by a list: old is nil for an object that was not cached.
+type change struct {
+	old, new *unstructured.Unstructured
+}
+
+// replace makes stream's objects (those of its namespace, or every object for the stream of
+// all namespaces) objs, as a list at revision rev shows them, in one step. It returns the
+// objects that are no longer there, and every object of the list with what it replaced.
+func (s *store) replace(stream string, objs []*unstructured.Unstructured, rev uint64) (gone []*unstructured.Unstructured, changes []change) {
+	listed := make(map[Key]struct{}, len(objs))
+	for _, u := range objs {
+		listed[Key{u.GetNamespace(), u.GetName()}] = struct{}{}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.thaw()
+	s.scan(s.t, stream, func(e entry) {
+		if _, ok := listed[Key{e.namespace, e.name}]; !ok {
+			gone = append(gone, e.obj)
+		}
+	})
+	for _, u := range gone {
+		s.removeLocked(u)
+	}
+	changes = make([]change, len(objs))
+	for i, u := range objs {
+		changes[i] = change{old: s.setLocked(u), new: u}
+	}
+	s.revs[stream] = rev
+	return gone, changes
+}
+
+// scan calls fn with every entry of t in namespace ("" for every namespace).
+func (s *store) scan(t *btree.BTreeG[entry], namespace string, fn func(entry)) {
+	t.AscendGreaterOrEqual(entry{namespace: namespace}, func(e entry) bool {
+		if namespace != "" && e.namespace != namespace {
+			return false
+		}
+		fn(e)
+		return true
+	})
+}
+
+// set caches u as stream's change: at revision rev, or with no revision of its own when rev
+// is 0. It returns the object u replaced, or nil.
+func (s *store) set(stream string, u *unstructured.Unstructured, rev uint64) *unstructured.Unstructured {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.advance(stream, rev)
+	return s.setLocked(u)
+}
+
+// remove drops u as stream's change, as set does; it returns the object it dropped, or nil.
+func (s *store) remove(stream string, u *unstructured.Unstructured, rev uint64) *unstructured.Unstructured {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.advance(stream, rev)
+	return s.removeLocked(u)
+}
+
+// bookmark notes that stream has every change through rev.
+func (s *store) bookmark(stream string, rev uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.advance(stream, rev)
+}
+
+// advance publishes stream's changes through rev, or, with rev 0, freezes what snapshots show
+// before a change with no revision of its own is applied.
+func (s *store) advance(stream string, rev uint64) {
+	if rev == 0 {
+		if s.frozen == nil {
+			snap := s.snapshotLocked()
+			s.frozen = &snap
+		}
+		return
+	}
+	s.thaw()
+	s.revs[stream] = max(s.revs[stream], rev)
+}
+
+// thaw lets snapshots show the store as it is again.
+func (s *store) thaw() { s.frozen = nil }
+
+func (s *store) setLocked(u *unstructured.Unstructured) *unstructured.Unstructured {
+	e := entry{namespace: u.GetNamespace(), name: u.GetName(), obj: u}
+	old, had := s.t.ReplaceOrInsert(e)
+	if had {
+		s.unindex(old)
+	}
+	s.index(e)
+	if !had {
+		return nil
+	}
+	return old.obj
+}
+
+func (s *store) removeLocked(u *unstructured.Unstructured) *unstructured.Unstructured {
+	old, had := s.t.Delete(entry{namespace: u.GetNamespace(), name: u.GetName()})
+	if !had {
+		return nil
+	}
+	s.unindex(old)
+	return old.obj
+}
+
+// values are e's values for the index f; an object the index function fails on is in none.
+func values(f cache.IndexFunc, e entry) []string {
+	vs, err := f(e.obj)
+	if err != nil {
+		return nil
+	}
+	slices.Sort(vs)
+	return slices.Compact(vs)
+}
+
+func (s *store) index(e entry) {
+	for name, f := range s.indexes {
+		for _, v := range values(f, e) {
+			s.idx[name].ReplaceOrInsert(indexed{value: v, entry: e})
+		}
+	}
+}
+
+func (s *store) unindex(e entry) {
+	for name, f := range s.indexes {
+		for _, v := range values(f, e) {
+			s.idx[name].Delete(indexed{value: v, entry: e})
+		}
+	}
+}
+
+// snapshot is what the store shows now, in O(1).
+func (s *store) snapshot() Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.frozen != nil {
+		return *s.frozen
+	}
+	return s.snapshotLocked()
+}
+
+// current is what the store holds now, changes with no revision yet included.
+func (s *store) current() Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snapshotLocked()
+}
+
+func (s *store) snapshotLocked() Snapshot {
+	snap := Snapshot{t: s.t.Clone(), idx: make(map[string]*btree.BTreeG[indexed], len(s.idx)), revs: make(map[string]uint64, len(s.revs))}
+	for name, t := range s.idx {
+		snap.idx[name] = t.Clone()
+	}
+	for stream, rev := range s.revs {
+		snap.revs[stream] = rev
+	}
+	return snap
+}
+
+// Snapshot is a resource's cache as it was at one moment: its objects in list order (by
+// namespace, then name, cluster-scoped objects first), by the values of its indexers, and the
+// revision each of its streams had reached. Its objects are shared with the cache: callers must
+// not modify them. The zero Snapshot holds nothing.
+type Snapshot struct {
+	t    *btree.BTreeG[entry]
+	idx  map[string]*btree.BTreeG[indexed]
+	revs map[string]uint64
+	// by restricts Scan to one value of one index.
+	by *restriction
+}
+
+// restriction is one value of one index.
+type restriction struct{ index, value string }
+
+// Revision is the resourceVersion the snapshot shows namespace's objects at: every change up to
+// it and none after. With one stream for every namespace (or a namespace it has a stream of
+// its own for) that is exact; for every namespace ("") of a resource watched in several, it is
+// the oldest of their revisions, and objects of the others may be newer.
+func (s Snapshot) Revision(namespace string) uint64 {
+	if rev, ok := s.revs[namespace]; ok {
+		return rev
+	}
+	var oldest uint64
+	first := true
+	for _, rev := range s.revs {
+		if first || rev < oldest {
+			oldest, first = rev, false
+		}
+	}
+	return oldest
+}
+
+// Revisions are the revisions of the snapshot's streams, by stream name (see Event.Stream).
+func (s Snapshot) Revisions() map[string]uint64 { return s.revs }
+
+// Get is the object namespace/name ("" namespace for a cluster-scoped object).
+func (s Snapshot) Get(namespace, name string) (*unstructured.Unstructured, bool) {
+	if s.t == nil {
+		return nil, false
+	}
+	e, ok := s.t.Get(entry{namespace: namespace, name: name})
+	return e.obj, ok
+}
+
+// Len is how many objects the snapshot holds.
+func (s Snapshot) Len() int {
+	if s.t == nil {
+		return 0
+	}
+	return s.t.Len()
+}
+
+// ByIndex is the snapshot restricted to the objects whose configured indexer index has value,
+// still in list order; false when the resource has no such indexer.
+func (s Snapshot) ByIndex(index, value string) (Snapshot, bool) {
+	if _, ok := s.idx[index]; !ok {
+		return Snapshot{}, false
+	}
+	s.by = &restriction{index: index, value: value}
+	return s, true
+}
+
+// Scan calls fn with the objects of namespace ("" for every namespace) that come after the
+// object namespace/name of after ("" for none; a cluster-scoped object's is its name), in
+// order, until fn returns false.
+func (s Snapshot) Scan(namespace string, after Key, fn func(*unstructured.Unstructured) bool) {
+	if s.t == nil {
+		return
+	}
+	from := entry{namespace: namespace}
+	if after != (Key{}) && !lessEntry(entry{namespace: after.Namespace, name: after.Name}, from) {
+		from = entry{namespace: after.Namespace, name: after.Name}
+	}
+	visit := func(e entry) bool {
+		if namespace != "" && e.namespace != namespace {
+			return false
+		}
+		if after != (Key{}) && e.namespace == after.Namespace && e.name == after.Name {
+			return true
+		}
+		return fn(e.obj)
+	}
+	if s.by == nil {
+		s.t.AscendGreaterOrEqual(from, visit)
+		return
+	}
+	s.idx[s.by.index].AscendGreaterOrEqual(indexed{value: s.by.value, entry: from}, func(x indexed) bool {
+		return x.value == s.by.value && visit(x.entry)
+	})
+}
+
+// Key names an object of a resource: its namespace ("" when cluster-scoped) and name.
+type Key struct {
+	Namespace, Name string
+}
+
+// NewSnapshot builds a snapshot of objects held outside a cache, for code that pages them the
+// way it pages a cache's.
+func NewSnapshot(objs ...*unstructured.Unstructured) Snapshot {
+	s := newStore(nil)
+	for _, u := range objs {
+		s.setLocked(u)
+	}
+	return Snapshot{t: s.t}
+}
