@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/metadata"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -35,6 +36,10 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	dyn, err := dynamic.NewForConfig(informers)
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	meta, err := metadata.NewForConfig(informers)
+	if err != nil {
+		return nil, fmt.Errorf("metadata client: %w", err)
 	}
 	disco, err := discovery.NewDiscoveryClientForConfig(informers)
 	if err != nil {
@@ -71,7 +76,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	}()
 	watches := httpapi.NewHub(cfg.API.WatchHistory)
 	if s.informers, err = dynamicinformer.New(dynamicinformer.Options{
-		Logger: log, Dynamic: dyn, Discovery: disco, Registerer: reg,
+		Logger: log, Dynamic: dyn, Metadata: meta, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
 		Subscribers: []dynamicinformer.Subscriber{watches, s.webhooks},
 	}); err != nil {

@@ -175,6 +175,10 @@ type Resource struct {
 	StaleAfter time.Duration `mapstructure:"staleAfter"`
 	Transform  Transform     `mapstructure:"transform"`
 	Indexers   []Indexer     `mapstructure:"indexers"`
+	// Cache is what the cache keeps of each object: CacheFull, the whole object, or
+	// CacheMetadata, its metadata only, as the apiserver sends it to metadata informers
+	// (PartialObjectMetadata).
+	Cache string `mapstructure:"cache"`
 
 	// Source is the entry as written in the file, canonically encoded: two entries with the
 	// same Source configure the same thing.
@@ -189,6 +193,15 @@ type Resource struct {
 	Labels labels.Selector `mapstructure:"-"`
 	Fields fields.Selector `mapstructure:"-"`
 }
+
+// The values of Resource.Cache.
+const (
+	CacheFull     = "full"
+	CacheMetadata = "metadata"
+)
+
+// MetadataOnly reports whether the resource's cache keeps its objects' metadata only.
+func (r *Resource) MetadataOnly() bool { return r.Cache == CacheMetadata }
 
 // Transform lists what is removed from objects before they enter the cache.
 type Transform struct {
@@ -316,6 +329,9 @@ func (c *Config) setListDefaults() {
 	for i := range c.Resources {
 		if c.Resources[i].StaleAfter == 0 {
 			c.Resources[i].StaleAfter = DefaultStaleAfter
+		}
+		if c.Resources[i].Cache == "" {
+			c.Resources[i].Cache = CacheFull
 		}
 		t := &c.Resources[i].Transform
 		if t.StripManagedFields == nil {

@@ -150,6 +150,22 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"resources[0].transform.removeFields[0]: invalid path", "not supported for removal"}},
 		{"keepSecretData on configmaps", "resources: [{version: v1, resource: configmaps, transform: {keepSecretData: true}}]\n",
 			[]string{"resources[0].transform.keepSecretData: only applies to core v1 secrets"}},
+		{"an unknown cache", "resources: [{version: v1, resource: configmaps, cache: bytes}]\n",
+			[]string{`resources[0].cache: must be full or metadata, got "bytes"`}},
+		{"metadata only, with what needs the body", `resources:
+  - version: v1
+    resource: secrets
+    cache: metadata
+    transform: {removeFields: [metadata.annotations.x, data], keepSecretData: true}
+    indexers:
+      - {name: byApp, type: jsonPath, path: "{.metadata.labels.app}"}
+      - {name: byType, type: jsonPath, path: "{.type}"}
+      - {name: byOwner, type: owner}
+`, []string{
+			`resources[0].transform.removeFields[1]: "data" reads the object's body, which cache: metadata does not keep: only metadata.* paths apply`,
+			"resources[0].transform.keepSecretData: keeps the secret's data, which cache: metadata does not keep",
+			`resources[0].indexers[1].path: "{.type}" reads the object's body, which cache: metadata does not keep: only {.metadata...} paths apply, or an indexer of type label, annotation or owner`,
+		}},
 		{"a bad namespace", "resources: [{version: v1, resource: pods, namespaces: [Team_A]}]\n",
 			[]string{"resources[0].namespaces[0]:"}},
 		{"bad listeners and log settings", "resources: [{version: v1, resource: pods}]\napi: {address: nowhere}\nlog: {level: loud, format: xml}\n",

@@ -34,6 +34,11 @@ type step struct {
 // String returns the path as written in the configuration.
 func (p FieldPath) String() string { return p.text }
 
+// InMetadata reports whether the path is within the object's metadata.
+func (p FieldPath) InMetadata() bool {
+	return len(p.steps) > 0 && p.steps[0].kind == stepField && p.steps[0].field == "metadata"
+}
+
 // ParseFieldPath parses a removeFields entry.
 func ParseFieldPath(text string) (FieldPath, error) {
 	if strings.TrimSpace(text) == "" {

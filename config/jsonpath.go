@@ -41,6 +41,13 @@ func ParseJSONPath(text string) (*JSONPath, error) {
 // String returns the path as written in the configuration.
 func (p *JSONPath) String() string { return p.text }
 
+// InMetadata reports whether the path reads nothing but the object's metadata: one
+// expression, starting at .metadata.
+func (p *JSONPath) InMetadata() bool {
+	r := relaxed(p.text)
+	return strings.Count(r, "{") == 1 && (strings.HasPrefix(r, "{.metadata.") || r == "{.metadata}")
+}
+
 // Values returns the scalar values the path yields on obj, in document order. Missing keys
 // yield nothing; maps and lists are skipped, since they make no useful index key.
 func (p *JSONPath) Values(obj map[string]any) ([]string, error) {

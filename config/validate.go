@@ -216,6 +216,33 @@ func (r *Resource) validate(path string, p *problems) {
 		}
 		names[ix.Name] = true
 	}
+	r.validateCache(path, p)
+}
+
+// validateCache checks cache, and that with metadata only nothing needs the object's body.
+func (r *Resource) validateCache(path string, p *problems) {
+	switch r.Cache {
+	case CacheFull:
+		return
+	case CacheMetadata:
+	default:
+		p.add(path+".cache", "must be %s or %s, got %q", CacheFull, CacheMetadata, r.Cache)
+		return
+	}
+	const why = "reads the object's body, which cache: metadata does not keep"
+	for j, fp := range r.Transform.Paths {
+		if !fp.InMetadata() {
+			p.add(fmt.Sprintf("%s.transform.removeFields[%d]", path, j), "%q %s: only metadata.* paths apply", fp, why)
+		}
+	}
+	if r.Transform.KeepSecretData {
+		p.add(path+".transform.keepSecretData", "keeps the secret's data, which cache: metadata does not keep")
+	}
+	for j, ix := range r.Indexers {
+		if ix.JSONPath != nil && !ix.JSONPath.InMetadata() {
+			p.add(fmt.Sprintf("%s.indexers[%d].path", path, j), "%q %s: only {.metadata...} paths apply, or an indexer of type label, annotation or owner", ix.Path, why)
+		}
+	}
 }
 
 func (ix *Indexer) validate(path string, p *problems) {

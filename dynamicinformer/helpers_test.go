@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -78,6 +79,7 @@ func startManager(t *testing.T, restConfig *rest.Config, yaml string, subs ...Su
 	m, err := New(Options{
 		Logger:      slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Dynamic:     dynamic.NewForConfigOrDie(restConfig),
+		Metadata:    metadata.NewForConfigOrDie(restConfig),
 		Discovery:   discovery.NewDiscoveryClientForConfigOrDie(restConfig),
 		Registerer:  reg,
 		Resources:   cfg.Resources,

@@ -2,6 +2,8 @@ package dynamicinformer
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -425,4 +427,49 @@ func TestARelistDatesItsDeletesByTheListAndAResyncChangesNothing(t *testing.T) {
 	if e := events[1]; e.Since != 8 || e.Revision != 42 || e.InOrder || e.Stream != "ns" {
 		t.Fatalf("relist delete: since %d, revision %d, in order %t, stream %q; want 8, 42, false, ns", e.Since, e.Revision, e.InOrder, e.Stream)
 	}
+}
+
+// TestAMetadataOnlyCacheKeepsNothingButMetadata: with cache: metadata the apiserver sends only
+// metadata, and that is what the cache keeps and the events carry, as PartialObjectMetadata,
+// with the transforms and indexers over metadata applied.
+func TestAMetadataOnlyCacheKeepsNothingButMetadata(t *testing.T) {
+	testbed.Need(t)
+	ns := namespaces(t, 1)[0]
+	rec := &recorder{}
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - version: v1
+    resource: configmaps
+    namespaces: [%s]
+    cache: metadata
+    transform: {removeFields: [metadata.annotations.secret]}
+    indexers: [{name: byApp, type: label, key: app}]
+`, ns), rec)
+	waitReady(t, m)
+	cm := configMap(ns, "cm", map[string]string{"app": "web"})
+	cm.Annotations = map[string]string{"secret": "s3cret", "team": "storefront"}
+	cm.Data = map[string]string{"big": strings.Repeat("x", 4096)}
+	create(t, cm)
+	r := resource(t, m, "configmaps.v1")
+	cacheHas(t, r, ns+"/cm")
+	obj, _ := r.Snapshot().Get(ns, "cm")
+	if obj.GetKind() != "PartialObjectMetadata" || obj.GetAPIVersion() != "meta.k8s.io/v1" {
+		t.Errorf("cached as %s %s, want meta.k8s.io/v1 PartialObjectMetadata", obj.GetAPIVersion(), obj.GetKind())
+	}
+	if _, has := obj.Object["data"]; has || len(obj.Object) != 3 {
+		t.Errorf("the cached object has %v, want apiVersion, kind and metadata only", slices.Sorted(maps.Keys(obj.Object)))
+	}
+	if a := obj.GetAnnotations(); a["secret"] != "" || a["team"] != "storefront" || obj.GetUID() == "" || obj.GetResourceVersion() == "" {
+		t.Errorf("metadata: annotations %v, uid %q, resourceVersion %q; want the team kept, the secret removed, uid and resourceVersion", a, obj.GetUID(), obj.GetResourceVersion())
+	}
+	by, _ := r.Snapshot().ByIndex("byApp", "web")
+	if got := names(scanned(by, "")); got != ns+"/cm" {
+		t.Errorf("byApp=web holds %q, want the configmap", got)
+	}
+	testbed.Eventually(t, 10*time.Second, func() error {
+		if evs := rec.find(ns, "cm"); len(evs) != 1 || evs[0].Object.GetKind() != "PartialObjectMetadata" {
+			return fmt.Errorf("events: %+v, want one ADDED of the metadata", evs)
+		}
+		return nil
+	})
 }

@@ -17,14 +17,17 @@ import (
 	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/metadata"
 
 	"github.com/dynwatch/dynwatch/config"
 )
 
 // Options are a Manager's dependencies.
 type Options struct {
-	Logger      *slog.Logger
-	Dynamic     dynamic.Interface
+	Logger  *slog.Logger
+	Dynamic dynamic.Interface
+	// Metadata serves the resources whose cache keeps metadata only.
+	Metadata    metadata.Interface
 	Discovery   discovery.DiscoveryInterface
 	Registerer  prometheus.Registerer
 	Resources   []config.Resource
@@ -37,6 +40,7 @@ type Options struct {
 type Manager struct {
 	log         *slog.Logger
 	dynamic     dynamic.Interface
+	metadata    metadata.Interface
 	discovery   discovery.DiscoveryInterface
 	interval    time.Duration
 	subscribers []Subscriber
@@ -57,9 +61,13 @@ type Manager struct {
 
 // New builds a Manager and registers its metrics. Nothing runs until Run.
 func New(o Options) (*Manager, error) {
+	if o.Dynamic == nil || o.Metadata == nil || o.Discovery == nil {
+		return nil, errors.New("the dynamic, metadata and discovery clients are all required")
+	}
 	m := &Manager{
 		log:         o.Logger,
 		dynamic:     o.Dynamic,
+		metadata:    o.Metadata,
 		discovery:   o.Discovery,
 		interval:    o.Interval,
 		subscribers: o.Subscribers,

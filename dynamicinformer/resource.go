@@ -197,6 +197,7 @@ func (r *Resource) setState(s State, reason string) {
 
 // start runs the resource's informers for gvr until ctx ends or stopInformers is called.
 func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr schema.GroupVersionResource, api metav1.APIResource) error {
+	src := r.m.sourceOf(gvr, r.cfg.MetadataOnly())
 	namespaces := r.cfg.Namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
@@ -221,7 +222,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 				UnlockWhileProcessing: true,
 				EmitDeltaTypeBookmark: true,
 			}),
-			ListerWatcher:                r.listWatch(client.Resource(gvr), ns, tweak, ni.health, sel, ni.relist),
+			ListerWatcher:                r.listWatch(src, ns, tweak, ni.health, sel, ni.relist),
 			ObjectType:                   &unstructured.Unstructured{},
 			FullResyncPeriod:             r.cfg.Resync,
 			WatchErrorHandlerWithContext: r.onWatchError,
@@ -271,8 +272,8 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 // listWatch lists and watches the resource in namespace, as client-go's dynamic informer does.
 // Every list and watch call's outcome goes to h. With sel, only the objects of the namespaces
 // it selects are passed on, and its changes are brought in as they happen (see selectWatch).
-func (r *Resource) listWatch(resource dynamic.NamespaceableResourceInterface, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection, relist *relisted) *cache.ListWatch {
-	client := resource.Namespace(namespace)
+func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection, relist *relisted) *cache.ListWatch {
+	client := src.Namespace(namespace)
 	selected := &applied{}
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -313,7 +314,7 @@ func (r *Resource) listWatch(resource dynamic.NamespaceableResourceInterface, na
 			if err == nil && sel != nil {
 				opts := metav1.ListOptions{}
 				tweak(&opts)
-				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: resource, opts: opts, sel: sel, state: selected, relist: relist, initial: initial}
+				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: src, opts: opts, sel: sel, state: selected, relist: relist, initial: initial}
 				go sw.run(ctx, o.ResourceVersion)
 				return sw, nil
 			}

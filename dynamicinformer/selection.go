@@ -229,7 +229,7 @@ type selectWatch struct {
 	stop    chan struct{}
 	once    sync.Once
 	r       *Resource
-	client  dynamic.NamespaceableResourceInterface
+	client  source
 	opts    metav1.ListOptions // the informer's selectors
 	sel     *selection
 	state   *applied

@@ -12,6 +12,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -259,6 +260,10 @@ func (a *api) serve(c *gin.Context) {
 			writeStatus(w, serr)
 			return
 		}
+		if serr := q.metadataFieldsOnly(res); serr != nil {
+			writeStatus(w, serr)
+			return
+		}
 	}
 	switch st := res.State(); {
 	case st == dynamicinformer.StateSynced:
@@ -273,6 +278,11 @@ func (a *api) serve(c *gin.Context) {
 		return
 	}
 	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd)}
+	if res.Config().MetadataOnly() {
+		// The cache holds what the apiserver sends metadata informers, and says so: a client
+		// that reads the kind's fields finds none, rather than empty ones.
+		out.gvk, out.printer = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadata"), defaultPrinter
+	}
 	switch {
 	case t.watch(c.Request.URL.Query()):
 		a.serveWatch(c, res, t, q, out)

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -104,7 +105,7 @@ func newBenchFixture(n int) (*benchFixture, error) {
 	log := slog.New(slog.DiscardHandler)
 	hub := NewHub(1000)
 	mgr, err := dynamicinformer.New(dynamicinformer.Options{
-		Logger: log, Dynamic: dynamic.NewForConfigOrDie(fast), Discovery: discovery.NewDiscoveryClientForConfigOrDie(fast),
+		Logger: log, Dynamic: dynamic.NewForConfigOrDie(fast), Metadata: metadata.NewForConfigOrDie(fast), Discovery: discovery.NewDiscoveryClientForConfigOrDie(fast),
 		Registerer: prometheus.NewRegistry(), Resources: cfg.Resources, Interval: time.Second,
 		Subscribers: []dynamicinformer.Subscriber{hub},
 	})
