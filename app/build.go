@@ -9,9 +9,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/metadata"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
