@@ -406,7 +406,7 @@ func TestARelistDatesItsDeletesByTheListAndAResyncChangesNothing(t *testing.T) {
 	m := startManager(t, cluster.Config, "resources: [{version: v1, resource: configmaps, namespaces: [none]}]\n", rec)
 	r := resource(t, m, "configmaps.v1")
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	process := r.process(gvr, "ns", &relisted{}, newStore(nil))
+	process := r.process(gvr, "ns", &moves{}, newStore(nil))
 	obj := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
 	}}}

@@ -18,20 +18,20 @@ import (
 // are applied in one step at the list's revision; the events of a relist are counted and not
 // in order. A change with no revision of its own (an object that came in or went out with its
 // namespace) is published at the revision that follows it.
-func (r *Resource) process(gvr schema.GroupVersionResource, stream string, relist *relisted, st *store) cache.ProcessFunc {
+func (r *Resource) process(gvr schema.GroupVersionResource, stream string, mv *moves, st *store) cache.ProcessFunc {
 	return func(obj any, isInInitialList bool) error {
 		deltas, ok := obj.(cache.Deltas)
 		if !ok {
 			return fmt.Errorf("process %s: unexpected %T", r.name, obj)
 		}
 		for _, d := range deltas {
-			r.apply(gvr, stream, relist, st, d, isInInitialList)
+			r.apply(gvr, stream, mv, st, d, isInInitialList)
 		}
 		return nil
 	}
 }
 
-func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, relist *relisted, st *store, d cache.Delta, isInInitialList bool) {
+func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *moves, st *store, d cache.Delta, isInInitialList bool) {
 	r.emitting.RLock()
 	defer r.emitting.RUnlock()
 	switch info := d.Object.(type) {
@@ -52,7 +52,7 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, relist 
 	}
 	e := Event{Resource: gvr, Object: u, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: true}
 	rev := e.Revision
-	m, movedWith := relist.movedWith(u)
+	m, movedWith := mv.movedWith(u)
 	if movedWith {
 		e.Since, e.Revision, e.InOrder = m.since, m.at, false
 		rev = 0
@@ -124,9 +124,9 @@ func (r *Resource) emit(e Event) {
 	}
 }
 
-// relisted follows, for a resource with a namespaceSelector, the objects that came in or went
+// moves follows, for a resource with a namespaceSelector, the objects that came in or went
 // out with their namespace until their events pass, and the selection's revisions.
-type relisted struct {
+type moves struct {
 	mu    sync.Mutex
 	moved map[string]moved // objects that came in or went out with their namespace
 	// applied is the namespace selection's revision the watch has brought the cache to, and
@@ -143,7 +143,7 @@ type moved struct {
 
 // move notes that u comes in or goes out because its namespace joined or left the selection
 // between revisions since and at.
-func (x *relisted) move(u *unstructured.Unstructured, since, at uint64) {
+func (x *moves) move(u *unstructured.Unstructured, since, at uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.moved == nil {
@@ -154,7 +154,7 @@ func (x *relisted) move(u *unstructured.Unstructured, since, at uint64) {
 
 // movedWith reports whether u, as it is, came in or went out with its namespace, and when (see
 // move), and forgets it.
-func (x *relisted) movedWith(u *unstructured.Unstructured) (moved, bool) {
+func (x *moves) movedWith(u *unstructured.Unstructured) (moved, bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if len(x.moved) == 0 {
@@ -171,7 +171,7 @@ func (x *relisted) movedWith(u *unstructured.Unstructured) (moved, bool) {
 
 // selectionApplied notes that the watch has passed on every event of bringing the cache to the
 // namespace selection of revision rev; restart, that a list starts again from it.
-func (x *relisted) selectionApplied(rev uint64, restart bool) {
+func (x *moves) selectionApplied(rev uint64, restart bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if restart {
@@ -185,7 +185,7 @@ func (x *relisted) selectionApplied(rev uint64, restart bool) {
 
 // selectionEmitted is the namespace selection's revision through which the handler has emitted
 // every event of its changes.
-func (x *relisted) selectionEmitted() uint64 {
+func (x *moves) selectionEmitted() uint64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.emitted

@@ -25,7 +25,7 @@ func (r *Resource) SelectionRevision() (uint64, bool) {
 	if r.selection == nil || len(r.informers) != 1 {
 		return 0, false
 	}
-	return r.informers[0].relist.selectionEmitted(), true
+	return r.informers[0].moves.selectionEmitted(), true
 }
 
 // Snapshot is, in O(1), the resource's cache as it is now (see Snapshot); empty while its

@@ -85,7 +85,7 @@ type namespaceInformer struct {
 	namespace  string
 	controller cache.Controller
 	health     *health
-	relist     *relisted
+	moves      *moves
 }
 
 // health is whether an informer's calls to the apiserver succeed: since when they have failed,
@@ -214,7 +214,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		sel = newSelection()
 	}
 	for _, ns := range namespaces {
-		ni := namespaceInformer{namespace: ns, health: &health{}, relist: &relisted{}}
+		ni := namespaceInformer{namespace: ns, health: &health{}, moves: &moves{}}
 		ni.controller = cache.New(&cache.Config{
 			Queue: cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
 				Transformer:           NewTransform(r.cfg),
@@ -222,11 +222,11 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 				UnlockWhileProcessing: true,
 				EmitDeltaTypeBookmark: true,
 			}),
-			ListerWatcher:                r.listWatch(src, ns, tweak, ni.health, sel, ni.relist),
+			ListerWatcher:                r.listWatch(src, ns, tweak, ni.health, sel, ni.moves),
 			ObjectType:                   &unstructured.Unstructured{},
 			FullResyncPeriod:             r.cfg.Resync,
 			WatchErrorHandlerWithContext: r.onWatchError,
-			Process:                      r.process(gvr, ns, ni.relist, st),
+			Process:                      r.process(gvr, ns, ni.moves, st),
 		})
 		informers = append(informers, ni)
 	}
@@ -272,7 +272,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 // listWatch lists and watches the resource in namespace, as client-go's dynamic informer does.
 // Every list and watch call's outcome goes to h. With sel, only the objects of the namespaces
 // it selects are passed on, and its changes are brought in as they happen (see selectWatch).
-func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection, relist *relisted) *cache.ListWatch {
+func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection, mv *moves) *cache.ListWatch {
 	client := src.Namespace(namespace)
 	selected := &applied{}
 	return &cache.ListWatch{
@@ -285,7 +285,7 @@ func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.Li
 					return nil, err
 				}
 				selected.put(cur)
-				relist.selectionApplied(cur.rev, true)
+				mv.selectionApplied(cur.rev, true)
 			}
 			list, err := client.List(ctx, o)
 			if ctx.Err() == nil {
@@ -305,7 +305,7 @@ func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.Li
 					return nil, err
 				}
 				selected.put(cur)
-				relist.selectionApplied(cur.rev, true)
+				mv.selectionApplied(cur.rev, true)
 			}
 			w, err := client.Watch(ctx, o)
 			if ctx.Err() == nil {
@@ -314,7 +314,7 @@ func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.Li
 			if err == nil && sel != nil {
 				opts := metav1.ListOptions{}
 				tweak(&opts)
-				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: src, opts: opts, sel: sel, state: selected, relist: relist, initial: initial}
+				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: src, opts: opts, sel: sel, state: selected, moves: mv, initial: initial}
 				go sw.run(ctx, o.ResourceVersion)
 				return sw, nil
 			}

@@ -233,7 +233,7 @@ type selectWatch struct {
 	opts    metav1.ListOptions // the informer's selectors
 	sel     *selection
 	state   *applied
-	relist  *relisted         // notes what a transition moves, for the handler
+	moves   *moves            // notes what a transition moves, for the processing
 	listed  map[string]uint64 // namespaces that joined → the revision their objects were listed at
 	initial bool              // a watch-list stream's initial events are still coming
 }
@@ -273,7 +273,7 @@ func (w *selectWatch) run(ctx context.Context, rv string) {
 			}
 			cur = next
 			w.state.put(cur)
-			w.relist.selectionApplied(cur.rev, false)
+			w.moves.selectionApplied(cur.rev, false)
 		case e, ok := <-w.in.ResultChan():
 			if !ok {
 				return
@@ -380,7 +380,7 @@ func (w *selectWatch) listAt(ctx context.Context, ns string, rv, since, at uint6
 			return fmt.Errorf("list namespace %s at resourceVersion %d: %w", ns, rv, err)
 		}
 		for i := range list.Items {
-			w.relist.move(&list.Items[i], since, at)
+			w.moves.move(&list.Items[i], since, at)
 			if !w.send(watch.Event{Type: typ, Object: &list.Items[i]}) {
 				return errStopped
 			}
