@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-api bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-metadata bench-api bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -51,6 +51,11 @@ bench: testbed
 ## initialState is replayed 10,000 objects, side by side in one run (about a minute)
 bench-initial-state: testbed
 	$(GO) run ./test/bench -initial-state -json-only -json bench-initial-state.json
+
+## bench-metadata: dynwatch's memory with cache: metadata against cache: full, the chart's default
+## config over 5,000 configmaps, one process after the other (about 3 minutes)
+bench-metadata: testbed
+	$(GO) run ./test/bench -metadata-only -json bench-metadata.json
 
 ## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
 bench-api: testbed

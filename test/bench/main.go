@@ -5,6 +5,8 @@
 // apiserver, and prints one table of figures and ratios (and writes it as JSON with -json).
 // Run it with `make bench`. With -initial-state it measures instead what a webhook added by a
 // reload with initialState costs another sink's latency while its replay runs (initialstate.go).
+// With -metadata-only it measures what resources[].cache: metadata saves against cache: full
+// (metadataonly.go).
 package main
 
 import (
@@ -44,6 +46,7 @@ type options struct {
 	json, chart, race                        bool
 	env                                      []string
 	initialState                             bool
+	metadataOnly                             bool
 	profileSeconds                           int           // -initial-state: the profile's length
 	beforeReload                             time.Duration // -initial-state: the steady sink measured alone
 }
@@ -68,9 +71,20 @@ func main() {
 	flag.BoolVar(&o.initialState, "initial-state", false, "measure instead a steady sink's latency before and while a sink added by a reload with initialState is replayed the objects (10,000 unless -objects is given); -profile then profiles the replay")
 	flag.IntVar(&o.profileSeconds, "profile-seconds", 5, "with -initial-state: the length of the replay's CPU profile, from the reload (10,000 configmaps take about 6 s on 2 cores)")
 	flag.DurationVar(&o.beforeReload, "before", 20*time.Second, "with -initial-state: how long the steady sink's latency is measured before the reload")
+	flag.BoolVar(&o.metadataOnly, "metadata-only", false, "measure instead dynwatch's memory with the chart's default config and cache: metadata against cache: full, one process after the other (5,000 objects unless -objects is given; -json-only unless -json-only=false); -heap-profile heap.pprof then writes heap-full.pprof and heap-metadata.pprof")
 	flag.Parse()
 	if o.initialState && !flagSet("objects") {
 		o.objects = initialStateObjects
+	}
+	if o.metadataOnly && !flagSet("objects") {
+		o.objects = metadataOnlyObjects
+	}
+	if o.metadataOnly && !flagSet("json-only") {
+		o.json = true
+	}
+	if o.initialState && o.metadataOnly {
+		fmt.Fprintln(os.Stderr, "bench: -initial-state and -metadata-only are two runs: give one")
+		os.Exit(2)
 	}
 	if o.resource != "configmaps" && o.resource != "pods" {
 		fmt.Fprintf(os.Stderr, "bench: -resource %q: configmaps or pods\n", o.resource)
@@ -153,6 +167,9 @@ func run(ctx context.Context, o options) error {
 	defer b.cluster.Stop()
 	if o.initialState {
 		return runInitialState(ctx, o, b, start)
+	}
+	if o.metadataOnly {
+		return runMetadataOnly(ctx, o, b, start)
 	}
 	cluster, cs, objBytes, dwBin := b.cluster, b.cs, b.objBytes, b.dwBin
 
