@@ -404,16 +404,21 @@ func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o 
 	if err != nil {
 		return nil, err
 	}
+	return launch(ctx, runner.Options{Binary: bin, Config: cfg, Kubeconfig: cluster.Kubeconfig, Log: io.Discard, Env: o.env})
+}
+
+// launch starts dynwatch as ro says and waits until it has synced, timing it from the start;
+// /readyz is polled exactly as for B0. Its proc's url is its API.
+func launch(ctx context.Context, ro runner.Options) (*dwProc, error) {
 	t0 := time.Now()
-	p, err := runner.Start(runner.Options{Binary: bin, Config: cfg, Kubeconfig: cluster.Kubeconfig, Log: io.Discard, Env: o.env})
+	p, err := runner.Start(ro)
 	if err != nil {
 		return nil, err
 	}
 	stop := func() { _ = p.Stop(10 * time.Second) }
-	// Poll /readyz exactly as for B0.
 	listenCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	_, metrics, err := p.WaitListening(listenCtx)
+	api, metrics, err := p.WaitListening(listenCtx)
 	if err == nil {
 		err = waitFor(ctx, 5*time.Minute, func() bool { return status(metrics+"/readyz") == http.StatusOK })
 	}
@@ -422,7 +427,7 @@ func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o 
 		return nil, fmt.Errorf("dynwatch did not sync: %w\n%s", err, p.Log())
 	}
 	synced := time.Since(t0)
-	return &dwProc{proc: proc{pid: p.PID(), synced: synced, peak: residentMemory(p.PID()).peak, stop: stop}, rp: p, metrics: metrics}, nil
+	return &dwProc{proc: proc{pid: p.PID(), url: api, synced: synced, peak: residentMemory(p.PID()).peak, stop: stop}, rp: p, metrics: metrics}, nil
 }
 
 // writeConfig writes dynwatch's configuration file for the run with the webhooks, replacing

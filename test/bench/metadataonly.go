@@ -169,24 +169,7 @@ func startCache(ctx context.Context, o options, b *bed, cache string) (*dwProc, 
 	if err != nil {
 		return nil, err
 	}
-	t0 := time.Now()
-	p, err := runner.Start(runner.Options{Binary: b.dwBin, Config: cfg, Kubeconfig: b.cluster.Kubeconfig, Env: o.env})
-	if err != nil {
-		return nil, err
-	}
-	stop := func() { _ = p.Stop(10 * time.Second) }
-	listenCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	api, metrics, err := p.WaitListening(listenCtx)
-	if err == nil {
-		err = waitFor(ctx, 5*time.Minute, func() bool { return status(metrics+"/readyz") == http.StatusOK })
-	}
-	if err != nil {
-		stop()
-		return nil, fmt.Errorf("dynwatch did not sync: %w\n%s", err, p.Log())
-	}
-	synced := time.Since(t0)
-	return &dwProc{proc: proc{pid: p.PID(), url: api, synced: synced, peak: residentMemory(p.PID()).peak, stop: stop}, rp: p, metrics: metrics}, nil
+	return launch(ctx, runner.Options{Binary: b.dwBin, Config: cfg, Kubeconfig: b.cluster.Kubeconfig, Env: o.env})
 }
 
 // writeCacheConfig writes the chart's default configuration (dynwatchConfig with -chart) with
