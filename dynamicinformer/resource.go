@@ -2,6 +2,7 @@ package dynamicinformer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -117,6 +119,60 @@ func (h *health) failing(now time.Time) (time.Duration, string) {
 		return 0, ""
 	}
 	return now.Sub(h.since), h.lastErr
+}
+
+// errListEnded is a watch-list stream that ended before its initial events did. client-go's
+// Watch returns such a stream, empty and already closed, rather than an error, when the
+// connection to the apiserver fails.
+var errListEnded = errors.New("the list's stream ended before its initial events")
+
+// observeList passes on the events of w, a watch-list stream, and reports its outcome to h: a
+// success once its initial events have ended, else the error that ended it.
+func observeList(ctx context.Context, w watch.Interface, h *health) watch.Interface {
+	o := &observedList{in: w, out: make(chan watch.Event), stop: make(chan struct{})}
+	go func() {
+		defer close(o.out)
+		defer w.Stop()
+		listed, err := false, errListEnded
+		for e := range w.ResultChan() {
+			switch {
+			case listed:
+			case e.Type == watch.Error:
+				err = apierrors.FromObject(e.Object)
+			case e.Type == watch.Bookmark:
+				if m, aerr := meta.Accessor(e.Object); aerr == nil && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+					listed = true
+					h.observe(nil)
+				}
+			}
+			select {
+			case o.out <- e:
+			case <-o.stop:
+				return
+			}
+		}
+		if !listed && ctx.Err() == nil {
+			h.observe(err)
+		}
+	}()
+	return o
+}
+
+// observedList is a watch-list stream whose outcome observeList reports.
+type observedList struct {
+	in   watch.Interface
+	out  chan watch.Event
+	stop chan struct{}
+	once sync.Once
+}
+
+func (o *observedList) ResultChan() <-chan watch.Event { return o.out }
+
+func (o *observedList) Stop() {
+	o.once.Do(func() {
+		close(o.stop)
+		o.in.Stop()
+	})
 }
 
 type counter interface{ Inc() }
@@ -308,7 +364,10 @@ func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.Li
 				mv.selectionApplied(cur.rev, true)
 			}
 			w, err := client.Watch(ctx, o)
-			if ctx.Err() == nil {
+			switch {
+			case err == nil && initial:
+				w = observeList(ctx, w, h)
+			case ctx.Err() == nil:
 				h.observe(err)
 			}
 			if err == nil && sel != nil {
