@@ -67,8 +67,8 @@ type ListObserver interface {
 	ListSynced(gvr schema.GroupVersionResource, run uint64, revision uint64)
 }
 
-// Subscriber receives every Event. OnEvent is called from informer handler goroutines and must
-// return quickly without doing I/O: it should enqueue the event and return.
+// Subscriber receives every Event. OnEvent is called from the informers' processing
+// goroutines and must return quickly without doing I/O: it should enqueue the event and return.
 type Subscriber interface {
 	OnEvent(Event)
 }

@@ -183,8 +183,8 @@ func (x *moves) selectionApplied(rev uint64, restart bool) {
 	}
 }
 
-// selectionEmitted is the namespace selection's revision through which the handler has emitted
-// every event of its changes.
+// selectionEmitted is the namespace selection's revision through which every event of its
+// changes has been emitted.
 func (x *moves) selectionEmitted() uint64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()

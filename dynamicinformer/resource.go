@@ -38,7 +38,7 @@ const (
 	StateInvalid State = "Invalid"
 	// StateSyncing: informers run and have not yet delivered their initial list.
 	StateSyncing State = "Syncing"
-	// StateSynced: informers run and every handler has seen the initial list.
+	// StateSynced: informers run and their initial lists are in the cache.
 	StateSynced State = "Synced"
 	// StateStale: informers have synced, but their list and watch have kept failing
 	// (forbidden, not found, unreachable) for longer than the resource's staleAfter. The cache
@@ -60,7 +60,7 @@ type Resource struct {
 	// members are a whole group's resources, in name order; guarded by the Manager's mu.
 	members []*Resource
 
-	objects      atomic.Int64 // objects in the cache, counted by the handlers
+	objects      atomic.Int64 // objects in the cache, counted as changes are applied
 	lastEvent    atomic.Int64 // unix nanoseconds of the last event, 0 if none
 	events       map[EventType]counter
 	relistEvents map[EventType]counter

@@ -261,9 +261,6 @@ func (s Snapshot) Revision(namespace string) uint64 {
 	return oldest
 }
 
-// Revisions are the revisions of the snapshot's streams, by stream name (see Event.Stream).
-func (s Snapshot) Revisions() map[string]uint64 { return s.revs }
-
 // Get is the object namespace/name ("" namespace for a cluster-scoped object).
 func (s Snapshot) Get(namespace, name string) (*unstructured.Unstructured, bool) {
 	if s.t == nil {
