@@ -28,6 +28,18 @@ func (r *Resource) SelectionRevision() (uint64, bool) {
 	return r.informers[0].moves.selectionEmitted(), true
 }
 
+// Get is the cached object namespace/name ("" namespace for a cluster-scoped object), as a
+// snapshot would show it now; false while the informers do not run.
+func (r *Resource) Get(namespace, name string) (*unstructured.Unstructured, bool) {
+	r.mu.RLock()
+	st := r.store
+	r.mu.RUnlock()
+	if st == nil {
+		return nil, false
+	}
+	return st.get(namespace, name)
+}
+
 // Snapshot is, in O(1), the resource's cache as it is now (see Snapshot); empty while its
 // informers do not run.
 func (r *Resource) Snapshot() Snapshot {

@@ -129,7 +129,7 @@ var errListEnded = errors.New("the list's stream ended before its initial events
 // observeList passes on the events of w, a watch-list stream, and reports its outcome to h: a
 // success once its initial events have ended, else the error that ended it.
 func observeList(ctx context.Context, w watch.Interface, h *health) watch.Interface {
-	o := &observedList{in: w, out: make(chan watch.Event), stop: make(chan struct{})}
+	o := newRelay(w)
 	go func() {
 		defer close(o.out)
 		defer w.Stop()
@@ -145,9 +145,7 @@ func observeList(ctx context.Context, w watch.Interface, h *health) watch.Interf
 					h.observe(nil)
 				}
 			}
-			select {
-			case o.out <- e:
-			case <-o.stop:
+			if !o.send(e) {
 				return
 			}
 		}
@@ -158,21 +156,36 @@ func observeList(ctx context.Context, w watch.Interface, h *health) watch.Interf
 	return o
 }
 
-// observedList is a watch-list stream whose outcome observeList reports.
-type observedList struct {
+// relay is a watch that passes on, from its own goroutine, what it makes of the watch under
+// it: that goroutine sends to out until stop.
+type relay struct {
 	in   watch.Interface
 	out  chan watch.Event
 	stop chan struct{}
 	once sync.Once
 }
 
-func (o *observedList) ResultChan() <-chan watch.Event { return o.out }
+func newRelay(in watch.Interface) *relay {
+	return &relay{in: in, out: make(chan watch.Event), stop: make(chan struct{})}
+}
 
-func (o *observedList) Stop() {
+func (o *relay) ResultChan() <-chan watch.Event { return o.out }
+
+func (o *relay) Stop() {
 	o.once.Do(func() {
 		close(o.stop)
 		o.in.Stop()
 	})
+}
+
+// send passes e on, and reports false once the watch is stopped.
+func (o *relay) send(e watch.Event) bool {
+	select {
+	case o.out <- e:
+		return true
+	case <-o.stop:
+		return false
+	}
 }
 
 type counter interface{ Inc() }
@@ -373,7 +386,7 @@ func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.Li
 			if err == nil && sel != nil {
 				opts := metav1.ListOptions{}
 				tweak(&opts)
-				sw := &selectWatch{in: w, out: make(chan watch.Event), stop: make(chan struct{}), r: r, client: src, opts: opts, sel: sel, state: selected, moves: mv, initial: initial}
+				sw := &selectWatch{relay: newRelay(w), r: r, client: src, opts: opts, sel: sel, state: selected, moves: mv, initial: initial}
 				go sw.run(ctx, o.ResourceVersion)
 				return sw, nil
 			}

@@ -224,10 +224,7 @@ func (a *applied) put(cur selected) {
 // the cache holds them. Their events carry the range from just after the last applied revision
 // to that later one (Event.Since and Revision), which holds t on every replica.
 type selectWatch struct {
-	in      watch.Interface
-	out     chan watch.Event
-	stop    chan struct{}
-	once    sync.Once
+	*relay
 	r       *Resource
 	client  source
 	opts    metav1.ListOptions // the informer's selectors
@@ -236,15 +233,6 @@ type selectWatch struct {
 	moves   *moves            // notes what a transition moves, for the processing
 	listed  map[string]uint64 // namespaces that joined → the revision their objects were listed at
 	initial bool              // a watch-list stream's initial events are still coming
-}
-
-func (w *selectWatch) ResultChan() <-chan watch.Event { return w.out }
-
-func (w *selectWatch) Stop() {
-	w.once.Do(func() {
-		close(w.stop)
-		w.in.Stop()
-	})
 }
 
 // run passes events on until the watch under it ends or Stop. rv is the revision the watch
@@ -309,15 +297,6 @@ func (w *selectWatch) passes(names members, u *unstructured.Unstructured) bool {
 		delete(w.listed, ns) // the watch is past the listing
 	}
 	return true
-}
-
-func (w *selectWatch) send(e watch.Event) bool {
-	select {
-	case w.out <- e:
-		return true
-	case <-w.stop:
-		return false
-	}
 }
 
 var errStopped = errors.New("watch stopped")

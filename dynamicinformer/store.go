@@ -210,6 +210,18 @@ func (s *store) snapshot() Snapshot {
 	return s.snapshotLocked()
 }
 
+// get is the object namespace/name as snapshots show it now, without taking one: a snapshot
+// makes the next changes copy the nodes they touch.
+func (s *store) get(namespace, name string) (*unstructured.Unstructured, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.frozen != nil {
+		return s.frozen.Get(namespace, name)
+	}
+	e, ok := s.t.Get(entry{namespace: namespace, name: name})
+	return e.obj, ok
+}
+
 // current is what the store holds now, changes with no revision yet included.
 func (s *store) current() Snapshot {
 	s.mu.Lock()

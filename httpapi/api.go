@@ -260,10 +260,6 @@ func (a *api) serve(c *gin.Context) {
 			writeStatus(w, serr)
 			return
 		}
-		if serr := q.metadataFieldsOnly(res); serr != nil {
-			writeStatus(w, serr)
-			return
-		}
 	}
 	switch st := res.State(); {
 	case st == dynamicinformer.StateSynced:
@@ -288,7 +284,7 @@ func (a *api) serve(c *gin.Context) {
 		a.serveWatch(c, res, t, q, out)
 	case t.name != "":
 		a.deadline(c, a.RequestTimeout)
-		obj, found := res.Snapshot().Get(t.namespace, t.name)
+		obj, found := res.Get(t.namespace, t.name)
 		if !found {
 			writeStatus(w, apierrors.NewNotFound(gvr.GroupResource(), t.name))
 			return
@@ -336,12 +332,8 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	// Every page reads the first page's snapshot, at its resourceVersion: it holds every change
 	// up to it and none after.
 	gvr, _, _ := res.API()
-	snap, rv, pinned := res.Snapshot(), q.listRV, q.pinned
-	if q.after == "" {
-		rv = strconv.FormatUint(snap.Revision(t.namespace), 10)
-	} else if kept, ok := a.pins.get(pinned, gvr); ok {
-		snap = kept
-	} else {
+	snap, rv, pinned, kept := a.listSnapshot(res, t.namespace, q)
+	if !kept {
 		writeStatus(c.Writer, apierrors.NewResourceExpired("the provided continue parameter is too old to display a consistent list result: start a new list without it"))
 		return
 	}
@@ -363,6 +355,19 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	}
 	c.Header("X-Dynwatch-Lookup", l.strategy)
 	out.list(c.Writer, p, rv)
+}
+
+// listSnapshot is the snapshot a list's page reads, with the list's resourceVersion and the
+// id it is pinned under: for a first page, the cache now (not pinned yet, id 0); for a later
+// one, its first page's, and false once that is no longer kept.
+func (a *api) listSnapshot(res *dynamicinformer.Resource, namespace string, q *query) (dynamicinformer.Snapshot, string, uint64, bool) {
+	if q.after == "" {
+		snap := res.Snapshot()
+		return snap, strconv.FormatUint(snap.Revision(namespace), 10), 0, true
+	}
+	gvr, _, _ := res.API()
+	snap, ok := a.pins.get(q.pinned, gvr)
+	return snap, q.listRV, q.pinned, ok
 }
 
 // interrupted ends a request whose work was cut short: by its client going away (nobody to

@@ -55,8 +55,9 @@ func withPaths(m map[string]string, fieldAndPath ...string) map[string]string {
 // selectable says which field selectors one resource accepts, and where each field's value
 // is found in its objects.
 type selectable struct {
-	any    bool              // api.fieldSelectors any: every dot path
-	fields map[string]string // field → its dot path in the object
+	any      bool              // api.fieldSelectors any: every dot path
+	fields   map[string]string // field → its dot path in the object
+	metadata bool              // cache: metadata: only metadata.* fields, whatever the rest says
 }
 
 // selectableFields are the fields the apiserver accepts for gk (with a CRD's own
@@ -64,9 +65,9 @@ type selectable struct {
 // operator declared queryable.
 func selectableFields(gk schema.GroupKind, crdFields []string, cfg *config.Resource, anyPath bool) selectable {
 	if anyPath {
-		return selectable{any: true}
+		return selectable{any: true, metadata: cfg.MetadataOnly()}
 	}
-	s := selectable{fields: map[string]string{}}
+	s := selectable{fields: map[string]string{}, metadata: cfg.MetadataOnly()}
 	base, ok := builtinFields[gk]
 	if !ok {
 		base = fieldSet(metadataFields...)
@@ -90,6 +91,9 @@ func selectableFields(gk schema.GroupKind, crdFields []string, cfg *config.Resou
 // path returns the dot path field selects, or a 400 naming the field when the resource does
 // not accept it, as the apiserver words it.
 func (s selectable) path(field string) ([]string, *apierrors.StatusError) {
+	if s.metadata && !strings.HasPrefix(field, "metadata.") {
+		return nil, badParameter("fieldSelector", "%s: this resource's cache keeps the metadata of its objects only (cache: metadata)", field)
+	}
 	if s.any {
 		return strings.Split(field, "."), nil
 	}

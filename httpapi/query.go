@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -109,20 +108,6 @@ func (q *query) selectFields(s selectable) *apierrors.StatusError {
 			return err
 		}
 		q.fieldPaths[r.Field] = p
-	}
-	return nil
-}
-
-// metadataFieldsOnly refuses, for a resource whose cache keeps metadata only, a field selector
-// over a field outside metadata: no cached object has it.
-func (q *query) metadataFieldsOnly(r *dynamicinformer.Resource) *apierrors.StatusError {
-	if !r.Config().MetadataOnly() {
-		return nil
-	}
-	for _, req := range q.fields.Requirements() {
-		if !strings.HasPrefix(req.Field, "metadata.") {
-			return badParameter("fieldSelector", "%s: %s keeps the metadata of its objects only (cache: metadata)", req.Field, r.Name())
-		}
 	}
 	return nil
 }
