@@ -115,7 +115,7 @@ metrics: {address: "127.0.0.1:0"}
 
 	const interval = 20 * time.Millisecond
 	// Until the initial list is committed and every stamp delivered, latencies are the start's.
-	testbed.Eventually(t, time.Minute, func() error {
+	testbed.Eventually(t, 3*time.Minute, func() error {
 		stamp(t, cs, ns, "stamp", interval, time.Second)
 		if n := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="steady"}`); n != 0 {
 			return fmt.Errorf("the steady sink's outbox holds %v events", n)
@@ -129,6 +129,10 @@ metrics: {address: "127.0.0.1:0"}
 
 	var stamping sync.WaitGroup
 	replayed := make(chan struct{})
+	stopStamping := sync.OnceFunc(func() { close(replayed); stamping.Wait() })
+	// Stamping ends with the test however it ends: a goroutine that reports after its test
+	// has completed panics the whole package.
+	defer stopStamping()
 	stamping.Go(func() {
 		for {
 			select {
@@ -148,7 +152,7 @@ metrics: {address: "127.0.0.1:0"}
 	for i := range replayObjects {
 		want[fmt.Sprintf("cm-%05d", i)] = "1"
 	}
-	testbed.Eventually(t, time.Minute, func() error {
+	testbed.Eventually(t, 3*time.Minute, func() error {
 		if n := len(late.got()); n == 0 {
 			return fmt.Errorf("the new sink has received nothing yet")
 		}
@@ -162,7 +166,7 @@ metrics: {address: "127.0.0.1:0"}
 		}
 		want[name] = "2"
 	}
-	testbed.Eventually(t, 90*time.Second, func() error {
+	testbed.Eventually(t, 3*time.Minute, func() error {
 		if v := metricValue(t, metrics, `dynwatch_webhook_initial_state_replaying{sink="late"}`); v != 0 {
 			return fmt.Errorf("the replay is under way: %d received", len(late.got()))
 		}
@@ -174,7 +178,7 @@ metrics: {address: "127.0.0.1:0"}
 	// The stamp object's value is whatever the last stamp wrote: compare its own, not v.
 	delete(want, "stamp")
 	var replayedAt time.Time
-	testbed.Eventually(t, time.Minute, func() error {
+	testbed.Eventually(t, 3*time.Minute, func() error {
 		got := map[string]string{}
 		for _, r := range late.got() {
 			got[r.name()] = r.data("v", false)
@@ -187,8 +191,7 @@ metrics: {address: "127.0.0.1:0"}
 		replayedAt = time.Now()
 		return nil
 	})
-	close(replayed)
-	stamping.Wait()
+	stopStamping()
 	checkEachOnceAddedThenChanges(t, late, want)
 
 	during := stampLatencies(steady, reloadAt, replayedAt)
