@@ -6,12 +6,12 @@ import (
 	"strconv"
 )
 
-// AppendJSON appends the JSON encoding of v, a value of unstructured content (maps, slices,
-// strings, int64, bool, nil) such as a cached object's Object, to buf, exactly as
+// appendJSON appends the JSON encoding of v, a value of unstructured content (maps, slices,
+// strings, int64, bool, nil) such as a decoded object's Object, to buf, exactly as
 // encoding/json would: map keys sorted, HTML characters escaped. It avoids encoding/json's
-// reflection on the hot paths of API responses and webhook bodies; anything it does not handle
+// reflection where every object coming in is encoded (see Object); anything it does not handle
 // itself (floats, strings that need escaping, other types) it hands to encoding/json.
-func AppendJSON(buf []byte, v any) []byte {
+func appendJSON(buf []byte, v any) []byte {
 	switch v := v.(type) {
 	case nil:
 		return append(buf, "null"...)
@@ -34,7 +34,7 @@ func AppendJSON(buf []byte, v any) []byte {
 			}
 			buf = appendString(buf, k)
 			buf = append(buf, ':')
-			buf = AppendJSON(buf, v[k])
+			buf = appendJSON(buf, v[k])
 		}
 		return append(buf, '}')
 	case []any:
@@ -43,7 +43,7 @@ func AppendJSON(buf []byte, v any) []byte {
 			if i > 0 {
 				buf = append(buf, ',')
 			}
-			buf = AppendJSON(buf, item)
+			buf = appendJSON(buf, item)
 		}
 		return append(buf, ']')
 	default:

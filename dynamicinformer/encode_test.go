@@ -25,8 +25,8 @@ func checkSameAsEncodingJSON(t testing.TB, v any) {
 	if err != nil {
 		return
 	}
-	if got := AppendJSON(nil, v); !bytes.Equal(got, want) {
-		t.Fatalf("AppendJSON:\n%s\nencoding/json:\n%s", got, want)
+	if got := appendJSON(nil, v); !bytes.Equal(got, want) {
+		t.Fatalf("appendJSON:\n%s\nencoding/json:\n%s", got, want)
 	}
 }
 

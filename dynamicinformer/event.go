@@ -3,7 +3,6 @@ package dynamicinformer
 import (
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -26,9 +25,9 @@ type Event struct {
 	Type     EventType
 	Resource schema.GroupVersionResource
 	// Object is the new object, or for Deleted the last known one.
-	Object *unstructured.Unstructured
+	Object *Object
 	// OldObject is the object before the change, for Modified only.
-	OldObject *unstructured.Unstructured
+	OldObject *Object
 	// InitialList is true for Added events from an informer's initial list.
 	InitialList bool
 	// Observed is when the informer handed the change to dynwatch.

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -277,8 +276,8 @@ func (r *Resource) retire() {
 	if st == nil {
 		return
 	}
-	var gone []*unstructured.Unstructured
-	st.current().Scan("", Key{}, func(u *unstructured.Unstructured) bool {
+	var gone []*Object
+	st.current().Scan("", Key{}, func(u *Object) bool {
 		gone = append(gone, u)
 		return true
 	})

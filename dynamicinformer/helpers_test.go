@@ -143,8 +143,21 @@ func namespaces(t *testing.T, n int) []string {
 	return out
 }
 
+// decoded is o decoded, nil for nil.
+func decoded(t testing.TB, o *Object) *unstructured.Unstructured {
+	t.Helper()
+	if o == nil {
+		return nil
+	}
+	u, err := o.Decode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
 // names returns the sorted namespace/name keys of objs.
-func names(objs []*unstructured.Unstructured) string {
+func names(objs []*Object) string {
 	keys := make([]string, 0, len(objs))
 	for _, o := range objs {
 		keys = append(keys, strings.TrimPrefix(o.GetNamespace()+"/"+o.GetName(), "/"))
@@ -154,9 +167,9 @@ func names(objs []*unstructured.Unstructured) string {
 }
 
 // scanned is every object s's Scan of namespace ("" for all) yields, in its order.
-func scanned(s Snapshot, namespace string) []*unstructured.Unstructured {
-	var objs []*unstructured.Unstructured
-	s.Scan(namespace, Key{}, func(o *unstructured.Unstructured) bool {
+func scanned(s Snapshot, namespace string) []*Object {
+	var objs []*Object
+	s.Scan(namespace, Key{}, func(o *Object) bool {
 		objs = append(objs, o)
 		return true
 	})

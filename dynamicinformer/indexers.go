@@ -1,52 +1,61 @@
 package dynamicinformer
 
 import (
-	"fmt"
+	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/config"
 )
 
-// NewIndexers returns the cache indexers of a configured resource: the namespace index, which
-// every cache has, and one index per configured indexer.
-func NewIndexers(r *config.Resource) cache.Indexers {
-	indexers := cache.Indexers{config.NamespaceIndex: cache.MetaNamespaceIndexFunc}
-	for i := range r.Indexers {
-		indexers[r.Indexers[i].Name] = indexFunc(&r.Indexers[i])
-	}
-	return indexers
+// indexer is one configured indexer: its name, and the values it gives an object, computed
+// once as the object comes in (see Object).
+type indexer struct {
+	name   string
+	values func(u *unstructured.Unstructured) []string
 }
 
-// configuredIndexers are the resource's configured indexers, without the namespace index.
-func configuredIndexers(r *config.Resource) cache.Indexers {
-	indexers := NewIndexers(r)
-	delete(indexers, config.NamespaceIndex)
-	return indexers
+// indexersOf are r's configured indexers, by name: the order of an Object's values and of the
+// store's indexes. The namespace index, which every cache has, is the store's order itself.
+func indexersOf(r *config.Resource) []indexer {
+	out := make([]indexer, 0, len(r.Indexers))
+	for i := range r.Indexers {
+		ix := &r.Indexers[i]
+		f := indexFunc(ix)
+		out = append(out, indexer{name: ix.Name, values: func(u *unstructured.Unstructured) []string {
+			vs, err := f(u)
+			if err != nil {
+				return nil // an object the index function fails on is in none of its values
+			}
+			slices.Sort(vs)
+			return slices.Compact(vs)
+		}})
+	}
+	slices.SortFunc(out, func(a, b indexer) int { return strings.Compare(a.name, b.name) })
+	return out
 }
 
 // OwnerKey is the owner index value for an owner reference of the given kind and name; an
 // owner is also indexed by its uid.
 func OwnerKey(kind, name string) string { return kind + "/" + name }
 
-func indexFunc(ix *config.Indexer) cache.IndexFunc {
-	var values func(u *unstructured.Unstructured) ([]string, error)
+func indexFunc(ix *config.Indexer) func(u *unstructured.Unstructured) ([]string, error) {
 	switch ix.Type {
 	case config.IndexLabel:
-		values = func(u *unstructured.Unstructured) ([]string, error) {
+		return func(u *unstructured.Unstructured) ([]string, error) {
 			return mapValue(u.GetLabels(), ix.Key), nil
 		}
 	case config.IndexAnnotation:
-		values = func(u *unstructured.Unstructured) ([]string, error) {
+		return func(u *unstructured.Unstructured) ([]string, error) {
 			return mapValue(u.GetAnnotations(), ix.Key), nil
 		}
 	case config.IndexJSONPath:
-		values = func(u *unstructured.Unstructured) ([]string, error) {
+		return func(u *unstructured.Unstructured) ([]string, error) {
 			return ix.JSONPath.Values(u.Object)
 		}
-	case config.IndexOwner:
-		values = func(u *unstructured.Unstructured) ([]string, error) {
+	default: // config.IndexOwner; the configuration admits no other type
+		return func(u *unstructured.Unstructured) ([]string, error) {
 			refs := u.GetOwnerReferences()
 			keys := make([]string, 0, 2*len(refs))
 			for _, ref := range refs {
@@ -54,13 +63,6 @@ func indexFunc(ix *config.Indexer) cache.IndexFunc {
 			}
 			return keys, nil
 		}
-	}
-	return func(obj any) ([]string, error) {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			return nil, fmt.Errorf("index %s: unexpected object type %T", ix.Name, obj)
-		}
-		return values(u)
 	}
 }
 

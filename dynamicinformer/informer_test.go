@@ -111,7 +111,8 @@ resources:
 	waitReady(t, m)
 	r := resource(t, m, "configmaps.v1")
 	cacheHas(t, r, ns+"/applied")
-	obj, _ := r.Snapshot().Get(ns, "applied")
+	kept, _ := r.Snapshot().Get(ns, "applied")
+	obj := decoded(t, kept)
 	if obj.GetManagedFields() != nil {
 		t.Errorf("managedFields are still cached: %v", obj.GetManagedFields())
 	}
@@ -184,7 +185,7 @@ resources:
 	}
 	for _, tt := range tests {
 		snap := tt.r.Snapshot()
-		var objs []*unstructured.Unstructured
+		var objs []*Object
 		if tt.index == "namespace" {
 			objs = scanned(snap, tt.value)
 		} else {
@@ -250,11 +251,12 @@ resources:
 	}{{Added, "1", "<nil>"}, {Modified, "2", "1"}, {Deleted, "2", "<nil>"}}
 	for i, w := range want {
 		e := events[i]
-		if e.Type != w.typ || data(e.Object) != w.obj || data(e.OldObject) != w.old || e.Resource != gvr || e.InitialList {
+		obj, old := decoded(t, e.Object), decoded(t, e.OldObject)
+		if e.Type != w.typ || data(obj) != w.obj || data(old) != w.old || e.Resource != gvr || e.InitialList {
 			t.Errorf("event %d = %s obj=%s old=%s gvr=%v initial=%v; want %s obj=%s old=%s", i,
-				e.Type, data(e.Object), data(e.OldObject), e.Resource, e.InitialList, w.typ, w.obj, w.old)
+				e.Type, data(obj), data(old), e.Resource, e.InitialList, w.typ, w.obj, w.old)
 		}
-		if e.Object.GetManagedFields() != nil {
+		if obj.GetManagedFields() != nil {
 			t.Errorf("event %d carries managedFields: events must carry transformed objects", i)
 		}
 	}
@@ -407,9 +409,9 @@ func TestARelistDatesItsDeletesByTheListAndAResyncChangesNothing(t *testing.T) {
 	r := resource(t, m, "configmaps.v1")
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 	process := r.process(gvr, "ns", &moves{}, newStore(nil))
-	obj := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+	obj := NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
-	}}}
+	}}})
 	for i, d := range []cache.Delta{
 		{Type: cache.ReplacedAll, Object: cache.ReplacedAllInfo{ResourceVersion: "8", Objects: []any{obj}}},
 		{Type: cache.SyncAll, Object: cache.SyncAllInfo{}},
@@ -452,7 +454,8 @@ resources:
 	create(t, cm)
 	r := resource(t, m, "configmaps.v1")
 	cacheHas(t, r, ns+"/cm")
-	obj, _ := r.Snapshot().Get(ns, "cm")
+	kept, _ := r.Snapshot().Get(ns, "cm")
+	obj := decoded(t, kept)
 	if obj.GetKind() != "PartialObjectMetadata" || obj.GetAPIVersion() != "meta.k8s.io/v1" {
 		t.Errorf("cached as %s %s, want meta.k8s.io/v1 PartialObjectMetadata", obj.GetAPIVersion(), obj.GetKind())
 	}
@@ -467,7 +470,7 @@ resources:
 		t.Errorf("byApp=web holds %q, want the configmap", got)
 	}
 	testbed.Eventually(t, 10*time.Second, func() error {
-		if evs := rec.find(ns, "cm"); len(evs) != 1 || evs[0].Object.GetKind() != "PartialObjectMetadata" {
+		if evs := rec.find(ns, "cm"); len(evs) != 1 || decoded(t, evs[0].Object).GetKind() != "PartialObjectMetadata" {
 			return fmt.Errorf("events: %+v, want one ADDED of the metadata", evs)
 		}
 		return nil

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sync"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 
@@ -46,7 +45,7 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 	case cache.DeletedFinalStateUnknown:
 		d.Object = info.Obj
 	}
-	u, ok := d.Object.(*unstructured.Unstructured)
+	u, ok := d.Object.(*Object)
 	if !ok {
 		return
 	}
@@ -83,9 +82,9 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 // Added with InitialList set; a relist's changes are counted, and not in order. A delete a
 // relist found happened after the object's last known resourceVersion, by the list's.
 func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *store, info cache.ReplacedAllInfo, initial bool) {
-	objs := make([]*unstructured.Unstructured, 0, len(info.Objects))
+	objs := make([]*Object, 0, len(info.Objects))
 	for _, o := range info.Objects {
-		if u, ok := o.(*unstructured.Unstructured); ok {
+		if u, ok := o.(*Object); ok {
 			objs = append(objs, u)
 		}
 	}
@@ -124,6 +123,13 @@ func (r *Resource) emit(e Event) {
 	}
 }
 
+// versioned is an object as a watch sends it or as the cache keeps it: named, at a
+// resourceVersion.
+type versioned interface {
+	object.Named
+	GetResourceVersion() string
+}
+
 // moves follows, for a resource with a namespaceSelector, the objects that came in or went
 // out with their namespace until their events pass, and the selection's revisions.
 type moves struct {
@@ -143,7 +149,7 @@ type moved struct {
 
 // move notes that u comes in or goes out because its namespace joined or left the selection
 // between revisions since and at.
-func (x *moves) move(u *unstructured.Unstructured, since, at uint64) {
+func (x *moves) move(u versioned, since, at uint64) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.moved == nil {
@@ -154,7 +160,7 @@ func (x *moves) move(u *unstructured.Unstructured, since, at uint64) {
 
 // movedWith reports whether u, as it is, came in or went out with its namespace, and when (see
 // move), and forgets it.
-func (x *moves) movedWith(u *unstructured.Unstructured) (moved, bool) {
+func (x *moves) movedWith(u versioned) (moved, bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if len(x.moved) == 0 {

@@ -2,8 +2,6 @@ package dynamicinformer
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -30,7 +28,7 @@ func (r *Resource) SelectionRevision() (uint64, bool) {
 
 // Get is the cached object namespace/name ("" namespace for a cluster-scoped object), as a
 // snapshot would show it now; false while the informers do not run.
-func (r *Resource) Get(namespace, name string) (*unstructured.Unstructured, bool) {
+func (r *Resource) Get(namespace, name string) (*Object, bool) {
 	r.mu.RLock()
 	st := r.store
 	r.mu.RUnlock()
@@ -50,23 +48,4 @@ func (r *Resource) Snapshot() Snapshot {
 		return Snapshot{}
 	}
 	return st.snapshot()
-}
-
-// ObjectLabels returns obj's labels as labels.Labels, read in place: GetLabels would copy them,
-// which matters on the paths that match selectors against every event or cached object.
-func ObjectLabels(obj *unstructured.Unstructured) labels.Labels {
-	m, _, _ := unstructured.NestedFieldNoCopy(obj.Object, "metadata", "labels")
-	l, _ := m.(map[string]any)
-	return objectLabels(l)
-}
-
-type objectLabels map[string]any
-
-func (l objectLabels) Has(k string) bool { _, ok := l[k]; return ok }
-
-func (l objectLabels) Get(k string) string { v, _ := l.Lookup(k); return v }
-
-func (l objectLabels) Lookup(k string) (string, bool) {
-	v, ok := l[k].(string)
-	return v, ok
 }

@@ -277,7 +277,9 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		o.FieldSelector = fieldSelector
 	}
 	informers := make([]namespaceInformer, 0, len(namespaces))
-	st := newStore(configuredIndexers(r.cfg))
+	ix := indexersOf(r.cfg)
+	st := newStore(ix)
+	gvk := gvr.GroupVersion().WithKind(api.Kind)
 	var sel *selection
 	if r.cfg.Namespaced != nil {
 		sel = newSelection()
@@ -286,7 +288,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		ni := namespaceInformer{namespace: ns, health: &health{}, moves: &moves{}}
 		ni.controller = cache.New(&cache.Config{
 			Queue: cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
-				Transformer:           NewTransform(r.cfg),
+				Transformer:           ingest(NewTransform(r.cfg), ix, gvk),
 				AtomicEvents:          true,
 				UnlockWhileProcessing: true,
 				EmitDeltaTypeBookmark: true,

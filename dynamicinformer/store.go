@@ -1,12 +1,9 @@
 package dynamicinformer
 
 import (
-	"slices"
 	"sync"
 
 	"github.com/google/btree"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -17,7 +14,7 @@ const storeDegree = 32
 // entry is one cached object in list order.
 type entry struct {
 	namespace, name string
-	obj             *unstructured.Unstructured
+	obj             *Object
 }
 
 // lessEntry orders entries in list order.
@@ -53,30 +50,32 @@ func lessIndexed(a, b indexed) bool {
 type store struct {
 	mu      sync.Mutex
 	t       *btree.BTreeG[entry]
-	indexes cache.Indexers
+	indexes []string                          // the configured indexers' names, in the order of Object.values
 	idx     map[string]*btree.BTreeG[indexed] // index name → its objects by value
 	revs    map[string]uint64                 // stream → revision applied through
 	frozen  *Snapshot                         // what snapshots show while a change has no revision yet
 }
 
-// newStore keeps objects in order, and by the values of indexes.
-func newStore(indexes cache.Indexers) *store {
-	s := &store{t: btree.NewG(storeDegree, lessEntry), indexes: indexes, idx: map[string]*btree.BTreeG[indexed]{}, revs: map[string]uint64{}}
-	for name := range indexes {
-		s.idx[name] = btree.NewG(storeDegree, lessIndexed)
+// newStore keeps objects in order, and by the values of the indexers ix, which computed their
+// objects' values.
+func newStore(ix []indexer) *store {
+	s := &store{t: btree.NewG(storeDegree, lessEntry), idx: map[string]*btree.BTreeG[indexed]{}, revs: map[string]uint64{}}
+	for _, x := range ix {
+		s.indexes = append(s.indexes, x.name)
+		s.idx[x.name] = btree.NewG(storeDegree, lessIndexed)
 	}
 	return s
 }
 
 // change is one object's change by a list: old is nil for an object that was not cached.
 type change struct {
-	old, new *unstructured.Unstructured
+	old, new *Object
 }
 
 // replace makes stream's objects (those of its namespace, or every object for the stream of
 // all namespaces) objs, as a list at revision rev shows them, in one step. It returns the
 // objects that are no longer there, and every object of the list with what it replaced.
-func (s *store) replace(stream string, objs []*unstructured.Unstructured, rev uint64) (gone []*unstructured.Unstructured, changes []change) {
+func (s *store) replace(stream string, objs []*Object, rev uint64) (gone []*Object, changes []change) {
 	listed := make(map[Key]struct{}, len(objs))
 	for _, u := range objs {
 		listed[Key{u.GetNamespace(), u.GetName()}] = struct{}{}
@@ -113,7 +112,7 @@ func (s *store) scan(t *btree.BTreeG[entry], namespace string, fn func(entry)) {
 
 // set caches u as stream's change: at revision rev, or with no revision of its own when rev
 // is 0. It returns the object u replaced, or nil.
-func (s *store) set(stream string, u *unstructured.Unstructured, rev uint64) *unstructured.Unstructured {
+func (s *store) set(stream string, u *Object, rev uint64) *Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.advance(stream, rev)
@@ -121,7 +120,7 @@ func (s *store) set(stream string, u *unstructured.Unstructured, rev uint64) *un
 }
 
 // remove drops u as stream's change, as set does; it returns the object it dropped, or nil.
-func (s *store) remove(stream string, u *unstructured.Unstructured, rev uint64) *unstructured.Unstructured {
+func (s *store) remove(stream string, u *Object, rev uint64) *Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.advance(stream, rev)
@@ -152,7 +151,7 @@ func (s *store) advance(stream string, rev uint64) {
 // thaw lets snapshots show the store as it is again.
 func (s *store) thaw() { s.frozen = nil }
 
-func (s *store) setLocked(u *unstructured.Unstructured) *unstructured.Unstructured {
+func (s *store) setLocked(u *Object) *Object {
 	e := entry{namespace: u.GetNamespace(), name: u.GetName(), obj: u}
 	old, had := s.t.ReplaceOrInsert(e)
 	if had {
@@ -165,7 +164,7 @@ func (s *store) setLocked(u *unstructured.Unstructured) *unstructured.Unstructur
 	return old.obj
 }
 
-func (s *store) removeLocked(u *unstructured.Unstructured) *unstructured.Unstructured {
+func (s *store) removeLocked(u *Object) *Object {
 	old, had := s.t.Delete(entry{namespace: u.GetNamespace(), name: u.GetName()})
 	if !had {
 		return nil
@@ -174,28 +173,18 @@ func (s *store) removeLocked(u *unstructured.Unstructured) *unstructured.Unstruc
 	return old.obj
 }
 
-// values are e's values for the index f; an object the index function fails on is in none.
-func values(f cache.IndexFunc, e entry) []string {
-	vs, err := f(e.obj)
-	if err != nil {
-		return nil
-	}
-	slices.Sort(vs)
-	return slices.Compact(vs)
-}
-
 func (s *store) index(e entry) {
-	for name, f := range s.indexes {
-		for _, v := range values(f, e) {
-			s.idx[name].ReplaceOrInsert(indexed{value: v, entry: e})
+	for i, vs := range e.obj.values {
+		for _, v := range vs {
+			s.idx[s.indexes[i]].ReplaceOrInsert(indexed{value: v, entry: e})
 		}
 	}
 }
 
 func (s *store) unindex(e entry) {
-	for name, f := range s.indexes {
-		for _, v := range values(f, e) {
-			s.idx[name].Delete(indexed{value: v, entry: e})
+	for i, vs := range e.obj.values {
+		for _, v := range vs {
+			s.idx[s.indexes[i]].Delete(indexed{value: v, entry: e})
 		}
 	}
 }
@@ -212,7 +201,7 @@ func (s *store) snapshot() Snapshot {
 
 // get is the object namespace/name as snapshots show it now, without taking one: a snapshot
 // makes the next changes copy the nodes they touch.
-func (s *store) get(namespace, name string) (*unstructured.Unstructured, bool) {
+func (s *store) get(namespace, name string) (*Object, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.frozen != nil {
@@ -274,7 +263,7 @@ func (s Snapshot) Revision(namespace string) uint64 {
 }
 
 // Get is the object namespace/name ("" namespace for a cluster-scoped object).
-func (s Snapshot) Get(namespace, name string) (*unstructured.Unstructured, bool) {
+func (s Snapshot) Get(namespace, name string) (*Object, bool) {
 	if s.t == nil {
 		return nil, false
 	}
@@ -303,7 +292,7 @@ func (s Snapshot) ByIndex(index, value string) (Snapshot, bool) {
 // Scan calls fn with the objects of namespace ("" for every namespace) that come after the
 // object namespace/name of after ("" for none; a cluster-scoped object's is its name), in
 // order, until fn returns false.
-func (s Snapshot) Scan(namespace string, after Key, fn func(*unstructured.Unstructured) bool) {
+func (s Snapshot) Scan(namespace string, after Key, fn func(*Object) bool) {
 	if s.t == nil {
 		return
 	}
@@ -336,7 +325,7 @@ type Key struct {
 
 // NewSnapshot builds a snapshot of objects held outside a cache, for code that pages them the
 // way it pages a cache's.
-func NewSnapshot(objs ...*unstructured.Unstructured) Snapshot {
+func NewSnapshot(objs ...*Object) Snapshot {
 	s := newStore(nil)
 	for _, u := range objs {
 		s.setLocked(u)

@@ -29,8 +29,8 @@ func (c *orderChecker) OnEvent(e Event) {
 	if r == nil {
 		return
 	}
-	var found *unstructured.Unstructured
-	r.Snapshot().Scan(e.Object.GetNamespace(), Key{}, func(o *unstructured.Unstructured) bool {
+	var found *Object
+	r.Snapshot().Scan(e.Object.GetNamespace(), Key{}, func(o *Object) bool {
 		if o.GetName() == e.Object.GetName() {
 			found = o
 			return false
@@ -48,7 +48,7 @@ func (c *orderChecker) OnEvent(e Event) {
 
 func orderedKeys(s Snapshot, namespace string, after Key) []string {
 	var keys []string
-	s.Scan(namespace, after, func(o *unstructured.Unstructured) bool {
+	s.Scan(namespace, after, func(o *Object) bool {
 		keys = append(keys, object.KeyOf(o))
 		return true
 	})
@@ -169,11 +169,11 @@ resources:
 // a scan keeps to its namespace, resumes after a key whether or not an object has it, and stops
 // when its function says so.
 func TestASnapshotScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
-	obj := func(namespace, name string) *unstructured.Unstructured {
+	obj := func(namespace, name string) *Object {
 		u := &unstructured.Unstructured{}
 		u.SetNamespace(namespace)
 		u.SetName(name)
-		return u
+		return NewObject(u)
 	}
 	s := NewSnapshot(obj("b", "y"), obj("a", "z"), obj("", "node-2"), obj("b", "x"), obj("a", "m"), obj("", "node-1"), obj("c", "a"))
 	for _, tt := range []struct {
@@ -200,7 +200,7 @@ func TestASnapshotScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
 		})
 	}
 	var read []string
-	s.Scan("", Key{}, func(u *unstructured.Unstructured) bool {
+	s.Scan("", Key{}, func(u *Object) bool {
 		read = append(read, object.KeyOf(u))
 		return len(read) < 3
 	})
@@ -212,12 +212,12 @@ func TestASnapshotScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
 	}
 }
 
-func cached(namespace, name string, rv int) *unstructured.Unstructured {
+func cached(namespace, name string, rv int) *Object {
 	u := &unstructured.Unstructured{}
 	u.SetNamespace(namespace)
 	u.SetName(name)
 	u.SetResourceVersion(fmt.Sprint(rv))
-	return u
+	return NewObject(u)
 }
 
 // keysAt is a snapshot's objects as namespace/name@resourceVersion, in order.
@@ -242,7 +242,7 @@ func TestAStoreShowsEachChangeWithItsRevision(t *testing.T) {
 			t.Errorf("%s: snapshot at %d holds %v; want %d and %v", step, snap.Revision(""), got, wantRV, want)
 		}
 	}
-	gone, changes := s.replace("", []*unstructured.Unstructured{cached("ns", "a", 5), cached("ns", "b", 6)}, 10)
+	gone, changes := s.replace("", []*Object{cached("ns", "a", 5), cached("ns", "b", 6)}, 10)
 	if len(gone) != 0 || len(changes) != 2 || changes[0].old != nil {
 		t.Fatalf("the first list: %d gone, %d changes; want 0 and 2 additions", len(gone), len(changes))
 	}
@@ -255,7 +255,7 @@ func TestAStoreShowsEachChangeWithItsRevision(t *testing.T) {
 	check("while an object comes in with its namespace", 11, "ns/a@11", "ns/b@6")
 	s.bookmark("", 12)
 	check("after the bookmark that follows it", 12, "joined/c@3", "ns/a@11", "ns/b@6")
-	gone, _ = s.replace("", []*unstructured.Unstructured{cached("ns", "a", 11), cached("ns", "d", 13)}, 14)
+	gone, _ = s.replace("", []*Object{cached("ns", "a", 11), cached("ns", "d", 13)}, 14)
 	if got := keysAt(NewSnapshot(gone...)); !slices.Equal(got, []string{"joined/c@3", "ns/b@6"}) {
 		t.Errorf("a relist deleted %v; want c and b", got)
 	}
@@ -267,8 +267,8 @@ func TestAStoreShowsEachChangeWithItsRevision(t *testing.T) {
 // the oldest of them.
 func TestAStoreKeepsARevisionPerStream(t *testing.T) {
 	s := newStore(nil)
-	s.replace("ns1", []*unstructured.Unstructured{cached("ns1", "x", 4)}, 5)
-	s.replace("ns2", []*unstructured.Unstructured{cached("ns2", "y", 7)}, 8)
+	s.replace("ns1", []*Object{cached("ns1", "x", 4)}, 5)
+	s.replace("ns2", []*Object{cached("ns2", "y", 7)}, 8)
 	s.set("ns2", cached("ns2", "y", 9), 9)
 	snap := s.snapshot()
 	if got := []uint64{snap.Revision("ns1"), snap.Revision("ns2"), snap.Revision("")}; !slices.Equal(got, []uint64{5, 9, 5}) {

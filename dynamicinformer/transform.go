@@ -2,6 +2,7 @@ package dynamicinformer
 
 import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -52,5 +53,28 @@ func NewTransform(r *config.Resource) cache.TransformFunc {
 			p.Remove(u.Object)
 		}
 		return u, nil
+	}
+}
+
+// ingest is the informers' transform: strip, then the object is kept as an Object with the
+// values of the indexers ix, and with apiVersion and kind (those of gvk where the apiserver left
+// them out). What the decoder built is garbage from then on. It is idempotent: an Object passes
+// through unchanged, as client-go hands a watch-list's objects, transformed as they streamed
+// in, to the transform again on their way to the queue.
+func ingest(strip cache.TransformFunc, ix []indexer, gvk schema.GroupVersionKind) cache.TransformFunc {
+	apiVersion := gvk.GroupVersion().String()
+	return func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil
+		}
+		if _, err := strip(u); err != nil {
+			return nil, err
+		}
+		if u.GetKind() == "" || u.GetAPIVersion() == "" {
+			u.SetAPIVersion(apiVersion)
+			u.SetKind(gvk.Kind)
+		}
+		return newObject(u, ix), nil
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -378,18 +377,4 @@ func (a *api) interrupted(c *gin.Context) {
 		return
 	}
 	a.reject(c, rejectRequestTimeout, apierrors.NewTimeoutError(fmt.Sprintf("request did not complete within %s", a.RequestTimeout), 0))
-}
-
-// withTypeMeta returns obj's content with apiVersion and kind set, copying the top level of
-// the map only when they are missing (the cached object is shared and read-only).
-func (o responder) withTypeMeta(obj *unstructured.Unstructured) map[string]any {
-	if obj.GetKind() != "" && obj.GetAPIVersion() != "" {
-		return obj.Object
-	}
-	m := make(map[string]any, len(obj.Object)+2)
-	for k, v := range obj.Object {
-		m[k] = v
-	}
-	m["apiVersion"], m["kind"] = o.gvk.GroupVersion().String(), o.gvk.Kind
-	return m
 }

@@ -22,7 +22,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
@@ -188,7 +187,7 @@ func BenchmarkIndexLookup(b *testing.B) {
 	for b.Loop() {
 		by, ok := f.res.Snapshot().ByIndex("byApp", fmt.Sprintf("app-%03d", i%benchApps))
 		n := 0
-		by.Scan("", dynamicinformer.Key{}, func(*unstructured.Unstructured) bool { n++; return true })
+		by.Scan("", dynamicinformer.Key{}, func(*dynamicinformer.Object) bool { n++; return true })
 		if !ok || n == 0 {
 			b.Fatalf("ByIndex: %d objects, index found %t", n, ok)
 		}

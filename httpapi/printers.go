@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metatable "k8s.io/apimachinery/pkg/api/meta/table"
@@ -148,9 +149,14 @@ func typedRow[T any](row func(*T) ([]any, []metav1.TableRowCondition)) func(*uns
 	}
 }
 
-// cells returns obj's row cells, padded or cut to the printer's columns.
-func (p printer) cells(obj *unstructured.Unstructured) ([]any, []metav1.TableRowCondition) {
-	cells, conditions := p.row(obj)
+// cells returns obj's row cells, padded or cut to the printer's columns. The columns need the
+// object as a value: it is decoded for its row.
+func (p printer) cells(obj *dynamicinformer.Object) ([]any, []metav1.TableRowCondition) {
+	u, err := obj.Decode()
+	if err != nil {
+		return []any{obj.GetName(), "<invalid>"}, nil
+	}
+	cells, conditions := p.row(u)
 	for len(cells) < len(p.columns) {
 		cells = append(cells, nil)
 	}

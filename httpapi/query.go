@@ -8,9 +8,9 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -19,6 +19,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
+	"github.com/tidwall/gjson"
 )
 
 // query is a list or watch request's parameters, parsed. Whether the request is a watch is
@@ -26,10 +27,10 @@ import (
 type query struct {
 	labels     labels.Selector
 	fields     fields.Selector
-	fieldPaths map[string][]string // fieldSelector field → its dot path, split (see selectFields)
-	name       string              // set for a watch of one object (a path with a name)
-	index      string              // explicit index=NAME
-	value      string              // and value=V
+	fieldPaths map[string]string // fieldSelector field → where its value is in an object's JSON (see selectFields)
+	name       string            // set for a watch of one object (a path with a name)
+	index      string            // explicit index=NAME
+	value      string            // and value=V
 	limit      int
 	after      string // continue: the last key of the previous page
 	listRV     string // continue: the resourceVersion of the first page
@@ -101,13 +102,17 @@ func boolParameter(v url.Values, name string) bool {
 // selectFields checks the field selector's fields against those the resource accepts and
 // notes where each is found in its objects.
 func (q *query) selectFields(s selectable) *apierrors.StatusError {
-	q.fieldPaths = map[string][]string{}
+	q.fieldPaths = map[string]string{}
 	for _, r := range q.fields.Requirements() {
 		p, err := s.path(r.Field)
 		if err != nil {
 			return err
 		}
-		q.fieldPaths[r.Field] = p
+		escaped := make([]string, len(p))
+		for i, step := range p {
+			escaped[i] = gjson.Escape(step)
+		}
+		q.fieldPaths[r.Field] = strings.Join(escaped, ".")
 	}
 	return nil
 }
@@ -124,11 +129,11 @@ func encodeContinue(rv, after string, snapshot uint64) string {
 }
 
 // matches reports whether obj is in namespace (if set) and matches the selectors.
-func (q *query) matches(obj *unstructured.Unstructured, namespace string) bool {
+func (q *query) matches(obj *dynamicinformer.Object, namespace string) bool {
 	if (namespace != "" && obj.GetNamespace() != namespace) || (q.name != "" && obj.GetName() != q.name) {
 		return false
 	}
-	if !q.labels.Empty() && !q.labels.Matches(dynamicinformer.ObjectLabels(obj)) {
+	if !q.labels.Empty() && !q.labels.Matches(obj.Labels()) {
 		return false
 	}
 	if q.fields.Empty() {
@@ -136,25 +141,23 @@ func (q *query) matches(obj *unstructured.Unstructured, namespace string) bool {
 	}
 	set := make(fields.Set, len(q.fieldPaths))
 	for field, path := range q.fieldPaths {
-		set[field] = fieldValue(obj.Object, path)
+		set[field] = fieldValue(obj.JSON(), path)
 	}
 	return q.fields.Matches(set)
 }
 
-// fieldValue is the string form of the scalar at path, or "" when there is none.
-func fieldValue(obj map[string]any, path []string) string {
-	v, found, err := unstructured.NestedFieldNoCopy(obj, path...)
-	if !found || err != nil || v == nil {
+// fieldValue is the string form of the scalar at path in an object's JSON (a string's value,
+// a number or a bool as JSON writes it), or "" when there is none: read from the JSON, without
+// decoding the object.
+func fieldValue(obj []byte, path string) string {
+	switch v := gjson.GetBytes(obj, path); v.Type {
+	case gjson.String:
+		return v.Str
+	case gjson.Number, gjson.True, gjson.False:
+		return v.Raw
+	default:
 		return ""
 	}
-	switch v := v.(type) {
-	case string:
-		return v
-	case bool, int64, float64, int32, int:
-		b, _ := json.Marshal(v)
-		return string(b)
-	}
-	return ""
 }
 
 // lookup is how candidates were found (strategy: "index/NAME" or "scan"): in key order
@@ -165,7 +168,7 @@ type lookup struct {
 	strategy string
 	inOrder  bool
 	ordered  dynamicinformer.Snapshot
-	objs     []*unstructured.Unstructured
+	objs     []*dynamicinformer.Object
 }
 
 // candidates returns a superset of the objects the query selects, through an index when one
@@ -215,7 +218,7 @@ func byIndex(snap dynamicinformer.Snapshot, index string, values ...string) (loo
 			return l, nil
 		}
 	}
-	collect := func(o *unstructured.Unstructured) bool {
+	collect := func(o *dynamicinformer.Object) bool {
 		l.objs = append(l.objs, o)
 		return true
 	}
@@ -233,14 +236,14 @@ func byIndex(snap dynamicinformer.Snapshot, index string, values ...string) (loo
 	}
 	if len(values) > 1 { // an object can carry several of the values
 		slices.SortFunc(l.objs, object.CompareObjects)
-		l.objs = slices.CompactFunc(l.objs, func(a, b *unstructured.Unstructured) bool { return object.CompareObjects(a, b) == 0 })
+		l.objs = slices.CompactFunc(l.objs, func(a, b *dynamicinformer.Object) bool { return object.CompareObjects(a, b) == 0 })
 	}
 	return l, nil
 }
 
 // page is one page of a list: the selected objects in key order after the cursor.
 type page struct {
-	items     []*unstructured.Unstructured
+	items     []*dynamicinformer.Object
 	last      string // the key of the last item, when more may follow it; else ""
 	next      string // the continue token, "" on the last page
 	remaining *int64 // objects after this page, counted only for a list without selectors
@@ -248,7 +251,7 @@ type page struct {
 
 type keyed struct {
 	key string
-	obj *unstructured.Unstructured
+	obj *dynamicinformer.Object
 }
 
 // checkEvery is how many objects a scan matches between looks at its context: a cancelled
@@ -286,7 +289,7 @@ func (q *query) paginate(ctx context.Context, l lookup, namespace string) (page,
 		return page{}, err
 	}
 	n := min(len(selected), q.limit)
-	p := page{items: make([]*unstructured.Unstructured, n)}
+	p := page{items: make([]*dynamicinformer.Object, n)}
 	for i := range n {
 		p.items[i] = selected[i].obj
 	}
@@ -310,7 +313,7 @@ func (q *query) scan(ctx context.Context, ordered dynamicinformer.Snapshot, name
 	var err error
 	var rest int64
 	more, seen := false, 0
-	ordered.Scan(namespace, after, func(o *unstructured.Unstructured) bool {
+	ordered.Scan(namespace, after, func(o *dynamicinformer.Object) bool {
 		if seen++; seen%checkEvery == 0 && ctx.Err() != nil {
 			err = ctx.Err()
 			return false

@@ -7,10 +7,10 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/tidwall/gjson"
 )
 
 // responder writes objects as the client asked: plain JSON, or a meta.k8s.io/v1 Table (what
@@ -42,22 +42,28 @@ func includeObject(r *http.Request) metav1.IncludeObjectPolicy {
 	}
 }
 
-func (o responder) row(obj *unstructured.Unstructured) metav1.TableRow {
+func (o responder) row(obj *dynamicinformer.Object) metav1.TableRow {
 	var row metav1.TableRow
 	row.Cells, row.Conditions = o.printer.cells(obj)
 	switch o.include {
 	case metav1.IncludeObject:
-		row.Object.Raw, _ = json.Marshal(o.withTypeMeta(obj))
+		row.Object.Raw = obj.JSON()
 	case metav1.IncludeMetadata:
-		meta, _ := obj.Object["metadata"].(map[string]any)
-		row.Object.Raw, _ = json.Marshal(map[string]any{
-			"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta,
-		})
+		raw := append([]byte(`{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":`), metadataJSON(obj)...)
+		row.Object.Raw = append(raw, '}')
 	}
 	return row
 }
 
-func (o responder) tableOf(objs []*unstructured.Unstructured, meta metav1.ListMeta, headers bool) *metav1.Table {
+// metadataJSON is obj's metadata as it is in its JSON, read without decoding it.
+func metadataJSON(obj *dynamicinformer.Object) []byte {
+	if m := gjson.GetBytes(obj.JSON(), "metadata"); m.IsObject() {
+		return []byte(m.Raw)
+	}
+	return []byte("{}")
+}
+
+func (o responder) tableOf(objs []*dynamicinformer.Object, meta metav1.ListMeta, headers bool) *metav1.Table {
 	t := &metav1.Table{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "Table"}, ListMeta: meta, Rows: []metav1.TableRow{}}
 	if headers {
 		t.ColumnDefinitions = o.printer.columns
@@ -69,14 +75,15 @@ func (o responder) tableOf(objs []*unstructured.Unstructured, meta metav1.ListMe
 }
 
 // object writes one object.
-func (o responder) object(w http.ResponseWriter, obj *unstructured.Unstructured) {
+func (o responder) object(w http.ResponseWriter, obj *dynamicinformer.Object) {
 	if o.table {
-		writeJSON(w, http.StatusOK, o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, true))
+		writeJSON(w, http.StatusOK, o.tableOf([]*dynamicinformer.Object{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, true))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(append(dynamicinformer.AppendJSON(nil, o.withTypeMeta(obj)), '\n'))
+	_, _ = w.Write(obj.JSON())
+	_, _ = w.Write([]byte{'\n'})
 }
 
 // list writes a {Kind}List (or a Table) for a page.
@@ -106,7 +113,7 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 		if i > 0 {
 			buf = append(buf, ',')
 		}
-		buf = dynamicinformer.AppendJSON(buf, o.withTypeMeta(obj))
+		buf = append(buf, obj.JSON()...)
 		if len(buf) >= chunk {
 			if _, err := w.Write(buf); err != nil {
 				return
@@ -121,14 +128,14 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 // event returns one line of a watch stream, {"type":...,"object":...}; the object is a Table
 // with one row when the client asked for tables, with column definitions on the first event
 // only, as the apiserver does.
-func (o responder) event(typ string, obj *unstructured.Unstructured, first bool) []byte {
+func (o responder) event(typ string, obj *dynamicinformer.Object, first bool) []byte {
 	line := append([]byte(`{"type":`), dynamicinformer.AppendString(nil, typ)...)
 	line = append(line, `,"object":`...)
 	if o.table && typ != "BOOKMARK" {
-		t, _ := json.Marshal(o.tableOf([]*unstructured.Unstructured{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first))
+		t, _ := json.Marshal(o.tableOf([]*dynamicinformer.Object{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first))
 		line = append(line, t...)
 	} else {
-		line = dynamicinformer.AppendJSON(line, o.withTypeMeta(obj))
+		line = append(line, obj.JSON()...)
 	}
 	return append(line, "}\n"...)
 }

@@ -71,7 +71,7 @@ type watcher struct {
 	minRV   uint64        // events at or below this are already known to the client
 }
 
-func rvOf(o *unstructured.Unstructured) uint64 { return object.Revision(o.GetResourceVersion()) }
+func rvOf(o *dynamicinformer.Object) uint64 { return object.Revision(o.GetResourceVersion()) }
 
 // revisionOf is the revision at which e happened: its Revision, which for an object brought in
 // by its namespace joining a namespaceSelector is when it joined, not its resourceVersion.
@@ -227,7 +227,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	c.Writer.Flush()
 
 	first := true
-	send := func(typ string, obj *unstructured.Unstructured) bool {
+	send := func(typ string, obj *dynamicinformer.Object) bool {
 		_, err := c.Writer.Write(out.event(typ, obj, first))
 		first = false
 		c.Writer.Flush()
@@ -235,7 +235,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	}
 	if initial {
 		sent, ok := 0, true
-		visible(res, snap, t.namespace, q, func(o *unstructured.Unstructured) bool {
+		visible(res, snap, t.namespace, q, func(o *dynamicinformer.Object) bool {
 			if sent%checkEvery == 0 && c.Request.Context().Err() != nil {
 				ok = false
 				return false
@@ -256,7 +256,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		bookmark.SetGroupVersionKind(out.gvk)
 		bookmark.SetResourceVersion(strconv.FormatUint(snap.Revision(t.namespace), 10))
 		bookmark.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
-		if !send("BOOKMARK", bookmark) {
+		if !send("BOOKMARK", dynamicinformer.NewObject(bookmark)) {
 			return
 		}
 	}
@@ -286,7 +286,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 // for all) with query q may see of snap: the one object a metadata.name field selector names,
 // or the candidates a list would read (an index's objects, the namespace's, or every object).
 // So opening a watch costs what its caller may see, not the whole cache.
-func visible(res *dynamicinformer.Resource, snap dynamicinformer.Snapshot, namespace string, q *query, fn func(*unstructured.Unstructured) bool) {
+func visible(res *dynamicinformer.Resource, snap dynamicinformer.Snapshot, namespace string, q *query, fn func(*dynamicinformer.Object) bool) {
 	_, api, _ := res.API()
 	if name, ok := nameSelected(q); ok && (namespace != "" || !api.Namespaced) {
 		if o, found := snap.Get(namespace, name); found {

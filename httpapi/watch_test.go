@@ -11,9 +11,9 @@ import (
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
-func cm(name string, rv uint64) *unstructured.Unstructured {
-	return &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
-		"namespace": "ns", "name": name, "resourceVersion": strconv.FormatUint(rv, 10)}}}
+func cm(name string, rv uint64) *dynamicinformer.Object {
+	return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+		"namespace": "ns", "name": name, "resourceVersion": strconv.FormatUint(rv, 10)}}})
 }
 
 func event(typ dynamicinformer.EventType, name string, rv uint64) dynamicinformer.Event {

@@ -40,7 +40,7 @@ func newJournal(t *testing.T) (*Journal, *target) {
 func addedAt(name string, rev uint64) dynamicinformer.Event {
 	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": name, "uid": "uid-" + name, "resourceVersion": strconv.FormatUint(rev, 10)}}}
-	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: u, Revision: rev, InOrder: true}
+	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), Revision: rev, InOrder: true}
 }
 
 func flush(t *testing.T, j *Journal) {

@@ -50,12 +50,23 @@ func EventID(e dynamicinformer.Event) string {
 // Payload is the request body for an event:
 // {"type","resource":{"group","version","resource"},"object","oldObject"}.
 func Payload(e dynamicinformer.Event) []byte {
-	return appendPayload(make([]byte, 0, 2048), e, nil, nil)
+	return appendPayload(make([]byte, 0, 2048), e, nil)
 }
 
-// appendPayload appends e's request body to buf. objJSON and oldJSON are e.Object and
-// e.OldObject already encoded, or nil.
-func appendPayload(buf []byte, e dynamicinformer.Event, objJSON, oldJSON []byte) []byte {
+// payloadSize is the length of e's request body, give or take its framing.
+func payloadSize(e dynamicinformer.Event, oldJSON []byte) int {
+	n := len(e.Object.JSON()) + 256
+	if oldJSON != nil {
+		n += len(oldJSON)
+	} else if e.OldObject != nil {
+		n += len(e.OldObject.JSON())
+	}
+	return n
+}
+
+// appendPayload appends e's request body to buf: the objects' JSON as kept, or for the old
+// object oldJSON when it is not nil.
+func appendPayload(buf []byte, e dynamicinformer.Event, oldJSON []byte) []byte {
 	buf = append(buf, `{"type":`...)
 	buf = dynamicinformer.AppendString(buf, string(e.Type))
 	buf = append(buf, `,"resource":{"group":`...)
@@ -65,17 +76,13 @@ func appendPayload(buf []byte, e dynamicinformer.Event, objJSON, oldJSON []byte)
 	buf = append(buf, `,"resource":`...)
 	buf = dynamicinformer.AppendString(buf, e.Resource.Resource)
 	buf = append(buf, `},"object":`...)
-	if objJSON != nil {
-		buf = append(buf, objJSON...)
-	} else {
-		buf = dynamicinformer.AppendJSON(buf, e.Object.Object)
-	}
+	buf = append(buf, e.Object.JSON()...)
 	if e.OldObject != nil {
 		buf = append(buf, `,"oldObject":`...)
 		if oldJSON != nil {
 			buf = append(buf, oldJSON...)
 		} else {
-			buf = dynamicinformer.AppendJSON(buf, e.OldObject.Object)
+			buf = append(buf, e.OldObject.JSON()...)
 		}
 	}
 	return append(buf, '}')

@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -89,7 +88,7 @@ type Options struct {
 	Targets func() []Target
 	// Retired is called, after the commit, for each target RemoveTarget removed.
 	Retired func(Target)
-	// Workers evaluate the targets' filters and encode objects for events seen on a watch, off
+	// Workers evaluate the targets' filters for events seen on a watch, off
 	// the writer and in parallel across objects (each object's events in order); 0 leaves it
 	// to the writer. Targets' Selects must then be safe to call from several goroutines.
 	Workers int
@@ -123,15 +122,15 @@ type op struct {
 	sink     string
 	seq      uint64
 	deadline time.Time
-	target   Target                       // opRemoveSink
-	streams  []string                     // opListStarted
-	revision uint64                       // opListSynced
-	cp       Checkpoints                  // opTrim
-	pre      *preselected                 // opEvent: what the preselector computed; nil for the writer to
-	objects  []*unstructured.Unstructured // opReplay
-	complete bool                         // opReplay: the resource's last page
-	replayed chan<- int                   // opReplay: how many entries, once committed
-	status   chan<- ReplayStatus          // opReplayStatus
+	target   Target                    // opRemoveSink
+	streams  []string                  // opListStarted
+	revision uint64                    // opListSynced
+	cp       Checkpoints               // opTrim
+	pre      *preselected              // opEvent: what the preselector computed; nil for the writer to
+	objects  []*dynamicinformer.Object // opReplay
+	complete bool                      // opReplay: the resource's last page
+	replayed chan<- int                // opReplay: how many entries, once committed
+	status   chan<- ReplayStatus       // opReplayStatus
 }
 
 // listing is a resource's initial list being compared with the stored state.
@@ -626,7 +625,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 		pre = &preselected{}
 	}
 	if tx == nil {
-		return j.fanOut(nil, targets, e, pre.objJSON, nil, pre.verdicts, bt)
+		return j.fanOut(nil, targets, e, nil, pre.verdicts, bt)
 	}
 	b, err := tx.Bucket(objectsBucket).CreateBucketIfNotExists(resourceBucket(e.Resource))
 	if err != nil {
@@ -649,7 +648,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 		if err := b.Delete(key); err != nil {
 			return err
 		}
-		return j.fanOut(tx, targets, e, nil, nil, pre.verdicts, bt)
+		return j.fanOut(tx, targets, e, nil, pre.verdicts, bt)
 	}
 	if l != nil {
 		l.seen[string(key)] = struct{}{}
@@ -661,7 +660,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 		}
 		return nil
 	}
-	var old *unstructured.Unstructured // the object as the sinks last saw it
+	var old *dynamicinformer.Object // the object as the sinks last saw it
 	rederived := false
 	if prev != nil && (prev.uid != string(e.Object.GetUID()) || e.OldObject == nil || e.OldObject.GetResourceVersion() != prev.rv) {
 		var err error
@@ -675,12 +674,8 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 	if prev != nil && prev.uid == string(e.Object.GetUID()) {
 		oldJSON = append([]byte(nil), prev.json...)
 	}
-	objJSON := pre.objJSON
-	if objJSON == nil {
-		objJSON = dynamicinformer.AppendJSON(make([]byte, 0, 2048), e.Object.Object)
-	}
 	verdicts := pre.verdicts // hold while the event stays as recorded
-	if err := b.Put(key, storedObject(e.Object, objJSON)); err != nil {
+	if err := b.Put(key, storedObject(e.Object)); err != nil {
 		return err
 	}
 	switch {
@@ -694,7 +689,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 	case prev.uid != string(e.Object.GetUID()):
 		// Deleted and created again under the same name while nobody was looking.
 		gone := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision, Since: object.After(object.Revision(prev.rv))}
-		if err := j.fanOut(tx, targets, gone, nil, nil, nil, bt); err != nil {
+		if err := j.fanOut(tx, targets, gone, nil, nil, bt); err != nil {
 			return err
 		}
 		e.Type, e.OldObject, verdicts = dynamicinformer.Added, nil, nil
@@ -707,7 +702,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 			l.count.modified++
 		}
 	}
-	return j.fanOut(tx, targets, e, objJSON, oldJSON, verdicts, bt)
+	return j.fanOut(tx, targets, e, oldJSON, verdicts, bt)
 }
 
 // corruptObject counts and logs a stored object that does not decode.
@@ -720,7 +715,7 @@ func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err
 // writes it to the target's outbox, unless a checkpoint Trim was given already covers it.
 // objJSON and oldJSON are e.Object and e.OldObject encoded, or nil; verdicts are the targets'
 // on e, computed before, or nil (a target missing from them, added since, is asked now).
-func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, objJSON, oldJSON []byte, verdicts map[Target]verdict, bt *batch) error {
+func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) error {
 	var body []byte
 	now := j.now()
 	for _, t := range targets {
@@ -736,7 +731,7 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 			continue // the leader has delivered it, or a later state of the object
 		}
 		if body == nil {
-			body = appendPayload(make([]byte, 0, len(objJSON)+len(oldJSON)+256), e, objJSON, oldJSON)
+			body = appendPayload(make([]byte, 0, payloadSize(e, oldJSON)), e, oldJSON)
 		}
 		d := Entry{Event: e, ID: EventID(e), Key: object.OrderingKey(e.Resource, e.Object.GetNamespace(), e.Object.GetName()), Enqueued: now, Body: body, Revision: e.Revision, Since: e.Since}
 		if filterErr != nil {
@@ -793,7 +788,7 @@ func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVers
 	bt.finished = append(bt.finished, gvr)
 	b := tx.Bucket(objectsBucket).Bucket(resourceBucket(gvr))
 	var gone, corrupt [][]byte
-	var objects []*unstructured.Unstructured
+	var objects []*dynamicinformer.Object
 	if b != nil {
 		_ = b.ForEach(func(k, v []byte) error {
 			if _, ok := l.seen[string(k)]; ok {
@@ -801,7 +796,7 @@ func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVers
 			}
 			key := append([]byte(nil), k...)
 			s, err := decodeStored(v)
-			var obj *unstructured.Unstructured
+			var obj *dynamicinformer.Object
 			if err == nil {
 				obj, err = s.object()
 			}
@@ -827,7 +822,7 @@ func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVers
 			return err
 		}
 		e := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now, Revision: revision, Since: object.After(object.Revision(objects[i].GetResourceVersion()))}
-		if err := j.fanOut(tx, targets, e, nil, nil, nil, bt); err != nil {
+		if err := j.fanOut(tx, targets, e, nil, nil, bt); err != nil {
 			return err
 		}
 	}

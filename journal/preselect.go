@@ -10,11 +10,9 @@ import (
 )
 
 // preselected is what the writer would otherwise compute for an event as it was recorded: each
-// target's verdict and the object encoded. The writer uses it unless it changes the event
-// (see applyEvent).
+// target's verdict. The writer uses it unless it changes the event (see applyEvent).
 type preselected struct {
 	verdicts map[Target]verdict
-	objJSON  []byte
 }
 
 type verdict struct {
@@ -22,7 +20,7 @@ type verdict struct {
 	err      error
 }
 
-// preselector evaluates the targets' filters and encodes objects off the writer, workers at a
+// preselector evaluates the targets' filters off the writer, workers at a
 // time, so that one tenant's costly object (a large one, a filter near its cost limit) holds up
 // only its own events: each object's events are taken one at a time, in the order recorded,
 // and the others' go round it. What it finishes goes to the writer in the order it finishes,
@@ -166,9 +164,6 @@ func (j *Journal) preselect(e dynamicinformer.Event) *preselected {
 	for _, t := range targets {
 		selected, err := t.Selects(e)
 		pre.verdicts[t] = verdict{selected, err}
-	}
-	if e.Type != dynamicinformer.Deleted {
-		pre.objJSON = dynamicinformer.AppendJSON(make([]byte, 0, 2048), e.Object.Object)
 	}
 	return pre
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -39,9 +40,14 @@ func TestReleaseDropsTheStoresPagesFromResidentMemory(t *testing.T) {
 	const n = 2048
 	for i := range n {
 		e := addedAt(fmt.Sprintf("cm-%05d", i), uint64(i+1))
-		if err := unstructured.SetNestedField(e.Object.Object, payload, "data", "payload"); err != nil {
+		u, err := e.Object.Decode()
+		if err != nil {
 			t.Fatal(err)
 		}
+		if err := unstructured.SetNestedField(u.Object, payload, "data", "payload"); err != nil {
+			t.Fatal(err)
+		}
+		e.Object = dynamicinformer.NewObject(u)
 		j.Record(e)
 	}
 	flush(t, j)

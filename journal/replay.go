@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -266,7 +265,7 @@ func (j *Journal) ReplayStatus(ctx context.Context, t Target) (ReplayStatus, err
 // before the page is recorded before it. The channel it returns receives, once the page is
 // committed, the number of entries recorded (0 for a page no longer wanted: t removed, or
 // the resource not the one under way).
-func (j *Journal) ReplayPage(t Target, gvr schema.GroupVersionResource, objs []*unstructured.Unstructured, complete bool) <-chan int {
+func (j *Journal) ReplayPage(t Target, gvr schema.GroupVersionResource, objs []*dynamicinformer.Object, complete bool) <-chan int {
 	if j.pre != nil {
 		j.pre.drain()
 	}
@@ -310,7 +309,7 @@ func (j *Journal) applyReplay(tx *bolt.Tx, o op, b *batch) (int, error) {
 		}
 		r.after = key // at the cursor: fanOut records it
 		e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: o.gvr, Object: u, Observed: now, Revision: object.Revision(u.GetResourceVersion())}
-		if err := j.fanOut(tx, []Target{o.target}, e, nil, nil, nil, b); err != nil {
+		if err := j.fanOut(tx, []Target{o.target}, e, nil, nil, b); err != nil {
 			return 0, err
 		}
 	}

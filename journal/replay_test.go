@@ -56,9 +56,9 @@ func (c *cluster) set(name string) {
 	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": name, "uid": uid, "resourceVersion": strconv.FormatUint(c.rev, 10)}}}
 	c.objects["ns/"+name] = u
-	e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: u, Revision: c.rev, InOrder: true}
+	e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), Revision: c.rev, InOrder: true}
 	if old != nil {
-		e.Type, e.OldObject = dynamicinformer.Modified, old
+		e.Type, e.OldObject = dynamicinformer.Modified, dynamicinformer.NewObject(old)
 	}
 	c.j.Record(e)
 }
@@ -69,7 +69,7 @@ func (c *cluster) del(name string) {
 	u := c.objects["ns/"+name].DeepCopy()
 	u.SetResourceVersion(strconv.FormatUint(c.rev, 10))
 	delete(c.objects, "ns/"+name)
-	c.j.Record(dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: configmaps, Object: u, Revision: c.rev, InOrder: true})
+	c.j.Record(dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: configmaps, Object: dynamicinformer.NewObject(u), Revision: c.rev, InOrder: true})
 }
 
 // list records a start's initial list: ListStarted, every object, ListSynced.
@@ -77,7 +77,7 @@ func (c *cluster) list(run uint64) {
 	c.j.ListStarted(configmaps, run, []string{""})
 	for _, k := range slices.Sorted(maps.Keys(c.objects)) {
 		u := c.objects[k]
-		c.j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: u, InitialList: true, Revision: object.Revision(u.GetResourceVersion())})
+		c.j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), InitialList: true, Revision: object.Revision(u.GetResourceVersion())})
 	}
 	c.j.ListSynced(configmaps, run, c.rev)
 	flush(c.t, c.j)
@@ -96,11 +96,11 @@ func (c *cluster) status(tg Target) ReplayStatus {
 // the replay stands then.
 func (c *cluster) page(tg Target, st ReplayStatus, n int) ReplayStatus {
 	c.t.Helper()
-	var objs []*unstructured.Unstructured
+	var objs []*dynamicinformer.Object
 	keys := slices.SortedFunc(maps.Keys(c.objects), object.CompareKeys)
 	for _, k := range keys {
 		if (st.After == "" || object.CompareKeys(k, st.After) > 0) && len(objs) < n+1 {
-			objs = append(objs, c.objects[k])
+			objs = append(objs, dynamicinformer.NewObject(c.objects[k]))
 		}
 	}
 	more := len(objs) > n

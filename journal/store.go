@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -446,8 +447,8 @@ type stored struct {
 
 // storedObject encodes an object: uid and resourceVersion first, so that comparing them does not
 // need the JSON decoded.
-func storedObject(u *unstructured.Unstructured, objJSON []byte) []byte {
-	uid, rv := string(u.GetUID()), u.GetResourceVersion()
+func storedObject(u *dynamicinformer.Object) []byte {
+	uid, rv, objJSON := string(u.GetUID()), u.GetResourceVersion(), u.JSON()
 	buf := make([]byte, 0, 2*binary.MaxVarintLen64+len(uid)+len(rv)+len(objJSON))
 	buf = appendString(buf, uid)
 	buf = appendString(buf, rv)
@@ -467,9 +468,10 @@ func decodeStored(v []byte) (stored, error) {
 	return s, nil
 }
 
-func (s stored) object() (*unstructured.Unstructured, error) {
-	u := &unstructured.Unstructured{}
-	if err := utiljson.Unmarshal(s.json, &u.Object); err != nil {
+// object is the stored object, its JSON copied out of the transaction.
+func (s stored) object() (*dynamicinformer.Object, error) {
+	u, err := dynamicinformer.ObjectFromJSON(bytes.Clone(s.json))
+	if err != nil {
 		return nil, fmt.Errorf("stored object: %w", err)
 	}
 	return u, nil
@@ -589,7 +591,7 @@ func decodeEntry(v []byte) (Entry, error) {
 	d.Event = dynamicinformer.Event{
 		Type:     p.Type,
 		Resource: schema.GroupVersionResource{Group: p.Resource.Group, Version: p.Resource.Version, Resource: p.Resource.Resource},
-		Object:   &unstructured.Unstructured{Object: map[string]any{"metadata": meta}},
+		Object:   dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": meta}}),
 		Observed: observed,
 		Revision: d.Revision,
 		Since:    d.Since,
@@ -626,6 +628,6 @@ func fromUnixNano(n int64) time.Time {
 	return time.Unix(0, n)
 }
 
-func sameObject(s stored, u *unstructured.Unstructured) bool {
+func sameObject(s stored, u *dynamicinformer.Object) bool {
 	return types.UID(s.uid) == u.GetUID() && s.rv == u.GetResourceVersion()
 }

@@ -78,7 +78,7 @@ func TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything(t *testing.T) {
 	for i, ns := range []string{"team-a", "team-b"} {
 		u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 			"namespace": ns, "name": "settings", "uid": []string{"uid-0", "uid-1"}[i], "resourceVersion": []string{"100", "101"}[i]}, "data": map[string]any{"k": "v"}}}
-		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: u, InitialList: true, Revision: 100 + uint64(i)})
+		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), InitialList: true, Revision: 100 + uint64(i)})
 	}
 	j.ListSynced(configmaps, 1, 200)
 	j.ListSynced(deployments, 1, 200)

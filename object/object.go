@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -18,8 +17,15 @@ func Key(namespace, name string) string {
 	return namespace + "/" + name
 }
 
+// Named is what names an object: its namespace ("" when cluster-scoped) and name. Kubernetes
+// objects, decoded or not, have both.
+type Named interface {
+	GetNamespace() string
+	GetName() string
+}
+
 // KeyOf is o's key in the cache.
-func KeyOf(o metav1.Object) string { return Key(o.GetNamespace(), o.GetName()) }
+func KeyOf(o Named) string { return Key(o.GetNamespace(), o.GetName()) }
 
 // SplitKey is the namespace ("" for a cluster-scoped object) and name of a key.
 func SplitKey(key string) (namespace, name string) {
@@ -46,7 +52,7 @@ func CompareKeys(a, b string) int {
 }
 
 // CompareObjects orders two objects as Compare does.
-func CompareObjects[T metav1.Object](a, b T) int {
+func CompareObjects[T Named](a, b T) int {
 	return Compare(a.GetNamespace(), a.GetName(), b.GetNamespace(), b.GetName())
 }
 

@@ -83,7 +83,7 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 			next = next.Add(interval)
 			time.Sleep(time.Until(next))
 		}
-		e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: gvr, Object: obj, Observed: time.Now()}
+		e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: gvr, Object: dynamicinformer.NewObject(obj), Observed: time.Now()}
 		sent[journal.EventID(e)] = e.Observed
 		d.OnEvent(e)
 		i++

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -77,7 +76,7 @@ func (d *Dispatcher) replayResource(ctx context.Context, s *Sink, st journal.Rep
 		}
 		var recorded <-chan int
 		more := false
-		read := r != nil && r.Page(after, size, func(objs []*unstructured.Unstructured, m bool) {
+		read := r != nil && r.Page(after, size, func(objs []*dynamicinformer.Object, m bool) {
 			more = m
 			if len(objs) > 0 {
 				after = object.KeyOf(objs[len(objs)-1])

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"cel.dev/cel-go/cel"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -147,29 +148,16 @@ func (s *Sink) Selects(e dynamicinformer.Event) (bool, error) {
 	if len(c.Namespaces) > 0 && !slices.Contains(c.Namespaces, e.Object.GetNamespace()) {
 		return false, nil
 	}
-	if !c.Labels.Empty() && !c.Labels.Matches(dynamicinformer.ObjectLabels(e.Object)) &&
-		(e.OldObject == nil || !c.Labels.Matches(dynamicinformer.ObjectLabels(e.OldObject))) {
+	if !c.Labels.Empty() && !c.Labels.Matches(e.Object.Labels()) &&
+		(e.OldObject == nil || !c.Labels.Matches(e.OldObject.Labels())) {
 		return false, nil
 	}
 	if c.Program == nil {
 		return true, nil
 	}
-	vars := map[string]any{
-		"type":      string(e.Type),
-		"object":    e.Object.Object,
-		"oldObject": nil,
-		"resource":  map[string]string{"group": e.Resource.Group, "version": e.Resource.Version, "resource": e.Resource.Resource},
-	}
-	if e.OldObject != nil {
-		vars["oldObject"] = e.OldObject.Object
-	}
-	out, _, err := c.Program.Eval(vars)
+	ok, err := evaluate(c.Program, e)
 	if err == nil {
-		ok, isBool := out.Value().(bool)
-		if isBool {
-			return ok, nil
-		}
-		err = fmt.Errorf("the filter returned %s, not a bool", out.Type().TypeName())
+		return ok, nil
 	}
 	s.m.filterErrors.Inc()
 	s.filterLog.Do(func() {
@@ -177,6 +165,36 @@ func (s *Sink) Selects(e dynamicinformer.Event) (bool, error) {
 			"name", e.Object.GetName(), "type", string(e.Type), "filterErrors", string(c.FilterErrors), "err", err)
 	})
 	return c.FilterErrors != config.FilterErrorsDrop, fmt.Errorf("filter: %w", err)
+}
+
+// evaluate runs a filter on e, its objects decoded from the JSON the cache keeps.
+func evaluate(p cel.Program, e dynamicinformer.Event) (bool, error) {
+	obj, err := e.Object.Decode()
+	if err != nil {
+		return false, err
+	}
+	vars := map[string]any{
+		"type":      string(e.Type),
+		"object":    obj.Object,
+		"oldObject": nil,
+		"resource":  map[string]string{"group": e.Resource.Group, "version": e.Resource.Version, "resource": e.Resource.Resource},
+	}
+	if e.OldObject != nil {
+		old, err := e.OldObject.Decode()
+		if err != nil {
+			return false, err
+		}
+		vars["oldObject"] = old.Object
+	}
+	out, _, err := p.Eval(vars)
+	if err != nil {
+		return false, err
+	}
+	ok, isBool := out.Value().(bool)
+	if !isBool {
+		return false, fmt.Errorf("the filter returned %s, not a bool", out.Type().TypeName())
+	}
+	return ok, nil
 }
 
 // Queue implements journal.Target: it queues e. Without a state store (e.Seq 0) a full queue

@@ -54,7 +54,7 @@ func event(name string) dynamicinformer.Event {
 	obj.SetName(name)
 	obj.SetUID(types.UID("uid-" + name))
 	obj.SetResourceVersion("1")
-	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: obj, Observed: time.Now()}
+	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: dynamicinformer.NewObject(obj), Observed: time.Now()}
 }
 
 // arrivals records when each request arrived, and answers with answer(n) for the n-th.

@@ -1,0 +1,80 @@
+package dynamicinformer
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// TestAnObjectComesInAsItsTransformedJSONAndAHeader: the informers' transform strips the
+// object, keeps it as its JSON (apiVersion and kind filled in where the apiserver left them
+// out) with a header and its indexers' values, and passes an Object it is handed again
+// through unchanged; the JSON decodes to the stripped object, and an Object read back from
+// that JSON has the same header.
+func TestAnObjectComesInAsItsTransformedJSONAndAHeader(t *testing.T) {
+	cfg := loadResources(t, `
+resources:
+  - version: v1
+    resource: configmaps
+    transform: {removeFields: [data.password]}
+    indexers: [{name: byTeam, type: annotation, key: team}, {name: byApp, type: label, key: app}]
+`)[0]
+	in := func() *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"metadata": map[string]any{
+				"namespace": "shop", "name": "settings", "uid": "u-1", "resourceVersion": "42",
+				"labels":        map[string]any{"app": "web"},
+				"annotations":   map[string]any{"team": "storefront", LastAppliedAnnotation: `{"data":{"password":"p"}}`},
+				"managedFields": []any{map[string]any{"manager": "kubectl"}},
+			},
+			"data": map[string]any{"password": "p", "user": "u", "n": "<&>"},
+		}}
+	}
+	ingested, err := ingest(NewTransform(&cfg), indexersOf(&cfg), schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"})(in())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := ingested.(*Object)
+	if !ok {
+		t.Fatalf("ingested as %T, want *Object", ingested)
+	}
+	want := in()
+	_, _ = NewTransform(&cfg)(want)
+	want.SetAPIVersion("v1")
+	want.SetKind("ConfigMap")
+	if wantJSON, _ := json.Marshal(want.Object); string(o.JSON()) != string(wantJSON) {
+		t.Errorf("JSON = %s\nwant %s (the stripped object as encoding/json writes it)", o.JSON(), wantJSON)
+	}
+	if o.GetNamespace() != "shop" || o.GetName() != "settings" || o.GetUID() != types.UID("u-1") || o.GetResourceVersion() != "42" || o.Labels().Get("app") != "web" {
+		t.Errorf("header = %+v", o.GetObjectMeta())
+	}
+	// By name: byApp, then byTeam.
+	if !slices.EqualFunc(o.values, [][]string{{"web"}, {"storefront"}}, slices.Equal) {
+		t.Errorf("indexer values = %q, want [[web] [storefront]]", o.values)
+	}
+	if again, _ := ingest(NewTransform(&cfg), indexersOf(&cfg), schema.GroupVersionKind{})(o); again != o {
+		t.Errorf("an Object ingested again came out as %v, want it unchanged", again)
+	}
+	u, err := o.Decode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := u.Object["data"].(map[string]any)["password"]; ok || u.GetManagedFields() != nil || u.GetKind() != "ConfigMap" {
+		t.Errorf("decoded = %v, want the stripped object with its kind", u.Object)
+	}
+	back, err := ObjectFromJSON(o.JSON())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.GetNamespace() != o.GetNamespace() || back.GetName() != o.GetName() || back.GetUID() != o.GetUID() ||
+		back.GetResourceVersion() != o.GetResourceVersion() || back.Labels().Get("app") != "web" || string(back.JSON()) != string(o.JSON()) {
+		t.Errorf("read back from its JSON: %+v, want the header of %+v", back.GetObjectMeta(), o.GetObjectMeta())
+	}
+	if _, err := ObjectFromJSON([]byte(`{"metadata":`)); err == nil {
+		t.Errorf("ObjectFromJSON took truncated JSON without an error")
+	}
+}
