@@ -230,6 +230,15 @@ metrics: {address: "127.0.0.1:0"}
 	writeFile(t, configPath, config(fmt.Sprintf("{name: before, url: %s, initialState: true}", before.URL)))
 	p := startProcess(t, configPath)
 	before.waitFor(t, 20, time.Minute)
+	// Delivery is at least once: a request the receiver has counted is acknowledged only once
+	// its answer is back and committed. Stopped before that, dynwatch delivers it again.
+	_, metrics, _ := p.WaitListening(t.Context())
+	testbed.Eventually(t, time.Minute, func() error {
+		if n := metricValue(t, metrics, `dynwatch_webhook_outbox_length{sink="before"}`); n != 0 {
+			return fmt.Errorf("the sink's outbox holds %v events", n)
+		}
+		return nil
+	})
 	if err := p.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
