@@ -1,8 +1,10 @@
 // Command bench measures dynwatch side by side with its fair baselines, in one run on the same
-// data: B0, a bare client-go dynamic informer (./baseline), and the kube-apiserver's own LIST.
-// It starts the test bed, creates realistic configmaps (or pods, with -resource pods), runs
-// both watchers as separate processes, storms them with updates, queries both dynwatch and the
-// apiserver, and prints one table of figures and ratios (and writes it as JSON with -json).
+// data: B0, a bare client-go dynamic informer (./baseline); B1, the same informer stripping
+// what dynwatch strips by default with a transform (./baseline -strip), measured until synced
+// only; and the kube-apiserver's own LIST. It starts the test bed, creates realistic configmaps
+// (or pods, with -resource pods), runs the watchers as separate processes, storms B0 and
+// dynwatch with updates, queries both dynwatch and the apiserver, and prints one table of
+// figures and ratios (and writes it as JSON with -json).
 // Run it with `make bench`. With -initial-state it measures instead what a webhook added by a
 // reload with initialState costs another sink's latency while its replay runs (initialstate.go).
 // With -metadata-only it measures what resources[].cache: metadata saves against cache: full
@@ -192,6 +194,21 @@ func run(ctx context.Context, o options) error {
 	b0RSS := residentMemory(b0.pid)
 	logf("B0 synced in %s, live heap %d MB, resident %d MB (peak %d MB)", b0Synced.Round(time.Millisecond), b0Heap>>20, b0RSS.now>>20, b0.peak>>20)
 
+	// B1 next, alone in the same way: the bare informer with the transform a careful client-go
+	// user would set. What it answers, the memory stripping alone saves, is known once it has
+	// synced, so it is stopped before dynwatch starts and the two never compete.
+	b1, err := startBaseline(ctx, baselineBin, cluster.Kubeconfig, o.resource, "-strip")
+	if err != nil {
+		return fmt.Errorf("B1: %w", err)
+	}
+	b1Heap, err := liveHeap(ctx, b1.url)
+	b1RSS := residentMemory(b1.pid)
+	b1.stop()
+	if err != nil {
+		return err
+	}
+	logf("B1 synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed (peak %d MB)", b1.synced.Round(time.Millisecond), b1Heap>>20, b1RSS.now>>20, b1RSS.file>>20, b1.peak>>20)
+
 	// dynwatch, alone: time to synced, then the initial-list deliveries drain (without a
 	// webhook: the state store stops committing), then heap.
 	recv := newReceiver()
@@ -296,6 +313,11 @@ func run(ctx context.Context, o options) error {
 		row("peak resident memory, start → "+drained, "MB", mb(dwRSS.peak), mb(b0.peak), "B0", "", always),
 		row("live heap after sync and GC", "MB", mb(dwHeap), mb(b0Heap), "B0", "", always),
 		row("resident memory per object after sync", "KiB", perObj(dwRSS.now), perObj(b0RSS.now), "B0", "", always),
+		row("time to synced", "s", dw.synced.Seconds(), b1.synced.Seconds(), "B1", "", always),
+		row("resident memory (VmRSS) after sync", "MB", mb(dwRSS.now), mb(b1RSS.now), "B1", "≤ 0.7x", func(r float64) bool { return r <= 0.7 }),
+		row("resident memory after sync: anonymous (RssAnon)", "MB", mb(dwRSS.anon), mb(b1RSS.anon), "B1", "", always),
+		row("peak resident memory (VmHWM), start → synced", "MB", mb(dw.peak), mb(b1.peak), "B1", "", always),
+		row("live heap after sync and GC", "MB", mb(dwHeap), mb(b1Heap), "B1", "", always),
 		row("CPU per update (dynwatch "+delivery+")", "µs", dwCPU/n*1e6, b0CPU/n*1e6, "B0", "≤ 1.3x", func(r float64) bool { return r <= 1.3 }),
 		row("state store commits per update", "", commits/n, 0, "", "", always),
 		row("update → receipt p50 (dynwatch: "+receipt+"; B0: handler)", "ms", pct(dwLat, 50), pct(b0Lat, 50), "B0", "", always),
@@ -366,10 +388,11 @@ type proc struct {
 	stop   func()
 }
 
-// startBaseline starts B0 and waits until it has synced, timing it from the start.
-func startBaseline(ctx context.Context, bin, kubeconfig, resource string) (*proc, error) {
+// startBaseline starts the baseline with flags (none: B0; -strip: B1) and waits until it has
+// synced, timing it from the start.
+func startBaseline(ctx context.Context, bin, kubeconfig, resource string, flags ...string) (*proc, error) {
 	t0 := time.Now()
-	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--namespace", namespace, "--resource", resource)
+	cmd := exec.Command(bin, append([]string{"--kubeconfig", kubeconfig, "--namespace", namespace, "--resource", resource}, flags...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -891,9 +914,9 @@ func machine() string {
 
 // title is the default run's first line.
 func title(o options, objBytes int, took time.Duration) string {
-	served := "CBOR to dynwatch (CBORServingAndStorage on), JSON to B0"
+	served := "CBOR to dynwatch (CBORServingAndStorage on), JSON to B0 and B1"
 	if o.json {
-		served = "JSON to both (CBORServingAndStorage off)"
+		served = "JSON to all three (CBORServingAndStorage off)"
 	}
 	config := "3 indexers, one webhook"
 	if o.chart {
