@@ -45,6 +45,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log := newLogger(o.Log, cfg.Log)
 	klog.SetSlogLogger(log)
+	setGCPercent(log)
 	setMemoryLimit(ctx, log)
 	gin.SetMode(gin.ReleaseMode)
 	s, err := build(log, cfg, o)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
@@ -18,6 +20,22 @@ const memoryLimitRatio = 0.9
 // memoryLimitRefresh is how often the cgroup's limit is read again, so that an in-place
 // resize of the pod's memory limit moves the Go limit with it.
 const memoryLimitRefresh = time.Minute
+
+// gcPercent is dynwatch's GOGC: how far the heap grows past what the last collection left
+// before the next one. The cache is kept as bytes (see dynamicinformer.Object), which the
+// collector does not scan, so a collection costs little and comes often: at 20,000 configmaps,
+// going from Go's 100 to 25 took resident anonymous memory after sync from 263 to 137 MiB
+// (live heap 77 MiB) for CPU per update within the runs' spread (736 and 774 µs).
+const gcPercent = 25
+
+// setGCPercent sets the runtime's GOGC to gcPercent, unless GOGC is in the environment.
+func setGCPercent(log *slog.Logger) {
+	if v, ok := os.LookupEnv("GOGC"); ok {
+		log.Info("GOGC is set in the environment: dynwatch leaves it alone", "GOGC", v)
+		return
+	}
+	debug.SetGCPercent(gcPercent)
+}
 
 // setMemoryLimit sets the Go runtime's soft memory limit to memoryLimitRatio of the memory
 // limit of the process' cgroup (v1 or v2), and keeps it there until ctx ends. GOMEMLIMIT in
