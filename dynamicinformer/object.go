@@ -2,7 +2,11 @@ package dynamicinformer
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
+	"unsafe"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -15,13 +19,16 @@ import (
 // and kind set, map keys sorted, as appendJSON writes it), and a header decoded once when it
 // came in: namespace, name, uid, resourceVersion, labels, and the values of the resource's
 // configured indexers. No tree of maps stays behind it: what needs the whole object as a value
-// (a CEL filter, a table's columns, a field selector's path) reads the JSON, or decodes it on
-// demand with Decode. An Object is immutable and shared by the cache, its snapshots and the
-// events that carry it: nothing may modify what its methods return.
+// (a CEL filter, a table's columns) decodes it on demand with Decode, and a field selector
+// reads the JSON in place. The header's strings are, wherever the JSON holds them verbatim,
+// substrings of the JSON itself, so the header adds little beyond its string headers. An
+// Object is immutable and shared by the cache, its snapshots and the events that carry it:
+// nothing may modify what its methods return.
 type Object struct {
-	meta   metav1.ObjectMeta // the header's metadata: namespace, name, uid, resourceVersion, labels
-	json   []byte
-	values [][]string // per configured indexer, in the store's order: sorted, without repeats
+	namespace, name, uid, resourceVersion string
+	labels                                []string // key, value, key, value…, by key
+	json                                  []byte
+	values                                [][]string // per configured indexer, in the store's order: sorted, without repeats
 }
 
 // NewObject keeps u, as it is now, as an Object; u is not kept, and may be modified after.
@@ -32,26 +39,53 @@ func NewObject(u *unstructured.Unstructured) *Object {
 // newObject keeps u with the values of the indexers ix (see Object.values): an indexer that
 // fails on u gives it no value, as with client-go's indexers.
 func newObject(u *unstructured.Unstructured, ix []indexer) *Object {
-	o := &Object{meta: metav1.ObjectMeta{
-		Namespace:       u.GetNamespace(),
-		Name:            u.GetName(),
-		UID:             u.GetUID(),
-		ResourceVersion: u.GetResourceVersion(),
-		Labels:          u.GetLabels(),
-	}}
 	buf := encodeBuffers.Get().(*[]byte)
 	*buf = appendJSON((*buf)[:0], u.Object)
-	o.json = append(make([]byte, 0, len(*buf)), *buf...) // exactly sized: kept for the object's life
+	o := &Object{json: append(make([]byte, 0, len(*buf)), *buf...)} // exactly sized: kept for the object's life
 	if cap(*buf) <= maxPooledBuffer {
 		encodeBuffers.Put(buf)
+	}
+	doc := o.doc()
+	o.namespace, o.name = within(doc, u.GetNamespace()), within(doc, u.GetName())
+	o.uid, o.resourceVersion = within(doc, string(u.GetUID())), within(doc, u.GetResourceVersion())
+	if m, _, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", "labels"); m != nil {
+		labels, _ := m.(map[string]any)
+		keys := make([]string, 0, len(labels))
+		for k, v := range labels {
+			if _, ok := v.(string); ok {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		o.labels = make([]string, 0, 2*len(keys))
+		for _, k := range keys {
+			o.labels = append(o.labels, within(doc, k), within(doc, labels[k].(string)))
+		}
 	}
 	if len(ix) > 0 {
 		o.values = make([][]string, len(ix))
 		for i, x := range ix {
-			o.values[i] = x.values(u)
+			vs := x.values(u)
+			for j := range vs {
+				vs[j] = within(doc, vs[j])
+			}
+			o.values[i] = vs
 		}
 	}
 	return o
+}
+
+// doc is the object's JSON as a string, sharing its memory: the JSON is never modified.
+func (o *Object) doc() string { return unsafe.String(unsafe.SliceData(o.json), len(o.json)) }
+
+// within is s as a substring of doc when doc holds its bytes anywhere (a JSON string that
+// needed no escaping is there verbatim), so that keeping it costs no memory of its own; else a
+// copy of s, so that nothing of what the decoder built is kept.
+func within(doc, s string) string {
+	if i := strings.Index(doc, s); i >= 0 {
+		return doc[i : i+len(s)]
+	}
+	return strings.Clone(s)
 }
 
 // maxPooledBuffer bounds the encoding buffers kept for reuse: one huge object does not pin
@@ -67,7 +101,7 @@ func ObjectFromJSON(b []byte) (*Object, error) {
 		Metadata struct {
 			Namespace       string            `json:"namespace"`
 			Name            string            `json:"name"`
-			UID             types.UID         `json:"uid"`
+			UID             string            `json:"uid"`
 			ResourceVersion string            `json:"resourceVersion"`
 			Labels          map[string]string `json:"labels"`
 		} `json:"metadata"`
@@ -76,7 +110,13 @@ func ObjectFromJSON(b []byte) (*Object, error) {
 		return nil, fmt.Errorf("decode an object: %w", err)
 	}
 	m := h.Metadata
-	return &Object{json: b, meta: metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion, Labels: m.Labels}}, nil
+	o := &Object{json: b}
+	doc := o.doc()
+	o.namespace, o.name, o.uid, o.resourceVersion = within(doc, m.Namespace), within(doc, m.Name), within(doc, m.UID), within(doc, m.ResourceVersion)
+	for _, k := range slices.Sorted(maps.Keys(m.Labels)) {
+		o.labels = append(o.labels, within(doc, k), within(doc, m.Labels[k]))
+	}
+	return o, nil
 }
 
 // JSON is the object's JSON. It is shared: callers must not modify it.
@@ -86,30 +126,52 @@ func (o *Object) JSON() []byte { return o.json }
 func (o *Object) Decode() (*unstructured.Unstructured, error) {
 	u := &unstructured.Unstructured{}
 	if err := utiljson.Unmarshal(o.json, &u.Object); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", o.meta.Name, err)
+		return nil, fmt.Errorf("decode %s: %w", o.name, err)
 	}
 	return u, nil
 }
 
 // GetNamespace is the object's namespace, "" for a cluster-scoped object.
-func (o *Object) GetNamespace() string { return o.meta.Namespace }
+func (o *Object) GetNamespace() string { return o.namespace }
 
 // GetName is the object's name.
-func (o *Object) GetName() string { return o.meta.Name }
+func (o *Object) GetName() string { return o.name }
 
 // GetUID is the object's uid.
-func (o *Object) GetUID() types.UID { return o.meta.UID }
+func (o *Object) GetUID() types.UID { return types.UID(o.uid) }
 
 // GetResourceVersion is the object's resourceVersion.
-func (o *Object) GetResourceVersion() string { return o.meta.ResourceVersion }
+func (o *Object) GetResourceVersion() string { return o.resourceVersion }
 
-// GetLabels are the object's labels, shared: callers must not modify them.
-func (o *Object) GetLabels() map[string]string { return o.meta.Labels }
-
-// Labels are the object's labels, for selectors to match.
-func (o *Object) Labels() labels.Labels { return labels.Set(o.meta.Labels) }
+// Labels are the object's labels, for selectors to match, read in place.
+func (o *Object) Labels() labels.Labels { return (*objectLabels)(o) }
 
 // GetObjectMeta is the header's metadata (namespace, name, uid, resourceVersion and labels; the
-// rest is in the JSON only), for client-go's key functions (meta.Accessor). It is shared:
-// callers must not modify it.
-func (o *Object) GetObjectMeta() metav1.Object { return &o.meta }
+// rest is in the JSON only), built for each call, for client-go's key functions
+// (meta.Accessor).
+func (o *Object) GetObjectMeta() metav1.Object {
+	m := &metav1.ObjectMeta{Namespace: o.namespace, Name: o.name, UID: types.UID(o.uid), ResourceVersion: o.resourceVersion}
+	if len(o.labels) > 0 {
+		m.Labels = make(map[string]string, len(o.labels)/2)
+		for i := 0; i < len(o.labels); i += 2 {
+			m.Labels[o.labels[i]] = o.labels[i+1]
+		}
+	}
+	return m
+}
+
+// objectLabels are an Object's labels as labels.Labels.
+type objectLabels Object
+
+func (l *objectLabels) Has(key string) bool { _, ok := l.Lookup(key); return ok }
+
+func (l *objectLabels) Get(key string) string { v, _ := l.Lookup(key); return v }
+
+func (l *objectLabels) Lookup(key string) (string, bool) {
+	for i := 0; i < len(l.labels); i += 2 {
+		if l.labels[i] == key {
+			return l.labels[i+1], true
+		}
+	}
+	return "", false
+}

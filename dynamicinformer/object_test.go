@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -27,7 +28,7 @@ resources:
 		return &unstructured.Unstructured{Object: map[string]any{
 			"metadata": map[string]any{
 				"namespace": "shop", "name": "settings", "uid": "u-1", "resourceVersion": "42",
-				"labels":        map[string]any{"app": "web"},
+				"labels":        map[string]any{"app": "web", "note": "a<b"},
 				"annotations":   map[string]any{"team": "storefront", LastAppliedAnnotation: `{"data":{"password":"p"}}`},
 				"managedFields": []any{map[string]any{"manager": "kubectl"}},
 			},
@@ -49,8 +50,19 @@ resources:
 	if wantJSON, _ := json.Marshal(want.Object); string(o.JSON()) != string(wantJSON) {
 		t.Errorf("JSON = %s\nwant %s (the stripped object as encoding/json writes it)", o.JSON(), wantJSON)
 	}
-	if o.GetNamespace() != "shop" || o.GetName() != "settings" || o.GetUID() != types.UID("u-1") || o.GetResourceVersion() != "42" || o.Labels().Get("app") != "web" {
+	if o.GetNamespace() != "shop" || o.GetName() != "settings" || o.GetUID() != types.UID("u-1") || o.GetResourceVersion() != "42" || o.Labels().Get("app") != "web" || o.Labels().Has("team") {
 		t.Errorf("header = %+v", o.GetObjectMeta())
+	}
+	if o.Labels().Get("note") != "a<b" {
+		t.Errorf("label note = %q, want a<b (escaped in the JSON, so kept as a copy)", o.Labels().Get("note"))
+	}
+	// The header's strings that the JSON holds verbatim are read from it: they cost no memory
+	// of their own, and keep nothing of the decoder's.
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(o.JSON())))
+	for _, s := range []string{o.GetNamespace(), o.GetName(), string(o.GetUID()), o.GetResourceVersion(), o.labels[0], o.labels[1], o.values[0][0], o.values[1][0]} {
+		if p := uintptr(unsafe.Pointer(unsafe.StringData(s))); p < start || p >= start+uintptr(len(o.JSON())) {
+			t.Errorf("header string %q is not read from the object's JSON", s)
+		}
 	}
 	// By name: byApp, then byTeam.
 	if !slices.EqualFunc(o.values, [][]string{{"web"}, {"storefront"}}, slices.Equal) {

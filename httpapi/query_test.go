@@ -133,7 +133,7 @@ func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 	sorted := slices.Clone(objs)
 	slices.SortFunc(sorted, object.CompareObjects)
 	for _, o := range sorted {
-		if o.GetLabels()["pick"] == "yes" {
+		if o.Labels().Get("pick") == "yes" {
 			want = append(want, object.KeyOf(o))
 		}
 	}
