@@ -139,7 +139,7 @@ func runCache(ctx context.Context, o options, b *bed, cache string) (cacheRun, e
 			return r, err
 		}
 	}
-	if r.objects, r.objBytes, err = checkCache(ctx, dw.url, o, cache); err != nil {
+	if r.objects, r.objBytes, err = checkCache(ctx, dw.url, b.cluster.Token(reader), o, cache); err != nil {
 		return r, err
 	}
 	logf("cache: %s: synced in %s, live heap %d MB, resident %d MB of which %d MB anonymous and %d MB file-backed (peak %d MB to synced, %d MB to caught up), %d objects cached, %d bytes each as the API serves them",
@@ -186,10 +186,10 @@ func writeCacheConfig(b *bed, o options, cache string) (string, error) {
 	return path, os.WriteFile(path, []byte(text), 0o600)
 }
 
-// checkCache reads the first page of the bench namespace from dynwatch's API and returns how
-// many objects it holds and the size of the first in JSON; an error if they are fewer than
-// o.objects or not kept as cache says.
-func checkCache(ctx context.Context, api string, o options, cache string) (int, int, error) {
+// checkCache reads the first page of the bench namespace from dynwatch's API as the token's
+// user and returns how many objects it holds and the size of the first in JSON; an error if
+// they are fewer than o.objects or not kept as cache says.
+func checkCache(ctx context.Context, api, token string, o options, cache string) (int, int, error) {
 	var list struct {
 		Kind     string `json:"kind"`
 		Metadata struct {
@@ -197,7 +197,7 @@ func checkCache(ctx context.Context, api string, o options, cache string) (int, 
 		} `json:"metadata"`
 		Items []json.RawMessage `json:"items"`
 	}
-	if err := getJSON(ctx, api+"/api/v1/namespaces/"+namespace+"/"+o.resource+"?limit=1", &list); err != nil {
+	if err := getJSON(ctx, api+"/api/v1/namespaces/"+namespace+"/"+o.resource+"?limit=1", token, &list); err != nil {
 		return 0, 0, err
 	}
 	n := len(list.Items) + list.Metadata.RemainingItemCount

@@ -12,7 +12,9 @@ import (
 	"text/template"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -50,6 +52,44 @@ func load(ctx context.Context, cs kubernetes.Interface, resource string, n int) 
 	}
 	b, err := cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/namespaces", namespace, resource, objectName(resource, 0)).DoRaw(ctx)
 	return len(b), err
+}
+
+// reader is the test bed's user every request to dynwatch's API, and every query timed
+// against it at the apiserver, is made as: one whom RBAC lets read the namespace's objects and
+// nothing else (grantReads), so that both servers authorize a caller as an install's would,
+// not system:masters.
+const reader = "bob"
+
+// grantReads lets reader get, list and watch the resource in the namespace, with a Role and a
+// RoleBinding, and waits until the apiserver's RBAC agrees: dynwatch caches the first decision
+// it is given, a denial included.
+func grantReads(ctx context.Context, cs kubernetes.Interface, resource string) error {
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "bench-reader"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{resource}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	if _, err := cs.RbacV1().Roles(namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create role %s: %w", role.Name, err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: reader}},
+	}
+	if _, err := cs.RbacV1().RoleBindings(namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create role binding %s: %w", binding.Name, err)
+	}
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: reader, ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "list", Resource: resource},
+	}}
+	err := waitFor(ctx, 30*time.Second, func() bool {
+		got, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		return err == nil && got.Status.Allowed
+	})
+	if err != nil {
+		return fmt.Errorf("RBAC does not let %s list %s in %s: %w", reader, resource, namespace, err)
+	}
+	return nil
 }
 
 // objectName is the name of the resource's i-th object.
