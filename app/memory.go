@@ -31,7 +31,7 @@ const gcPercent = 25
 // setGCPercent sets the runtime's GOGC to gcPercent, unless GOGC is in the environment.
 func setGCPercent(log *slog.Logger) {
 	if v, ok := os.LookupEnv("GOGC"); ok {
-		log.Info("GOGC is set in the environment: dynwatch leaves it alone", "GOGC", v)
+		log.Info("GOGC is set in the environment: dynwatch leaves it alone", "gogc", v)
 		return
 	}
 	debug.SetGCPercent(gcPercent)

@@ -33,17 +33,26 @@ type Object struct {
 
 // NewObject keeps u, as it is now, as an Object; u is not kept, and may be modified after.
 func NewObject(u *unstructured.Unstructured) *Object {
-	return newObject(u, nil)
+	return newObject(u, nil, nil)
 }
 
 // newObject keeps u with the values of the indexers ix (see Object.values): an indexer that
-// fails on u gives it no value, as with client-go's indexers.
-func newObject(u *unstructured.Unstructured, ix []indexer) *Object {
-	buf := encodeBuffers.Get().(*[]byte)
-	*buf = appendJSON((*buf)[:0], u.Object)
-	o := &Object{json: append(make([]byte, 0, len(*buf)), *buf...)} // exactly sized: kept for the object's life
-	if cap(*buf) <= maxPooledBuffer {
-		encodeBuffers.Put(buf)
+// fails on u gives it no value, as with client-go's indexers. scratch, when not nil, holds
+// buffers to encode into, reused from one object to the next.
+func newObject(u *unstructured.Unstructured, ix []indexer, scratch *sync.Pool) *Object {
+	var o *Object
+	if scratch == nil {
+		o = &Object{json: appendJSON(nil, u.Object)}
+	} else {
+		buf, _ := scratch.Get().(*[]byte)
+		if buf == nil {
+			buf = new([]byte)
+		}
+		*buf = appendJSON((*buf)[:0], u.Object)
+		o = &Object{json: append(make([]byte, 0, len(*buf)), *buf...)} // exactly sized: kept for the object's life
+		if cap(*buf) <= maxScratch {
+			scratch.Put(buf)
+		}
 	}
 	doc := o.doc()
 	o.namespace, o.name = within(doc, u.GetNamespace()), within(doc, u.GetName())
@@ -88,11 +97,9 @@ func within(doc, s string) string {
 	return strings.Clone(s)
 }
 
-// maxPooledBuffer bounds the encoding buffers kept for reuse: one huge object does not pin
-// its buffer.
-const maxPooledBuffer = 256 << 10
-
-var encodeBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+// maxScratch bounds the encoding buffers kept for reuse: one huge object does not pin its
+// buffer.
+const maxScratch = 256 << 10
 
 // ObjectFromJSON keeps an object's JSON, as an Object's JSON returned it, as an Object; b is
 // kept, and must not be modified after.

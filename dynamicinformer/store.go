@@ -173,18 +173,24 @@ func (s *store) removeLocked(u *Object) *Object {
 	return old.obj
 }
 
+// index adds e under its values of the store's indexers; an object made without them (see
+// NewObject) is in none.
 func (s *store) index(e entry) {
-	for i, vs := range e.obj.values {
-		for _, v := range vs {
-			s.idx[s.indexes[i]].ReplaceOrInsert(indexed{value: v, entry: e})
+	for i, name := range s.indexes {
+		if i < len(e.obj.values) {
+			for _, v := range e.obj.values[i] {
+				s.idx[name].ReplaceOrInsert(indexed{value: v, entry: e})
+			}
 		}
 	}
 }
 
 func (s *store) unindex(e entry) {
-	for i, vs := range e.obj.values {
-		for _, v := range vs {
-			s.idx[s.indexes[i]].Delete(indexed{value: v, entry: e})
+	for i, name := range s.indexes {
+		if i < len(e.obj.values) {
+			for _, v := range e.obj.values[i] {
+				s.idx[name].Delete(indexed{value: v, entry: e})
+			}
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package dynamicinformer
 
 import (
+	"sync"
+
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
@@ -63,6 +65,7 @@ func NewTransform(r *config.Resource) cache.TransformFunc {
 // in, to the transform again on their way to the queue.
 func ingest(strip cache.TransformFunc, ix []indexer, gvk schema.GroupVersionKind) cache.TransformFunc {
 	apiVersion := gvk.GroupVersion().String()
+	var scratch sync.Pool // encoding buffers: each object's JSON is kept exactly sized
 	return func(obj any) (any, error) {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
@@ -75,6 +78,6 @@ func ingest(strip cache.TransformFunc, ix []indexer, gvk schema.GroupVersionKind
 			u.SetAPIVersion(apiVersion)
 			u.SetKind(gvk.Kind)
 		}
-		return newObject(u, ix), nil
+		return newObject(u, ix, &scratch), nil
 	}
 }

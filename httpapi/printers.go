@@ -137,7 +137,7 @@ func typedPrinter[T any](cells func(*T) []any, columns ...metav1.TableColumnDefi
 	return printer{columns: columns, row: typedRow(func(obj *T) ([]any, []metav1.TableRowCondition) { return cells(obj), nil })}
 }
 
-// typedRow converts the cached object to T for row. An object that does not convert (its
+// typedRow converts the decoded object to T for row. An object that does not convert (its
 // kind's schema changed under it) shows its name and <invalid> cells.
 func typedRow[T any](row func(*T) ([]any, []metav1.TableRowCondition)) func(*unstructured.Unstructured) ([]any, []metav1.TableRowCondition) {
 	return func(u *unstructured.Unstructured) ([]any, []metav1.TableRowCondition) {
@@ -152,11 +152,13 @@ func typedRow[T any](row func(*T) ([]any, []metav1.TableRowCondition)) func(*uns
 // cells returns obj's row cells, padded or cut to the printer's columns. The columns need the
 // object as a value: it is decoded for its row.
 func (p printer) cells(obj *dynamicinformer.Object) ([]any, []metav1.TableRowCondition) {
-	u, err := obj.Decode()
-	if err != nil {
-		return []any{obj.GetName(), "<invalid>"}, nil
+	var cells []any
+	var conditions []metav1.TableRowCondition
+	if u, err := obj.Decode(); err != nil {
+		cells = []any{obj.GetName(), "<invalid>"}
+	} else {
+		cells, conditions = p.row(u)
 	}
-	cells, conditions := p.row(u)
 	for len(cells) < len(p.columns) {
 		cells = append(cells, nil)
 	}

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/fields"
@@ -27,10 +26,10 @@ import (
 type query struct {
 	labels     labels.Selector
 	fields     fields.Selector
-	fieldPaths map[string]string // fieldSelector field → where its value is in an object's JSON (see selectFields)
-	name       string            // set for a watch of one object (a path with a name)
-	index      string            // explicit index=NAME
-	value      string            // and value=V
+	fieldPaths map[string][]string // fieldSelector field → the steps to its value in an object's JSON (see selectFields)
+	name       string              // set for a watch of one object (a path with a name)
+	index      string              // explicit index=NAME
+	value      string              // and value=V
 	limit      int
 	after      string // continue: the last key of the previous page
 	listRV     string // continue: the resourceVersion of the first page
@@ -102,17 +101,13 @@ func boolParameter(v url.Values, name string) bool {
 // selectFields checks the field selector's fields against those the resource accepts and
 // notes where each is found in its objects.
 func (q *query) selectFields(s selectable) *apierrors.StatusError {
-	q.fieldPaths = map[string]string{}
+	q.fieldPaths = map[string][]string{}
 	for _, r := range q.fields.Requirements() {
 		p, err := s.path(r.Field)
 		if err != nil {
 			return err
 		}
-		escaped := make([]string, len(p))
-		for i, step := range p {
-			escaped[i] = gjson.Escape(step)
-		}
-		q.fieldPaths[r.Field] = strings.Join(escaped, ".")
+		q.fieldPaths[r.Field] = jsonSteps(p)
 	}
 	return nil
 }
@@ -146,11 +141,27 @@ func (q *query) matches(obj *dynamicinformer.Object, namespace string) bool {
 	return q.fields.Matches(set)
 }
 
+// jsonSteps are the keys of a dot path as fieldValue reads them.
+func jsonSteps(path []string) []string {
+	steps := make([]string, len(path))
+	for i, key := range path {
+		steps[i] = gjson.Escape(key)
+	}
+	return steps
+}
+
 // fieldValue is the string form of the scalar at path in an object's JSON (a string's value,
 // a number or a bool as JSON writes it), or "" when there is none: read from the JSON, without
-// decoding the object.
-func fieldValue(obj []byte, path string) string {
-	switch v := gjson.GetBytes(obj, path); v.Type {
+// decoding the object. Each step is a key of an object, never an index into an array.
+func fieldValue(obj []byte, path []string) string {
+	v := gjson.ParseBytes(obj)
+	for _, step := range path {
+		if !v.IsObject() {
+			return ""
+		}
+		v = v.Get(step)
+	}
+	switch v.Type {
 	case gjson.String:
 		return v.Str
 	case gjson.Number, gjson.True, gjson.False:

@@ -34,9 +34,9 @@
 //     that delivers next loses nothing; it repeats at most what was acknowledged after the
 //     last checkpoint it received.
 //   - Events of one object are committed in the order they were recorded. With Options.Workers,
-//     events of different objects may be committed in another order (each is filtered, and its
-//     object encoded, by the preselector's workers, off the writer, so that one tenant's costly
-//     object holds up only its own events); checkpoints then stay below every event the
+//     events of different objects may be committed in another order (each is filtered by the
+//     preselector's workers, off the writer, so that one tenant's costly object holds up only
+//     its own events); checkpoints then stay below every event the
 //     preselector still holds, and a list's start and end wait until it holds nothing.
 //
 // Concurrency: Record, Ack and the other operations never block and do no I/O (ListStarted and

@@ -50,7 +50,7 @@ func EventID(e dynamicinformer.Event) string {
 // Payload is the request body for an event:
 // {"type","resource":{"group","version","resource"},"object","oldObject"}.
 func Payload(e dynamicinformer.Event) []byte {
-	return appendPayload(make([]byte, 0, 2048), e, nil)
+	return appendPayload(make([]byte, 0, payloadSize(e, nil)), e, nil)
 }
 
 // payloadSize is the length of e's request body, give or take its framing.

@@ -34,7 +34,7 @@ type Journal struct {
 	targets func() []Target
 	m       *metrics
 	retired func(Target)
-	pre     *preselector // nil: the writer filters and encodes
+	pre     *preselector // nil: the writer filters
 	bound   func(schema.GroupVersionResource) (uint64, bool)
 
 	mu      sync.Mutex
@@ -713,8 +713,9 @@ func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err
 
 // fanOut makes an entry of e for every target whose filters select it, and with a store
 // writes it to the target's outbox, unless a checkpoint Trim was given already covers it.
-// objJSON and oldJSON are e.Object and e.OldObject encoded, or nil; verdicts are the targets'
-// on e, computed before, or nil (a target missing from them, added since, is asked now).
+// oldJSON, when not nil, is the old object as the sinks last saw it (the stored state) to send
+// in place of e.OldObject's; verdicts are the targets' on e, computed before, or nil (a target
+// missing from them, added since, is asked now).
 func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) error {
 	var body []byte
 	now := j.now()

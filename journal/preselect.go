@@ -157,7 +157,7 @@ func (p *preselector) stop() {
 	p.workers.Wait()
 }
 
-// preselect computes, for e as recorded, every target's verdict and its object encoded.
+// preselect computes, for e as recorded, every target's verdict.
 func (j *Journal) preselect(e dynamicinformer.Event) *preselected {
 	targets := j.targets()
 	pre := &preselected{verdicts: make(map[Target]verdict, len(targets))}

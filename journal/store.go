@@ -563,7 +563,7 @@ func decodeEntry(v []byte) (Entry, error) {
 	}
 	d.Body = append([]byte(nil), rest...)
 	// The body is the request; of the event, only what names it is decoded: a queue refilled
-	// from the outbox would otherwise hold every object twice, as bytes and as maps.
+	// from the outbox would otherwise hold every object twice, in the body and as the event's.
 	var p struct {
 		Type     dynamicinformer.EventType `json:"type"`
 		Resource struct {

@@ -440,8 +440,7 @@ func (d *Dispatcher) retire(t journal.Target) {
 
 var errRemoved = errors.New("the webhook was removed from the configuration")
 
-// filterWorkers is how many goroutines filter events and encode objects off the journal's
-// writer: twice the CPUs, at least 4, so that a few costly objects being filtered at once do not
+// filterWorkers is how many goroutines filter events off the journal's writer: twice the CPUs, at least 4, so that a few costly objects being filtered at once do not
 // hold up everyone else's.
 func filterWorkers() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
 
