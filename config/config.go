@@ -53,8 +53,9 @@ const DefaultStaleAfter = time.Minute
 // webhooks and each webhook's outbox of undelivered events. With it, a restart neither loses
 // queued events nor replays unchanged objects.
 type State struct {
-	// Path is the store's file. Empty keeps state in memory only: events still queued at
-	// shutdown are dead-lettered and a restart delivers every object as ADDED again.
+	// Path is the store's directory, created if need be; a file there is the store of an
+	// earlier release, converted at start. Empty keeps state in memory only: events still
+	// queued at shutdown are dead-lettered and a restart delivers every object as ADDED again.
 	Path string `mapstructure:"path"`
 }
 

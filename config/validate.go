@@ -85,9 +85,6 @@ func (c *Config) validate() error {
 	if c.ShutdownTimeout < time.Second {
 		p.add("shutdownTimeout", "must be at least 1s, got %s", c.ShutdownTimeout)
 	}
-	if c.State.Path != "" && isDir(c.State.Path) {
-		p.add("state.path", "must name a file, %q is a directory", c.State.Path)
-	}
 	c.LeaderElection.validate(c.State, &p)
 	return errors.Join(p...)
 }

@@ -4,7 +4,6 @@ import (
 	"maps"
 	"slices"
 
-	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -60,9 +59,25 @@ func (j *Journal) committed(b *batch) {
 			j.outbox[a.sink] = map[uint64]indexed{}
 		}
 		j.outbox[a.sink][a.seq] = a.x
+		j.order[a.sink] = append(j.order[a.sink], a.seq)
 	}
 	for _, r := range b.removed {
 		delete(j.outbox[r.sink], r.seq)
+	}
+	for _, d := range b.deadlines {
+		if x, ok := j.outbox[d.sink][d.seq]; ok {
+			x.deadline = d.at
+			j.outbox[d.sink][d.seq] = x
+		}
+	}
+	for _, sink := range b.dropped {
+		delete(j.outbox, sink)
+		delete(j.order, sink)
+	}
+	for sink, order := range j.order {
+		if entries := j.outbox[sink]; len(order) > 2*len(entries)+1024 {
+			j.order[sink] = slices.DeleteFunc(order, func(seq uint64) bool { _, ok := entries[seq]; return !ok })
+		}
 	}
 	for _, s := range b.progress {
 		p := j.progress[s.gvr]
@@ -183,29 +198,17 @@ func (j *Journal) Seen(gvr schema.GroupVersionResource) (uint64, []string) {
 // trim makes cp the floor below which nothing is recorded, replacing the last one (the floor
 // follows the checkpoints as they are now, lower ones too), and removes the outbox entries it
 // covers.
-func (j *Journal) trim(tx *bolt.Tx, cp Checkpoints, b *batch) error {
+func (j *Journal) trim(tx *txn, cp Checkpoints, b *batch) {
 	if j.floor.Equal(cp) {
-		return nil
+		return
 	}
 	j.floor = cp
-	j.idx.Lock()
-	var gone []removed
-	for sink, entries := range j.outbox {
+	for sink, entries := range j.outbox { // only this goroutine changes it
 		floor := j.floor[sink]
 		for seq, x := range entries {
-			if x.revision != 0 && x.revision <= floor[x.resource] {
-				gone = append(gone, removed{sink, seq})
+			if x.revision != 0 && x.revision <= floor[x.resource] && tx.ack(sink, seq) {
+				b.removed = append(b.removed, removed{sink, seq})
 			}
 		}
 	}
-	j.idx.Unlock()
-	for _, r := range gone {
-		if bk := tx.Bucket(outboxBucket).Bucket([]byte(r.sink)); bk != nil {
-			if err := bk.Delete(sequenceKey(r.seq)); err != nil {
-				return err
-			}
-		}
-	}
-	b.removed = append(b.removed, gone...)
-	return nil
 }

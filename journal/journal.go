@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -49,13 +51,21 @@ type Journal struct {
 	floor Checkpoints            // the checkpoints Trim was given: what they cover is not recorded
 	sinks map[string]*sinkReplay // every target seen, by name: where its initialState replay stands
 	first bool                   // no batch has been applied yet
+	// compacting is true while a snapshot is being written; compacted receives it.
+	compacting bool
+	compacted  chan compaction
 	// listsCoverAll: the initial lists hand the first batch's targets every object as ADDED
 	// (no store, a new one, or one without sink records), so none of them replays.
 	listsCoverAll bool
 
-	// What is committed, read by Checkpoints and OutboxLen.
+	// files is held to read entries from the log (shared) and to compact it (exclusive), so
+	// that no file is removed under a reader. Take it before idx.
+	files sync.RWMutex
+
+	// What is committed, read by Checkpoints, OutboxLen and ReadOutbox.
 	idx      sync.Mutex
-	outbox   map[string]map[uint64]indexed // sink → sequence → entry
+	outbox   map[string]map[uint64]indexed // sink → sequence → entry; the store's own map
+	order    map[string][]uint64           // sink → its outbox's sequences in order, and some removed
 	progress map[schema.GroupVersionResource]*progress
 	seen     map[string]sinkView // the sinks' replay states as committed
 }
@@ -149,20 +159,29 @@ type queued struct {
 
 // batch is what one transaction produced, put into effect only once it commits.
 type batch struct {
-	out      []queued
-	added    []added
-	removed  []removed
-	progress []step
-	finished []schema.GroupVersionResource
-	retired  []Target
-	sinks    bool     // a replay state changed
-	replies  []func() // answers to send once committed
+	out       []queued
+	added     []added
+	removed   []removed
+	deadlines []deadline
+	dropped   []string
+	progress  []step
+	finished  []schema.GroupVersionResource
+	retired   []Target
+	sinks     bool     // a replay state changed
+	replies   []func() // answers to send once committed
 }
 
 type added struct {
 	sink string
 	seq  uint64
 	x    indexed
+	off  int // of the entry in the commit's payload
+}
+
+type deadline struct {
+	sink string
+	seq  uint64
+	at   int64
 }
 
 type removed struct {
@@ -184,15 +203,13 @@ func New(o Options) (*Journal, error) {
 	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
-		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords}
+		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords,
+		order: map[string][]uint64{}, compacted: make(chan compaction, 1)}
 	if st != nil {
-		j.seq = st.lastSequence()
-		idx, err := st.outboxIndex()
-		if err != nil {
-			_ = st.close()
-			return nil, fmt.Errorf("state: read the outboxes: %w", err)
+		j.seq, j.outbox = st.seq, st.outbox
+		for sink, entries := range st.outbox {
+			j.order[sink] = slices.Sorted(maps.Keys(entries))
 		}
-		j.outbox = idx
 	}
 	if err := o.Registerer.Register(j.m); err != nil {
 		_ = j.Close()
@@ -215,8 +232,14 @@ func open(log *slog.Logger, path string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st.Converted != "" {
+		log.Info("state store converted from the format of an earlier release: the old file is set aside", "path", path, "setAside", st.Converted)
+	}
+	if st.TornTail > 0 {
+		log.Warn("state store: a commit cut short by a crash was dropped; what it held is derived again from the initial lists", "path", path, "bytes", st.TornTail)
+	}
 	if st.Damaged != "" {
-		log.Error("state store damaged: set aside, and every object is delivered again as ADDED with its usual event id", "path", path, "setAside", st.Damaged, "err", st.DamageErr)
+		log.Error("state store damaged: set aside from the damage on, and every object changed since is delivered again with its usual event id", "path", path, "setAside", st.Damaged, "err", st.DamageErr)
 	} else if st.Fresh {
 		log.Warn("state store created: with no earlier state, every object is delivered as ADDED (expected on a first start; otherwise the state was lost)", "path", path)
 	}
@@ -227,8 +250,9 @@ func open(log *slog.Logger, path string) (*store, error) {
 // process, and there are no outboxes to read back.
 func (j *Journal) Durable() bool { return j.store != nil }
 
-// Close stops the preselector's workers and closes the state store, if there is one. Call it
-// once Run has returned and nothing reads the outboxes any more.
+// Close stops the preselector's workers, waits for a compaction under way, and closes the
+// state store, if there is one. Call it once Run has returned and nothing reads the outboxes
+// any more.
 func (j *Journal) Close() error {
 	if j.pre != nil {
 		j.pre.stop()
@@ -236,10 +260,13 @@ func (j *Journal) Close() error {
 	if j.store == nil {
 		return nil
 	}
+	if j.compacting {
+		j.finishCompaction(<-j.compacted)
+	}
 	return j.store.close()
 }
 
-// outboxPageSize is how many entries ReadOutbox reads in one transaction.
+// outboxPageSize is how many entries ReadOutbox reads at a time.
 const outboxPageSize = 1000
 
 // ReadOutbox reads sink's outbox in order from sequence from, calling fn with each entry until
@@ -258,7 +285,7 @@ func (j *Journal) ReadOutbox(sink string, from uint64, limit int, fn func(Entry)
 		if limit > 0 {
 			n = min(n, limit-read)
 		}
-		p, err := j.store.page(sink, from, n)
+		p, err := j.page(sink, from, n)
 		if err != nil {
 			return from, false, err
 		}
@@ -279,12 +306,60 @@ func (j *Journal) ReadOutbox(sink string, from uint64, limit int, fn func(Entry)
 	return from, false, nil
 }
 
+// outboxPage is a stretch of a sink's outbox, oldest first. Its entries' events carry their
+// objects' names, uids and resourceVersions only; each entry's Body is its whole request.
+type outboxPage struct {
+	Entries []Entry
+	Corrupt []uint64 // entries that do not decode
+	Next    uint64   // the first sequence after those read
+	End     bool     // nothing follows
+}
+
+// page reads up to limit entries of a sink's outbox from sequence from on.
+func (j *Journal) page(sink string, from uint64, limit int) (outboxPage, error) {
+	j.files.RLock()
+	defer j.files.RUnlock()
+	p := outboxPage{Next: from, End: true}
+	type slot struct {
+		seq uint64
+		x   indexed
+	}
+	var slots []slot
+	j.idx.Lock()
+	order := j.order[sink]
+	for _, seq := range order[sort.Search(len(order), func(i int) bool { return order[i] >= from }):] {
+		if len(slots) == limit {
+			p.End = false
+			break
+		}
+		if x, ok := j.outbox[sink][seq]; ok {
+			slots = append(slots, slot{seq, x})
+		}
+	}
+	j.idx.Unlock()
+	for _, s := range slots {
+		e, corrupt, err := j.store.readEntry(s.seq, s.x)
+		if err != nil {
+			return p, err
+		}
+		p.Next = s.seq + 1
+		if corrupt {
+			p.Corrupt = append(p.Corrupt, s.seq)
+			continue
+		}
+		p.Entries = append(p.Entries, e)
+	}
+	return p, nil
+}
+
 // Sinks lists the sinks that have an outbox in the state store.
 func (j *Journal) Sinks() ([]string, error) {
 	if j.store == nil {
 		return nil, nil
 	}
-	return j.store.sinks()
+	j.idx.Lock()
+	defer j.idx.Unlock()
+	return slices.Sorted(maps.Keys(j.outbox)), nil
 }
 
 // Record hands an informer's event to the journal. It never blocks. With workers, an event
@@ -406,9 +481,10 @@ func (j *Journal) Run(ctx context.Context) {
 	for {
 		select {
 		case <-release:
-			if err := j.store.release(); err != nil {
-				j.log.Warn("state store: could not drop its pages from resident memory", "err", err)
-			}
+			j.store.log.Release()
+			continue
+		case c := <-j.compacted:
+			j.finishCompaction(c)
 			continue
 		case <-j.wake:
 			if delay > 0 {
@@ -449,20 +525,16 @@ func (j *Journal) finish() {
 	}
 }
 
-// releaseEvery is how often the store's pages are dropped from resident memory: what counts as
-// resident of the file is what one interval's reads and writes touched. Each drop costs a
-// page fault at the next touch of every page in use: dropped every second, the faults took
-// 15% of dynwatch's CPU in the storm of `make bench`; every 30 seconds they are noise.
-const releaseEvery = 30 * time.Second
+// releaseEvery is how often the pages that reads of the log brought into the page cache
+// are dropped: an append drops its own once synced.
+const releaseEvery = 10 * time.Second
 
-// maxBatch bounds the operations of one transaction. A transaction holds every page it
-// changes in memory until it commits: an initial list of 20,000 objects committed at once took
-// the process's resident memory from 275 MB to 799 MB, where batches of this size keep it at
-// the level of the cache.
-const maxBatch = 256
+// maxBatch bounds the operations of one commit, so that the first events of an initial list
+// of many objects reach the sinks while the rest are still being written.
+const maxBatch = 1024
 
-// Flush applies everything pending, in transactions of up to maxBatch operations, and queues
-// each transaction's entries once it commits. If a commit fails, nothing of it is queued and its
+// Flush applies everything pending, in commits of up to maxBatch operations, and queues each
+// commit's entries once it is durable. If a commit fails, nothing of it is queued and its
 // operations wait for the next try, ahead of any that arrive meanwhile.
 func (j *Journal) Flush() error {
 	for {
@@ -478,7 +550,7 @@ func (j *Journal) Flush() error {
 	}
 }
 
-// flushBatch applies up to maxBatch pending operations in one transaction.
+// flushBatch applies up to maxBatch pending operations in one commit.
 func (j *Journal) flushBatch() error {
 	j.mu.Lock()
 	ops := j.pending[:min(len(j.pending), maxBatch)]
@@ -488,42 +560,41 @@ func (j *Journal) flushBatch() error {
 		return nil
 	}
 	seq, sinks, first := j.seq, j.sinks, j.first
+	j.sinks = cloneSinks(sinks)
 	var b batch
-	apply := func(tx *bolt.Tx) error {
-		j.seq, j.sinks, j.first = seq, cloneSinks(sinks), first
-		b = batch{}
-		targets := j.targets()
-		if err := j.see(tx, targets, &b); err != nil {
-			return fmt.Errorf("note the sinks: %w", err)
-		}
-		for _, o := range ops {
-			if err := j.apply(tx, targets, o, &b); err != nil {
-				j.m.writeErrors.Inc()
-				j.log.Error("state store operation failed: it is skipped, the rest of its batch commits", "op", o.String(), "err", err)
-				if o.kind == opEvent && tx != nil {
-					// Forget the object's state, so that the next start derives it again from the cache.
-					if bk := tx.Bucket(objectsBucket).Bucket(resourceBucket(o.event.Resource)); bk != nil {
-						_ = bk.Delete([]byte(object.KeyOf(o.event.Object)))
-					}
-				}
+	var tx *txn
+	if j.store != nil {
+		tx = j.store.begin()
+	}
+	targets := j.targets()
+	j.see(tx, targets, &b)
+	for _, o := range ops {
+		if err := j.apply(tx, targets, o, &b); err != nil {
+			j.m.writeErrors.Inc()
+			j.log.Error("state store operation failed: it is skipped, the rest of its batch commits", "op", o.String(), "err", err)
+			if o.kind == opEvent && tx != nil {
+				// Forget the object's state, so that the next start derives it again from the cache.
+				tx.del(object.ResourceName(o.event.Resource), object.KeyOf(o.event.Object))
 			}
 		}
-		return nil
 	}
-	if j.store == nil {
-		_ = apply(nil)
-	} else if err := j.store.db.Update(apply); err != nil {
-		j.seq, j.sinks, j.first = seq, sinks, first
-		j.m.commitErrors.Inc()
-		msg := fmt.Sprintf("state store %s: commit failed: %v", j.store.Path, err)
-		if j.failure.Swap(&msg) == nil {
-			j.log.Error("state store commit failed: nothing more is delivered until a commit succeeds", "path", j.store.Path, "err", err)
+	if tx != nil {
+		p, err := tx.commit()
+		if err != nil {
+			j.seq, j.sinks, j.first = seq, sinks, first
+			j.m.commitErrors.Inc()
+			msg := fmt.Sprintf("state store %s: commit failed: %v", j.store.Path, err)
+			if j.failure.Swap(&msg) == nil {
+				j.log.Error("state store commit failed: nothing more is delivered until a commit succeeds", "path", j.store.Path, "err", err)
+			}
+			j.mu.Lock()
+			j.pending = append(ops, j.pending...)
+			j.mu.Unlock()
+			return err
 		}
-		j.mu.Lock()
-		j.pending = append(ops, j.pending...)
-		j.mu.Unlock()
-		return err
-	} else {
+		for i := range b.added {
+			b.added[i].x.at = at(p, b.added[i].off)
+		}
 		j.m.commits.Inc()
 		if j.failure.Swap(nil) != nil {
 			j.log.Info("state store commits again", "path", j.store.Path)
@@ -552,6 +623,7 @@ func (j *Journal) flushBatch() error {
 	for _, reply := range b.replies {
 		reply()
 	}
+	j.maybeCompact()
 	return nil
 }
 
@@ -571,7 +643,7 @@ func (o op) String() string {
 }
 
 // apply applies one operation within tx (nil without a store).
-func (j *Journal) apply(tx *bolt.Tx, targets []Target, o op, b *batch) error {
+func (j *Journal) apply(tx *txn, targets []Target, o op, b *batch) error {
 	if tx == nil && (o.kind == opAck || o.kind == opDeadline || o.kind == opDropSink || o.kind == opTrim) {
 		return nil // without a store there is no outbox
 	}
@@ -587,28 +659,25 @@ func (j *Journal) apply(tx *bolt.Tx, targets []Target, o op, b *batch) error {
 		err = j.listSynced(tx, targets, o.gvr, o.run, o.revision, b)
 		b.progress = append(b.progress, step{gvr: o.gvr, run: o.run, synced: true})
 	case opAck:
-		err = j.applyAck(tx, o.sink, o.seq, b)
+		if tx.ack(o.sink, o.seq) {
+			b.removed = append(b.removed, removed{o.sink, o.seq})
+		}
 	case opTrim:
-		err = j.trim(tx, o.cp, b)
+		j.trim(tx, o.cp, b)
 	case opDeadline:
-		if bk := tx.Bucket(outboxBucket).Bucket([]byte(o.sink)); bk != nil {
-			if v := bk.Get(sequenceKey(o.seq)); v != nil {
-				err = bk.Put(sequenceKey(o.seq), setEntryDeadline(v, o.deadline))
-			}
+		if tx.deadline(o.sink, o.seq, o.deadline) {
+			b.deadlines = append(b.deadlines, deadline{o.sink, o.seq, unixNano(o.deadline)})
 		}
 	case opDropSink:
 		// Only empty: a webhook added again under the name may already have entries.
-		if bk := tx.Bucket(outboxBucket).Bucket([]byte(o.sink)); bk != nil {
-			if k, _ := bk.Cursor().First(); k == nil {
-				err = tx.Bucket(outboxBucket).DeleteBucket([]byte(o.sink))
-			}
+		if tx.drop(o.sink, slices.ContainsFunc(b.added, func(a added) bool { return a.sink == o.sink })) {
+			b.dropped = append(b.dropped, o.sink)
 		}
 	case opRemoveSink:
 		b.retired = append(b.retired, o.target)
-		err = j.forget(tx, o.target, b)
+		j.forget(tx, o.target, b)
 	case opReplay:
-		var n int
-		n, err = j.applyReplay(tx, o, b)
+		n := j.applyReplay(tx, o, b)
 		b.replies = append(b.replies, func() { o.replayed <- n })
 	case opReplayStatus:
 		st := j.status(o.target)
@@ -620,64 +689,61 @@ func (j *Journal) apply(tx *bolt.Tx, targets []Target, o op, b *batch) error {
 // applyEvent compares an informer's event with the stored state of its object, stores the
 // new state, and fans out what changed. pre, when not nil, is what the preselector computed
 // for e as recorded: its verdicts hold unless the comparison changes the event.
-func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, pre *preselected, bt *batch) error {
+func (j *Journal) applyEvent(tx *txn, targets []Target, e dynamicinformer.Event, pre *preselected, bt *batch) error {
 	if pre == nil {
 		pre = &preselected{}
 	}
 	if tx == nil {
-		return j.fanOut(nil, targets, e, nil, pre.verdicts, bt)
+		j.fanOut(nil, targets, e, nil, pre.verdicts, bt)
+		return nil
 	}
-	b, err := tx.Bucket(objectsBucket).CreateBucketIfNotExists(resourceBucket(e.Resource))
-	if err != nil {
-		return err
-	}
-	key := []byte(object.KeyOf(e.Object)) // as in the cache
+	res, key := object.ResourceName(e.Resource), object.KeyOf(e.Object) // as in the cache
 	var prev *stored
-	if v := b.Get(key); v != nil {
-		if s, err := decodeStored(v); err == nil {
-			prev = &s
-		} else {
-			j.corruptObject(e.Resource, key, err)
-		}
+	if st, ok := tx.get(res, key); ok {
+		prev = &st
 	}
 	l := j.lists[e.Resource]
 	if e.Type == dynamicinformer.Deleted {
 		if l != nil {
 			l.count.deleted++
 		}
-		if err := b.Delete(key); err != nil {
-			return err
-		}
-		return j.fanOut(tx, targets, e, nil, pre.verdicts, bt)
+		tx.del(res, key)
+		j.fanOut(tx, targets, e, nil, pre.verdicts, bt)
+		return nil
 	}
 	if l != nil {
-		l.seen[string(key)] = struct{}{}
+		l.seen[key] = struct{}{}
 	}
-	if prev != nil && sameObject(*prev, e.Object) {
+	if prev != nil && prev.uid == string(e.Object.GetUID()) && prev.rv == e.Object.GetResourceVersion() {
 		j.m.suppressed.Inc()
 		if l != nil {
 			l.count.unchanged++
 		}
+		j.store.keep(res, key, e.Object)
 		return nil
 	}
 	var old *dynamicinformer.Object // the object as the sinks last saw it
 	rederived := false
 	if prev != nil && (prev.uid != string(e.Object.GetUID()) || e.OldObject == nil || e.OldObject.GetResourceVersion() != prev.rv) {
 		var err error
-		if old, err = prev.object(); err != nil {
+		if old, err = j.store.object(*prev); err != nil {
 			// What the sinks saw is unknown: deliver the object as new, derived from the cache.
 			j.corruptObject(e.Resource, key, err)
 			prev, rederived = nil, true
 		}
 	}
-	var oldJSON []byte // the old object as stored: the same encoding a payload would make
+	var oldJSON []byte // the old object as the sinks saw it: the same encoding a payload would make
 	if prev != nil && prev.uid == string(e.Object.GetUID()) {
-		oldJSON = append([]byte(nil), prev.json...)
+		if old != nil {
+			oldJSON = old.JSON()
+		} else if prev.obj != nil {
+			oldJSON = prev.obj.JSON()
+		} else {
+			oldJSON = e.OldObject.JSON() // the same state: its resourceVersion is the stored one
+		}
 	}
 	verdicts := pre.verdicts // hold while the event stays as recorded
-	if err := b.Put(key, storedObject(e.Object)); err != nil {
-		return err
-	}
+	tx.put(res, key, e.Object)
 	switch {
 	case prev == nil:
 		if l != nil {
@@ -689,9 +755,7 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 	case prev.uid != string(e.Object.GetUID()):
 		// Deleted and created again under the same name while nobody was looking.
 		gone := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision, Since: object.After(object.Revision(prev.rv))}
-		if err := j.fanOut(tx, targets, gone, nil, nil, bt); err != nil {
-			return err
-		}
+		j.fanOut(tx, targets, gone, nil, nil, bt)
 		e.Type, e.OldObject, verdicts = dynamicinformer.Added, nil, nil
 	default:
 		if old != nil {
@@ -702,13 +766,14 @@ func (j *Journal) applyEvent(tx *bolt.Tx, targets []Target, e dynamicinformer.Ev
 			l.count.modified++
 		}
 	}
-	return j.fanOut(tx, targets, e, oldJSON, verdicts, bt)
+	j.fanOut(tx, targets, e, oldJSON, verdicts, bt)
+	return nil
 }
 
 // corruptObject counts and logs a stored object that does not decode.
-func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err error) {
+func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key string, err error) {
 	j.m.corrupt.Inc()
-	j.log.Error("corrupt stored object: its state is derived again from the cache", "resource", object.ResourceName(gvr), "key", string(key), "err", err)
+	j.log.Error("corrupt stored object: its state is derived again from the cache", "resource", object.ResourceName(gvr), "key", key, "err", err)
 }
 
 // fanOut makes an entry of e for every target whose filters select it, and with a store
@@ -716,7 +781,7 @@ func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key []byte, err
 // oldJSON, when not nil, is the old object as the sinks last saw it (the stored state) to send
 // in place of e.OldObject's; verdicts are the targets' on e, computed before, or nil (a target
 // missing from them, added since, is asked now).
-func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) error {
+func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) {
 	var body []byte
 	now := j.now()
 	for _, t := range targets {
@@ -741,91 +806,51 @@ func (j *Journal) fanOut(tx *bolt.Tx, targets []Target, e dynamicinformer.Event,
 		if tx != nil {
 			j.seq++
 			d.Seq = j.seq
-			b, err := tx.Bucket(outboxBucket).CreateBucketIfNotExists([]byte(t.Name()))
-			if err != nil {
-				return err
-			}
-			if err := b.Put(sequenceKey(d.Seq), encodeEntry(d)); err != nil {
-				return err
-			}
-			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since}})
+			enc := encodeEntry(d)
+			off := tx.entry(t.Name(), d.Seq, enc)
+			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since, n: len(enc)}, off})
 		}
 		bt.out = append(bt.out, queued{t, d})
 	}
-	return nil
-}
-
-func (j *Journal) applyAck(tx *bolt.Tx, sink string, seq uint64, bt *batch) error {
-	b := tx.Bucket(outboxBucket).Bucket([]byte(sink))
-	if b == nil || b.Get(sequenceKey(seq)) == nil {
-		return nil
-	}
-	bt.removed = append(bt.removed, removed{sink, seq})
-	return b.Delete(sequenceKey(seq))
 }
 
 // listStarted begins comparing a resource's initial list with what is stored.
-func (j *Journal) listStarted(tx *bolt.Tx, gvr schema.GroupVersionResource, run uint64) {
+func (j *Journal) listStarted(tx *txn, gvr schema.GroupVersionResource, run uint64) {
 	if tx == nil {
 		return
 	}
-	b := tx.Bucket(objectsBucket).Bucket(resourceBucket(gvr))
-	fresh := b == nil
-	if !fresh {
-		k, _ := b.Cursor().First()
-		fresh = k == nil
-	}
-	j.lists[gvr] = &listing{run: run, fresh: fresh, seen: map[string]struct{}{}}
+	j.lists[gvr] = &listing{run: run, fresh: !tx.holds(object.ResourceName(gvr)), seen: map[string]struct{}{}}
 }
 
 // listSynced ends the comparison: every stored object the initial list did not have was deleted
 // while nobody was looking, by the list's revision, and is delivered as DELETED with its
 // stored state.
-func (j *Journal) listSynced(tx *bolt.Tx, targets []Target, gvr schema.GroupVersionResource, run, revision uint64, bt *batch) error {
+func (j *Journal) listSynced(tx *txn, targets []Target, gvr schema.GroupVersionResource, run, revision uint64, bt *batch) error {
 	l := j.lists[gvr]
 	if tx == nil || l == nil || l.run != run {
 		return nil
 	}
 	bt.finished = append(bt.finished, gvr)
-	b := tx.Bucket(objectsBucket).Bucket(resourceBucket(gvr))
-	var gone, corrupt [][]byte
-	var objects []*dynamicinformer.Object
-	if b != nil {
-		_ = b.ForEach(func(k, v []byte) error {
-			if _, ok := l.seen[string(k)]; ok {
-				return nil
-			}
-			key := append([]byte(nil), k...)
-			s, err := decodeStored(v)
-			var obj *dynamicinformer.Object
-			if err == nil {
-				obj, err = s.object()
-			}
-			if err != nil {
-				// Gone, and what it was is unreadable: nothing to deliver but the count.
-				j.corruptObject(gvr, key, err)
-				corrupt = append(corrupt, key)
-				return nil
-			}
+	res := object.ResourceName(gvr)
+	var gone []string
+	tx.each(res, func(key string, _ stored) {
+		if _, ok := l.seen[key]; !ok {
 			gone = append(gone, key)
-			objects = append(objects, obj)
-			return nil
-		})
-	}
-	for _, k := range corrupt {
-		if err := b.Delete(k); err != nil {
-			return err
 		}
-	}
+	})
+	slices.SortFunc(gone, object.CompareKeys)
 	now := j.now()
-	for i, k := range gone {
-		if err := b.Delete(k); err != nil {
-			return err
+	for _, key := range gone {
+		st, _ := tx.get(res, key)
+		tx.del(res, key)
+		obj, err := j.store.object(st)
+		if err != nil {
+			// Gone, and what it was is unreadable: nothing to deliver but the count.
+			j.corruptObject(gvr, key, err)
+			continue
 		}
-		e := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: objects[i], Observed: now, Revision: revision, Since: object.After(object.Revision(objects[i].GetResourceVersion()))}
-		if err := j.fanOut(tx, targets, e, nil, nil, bt); err != nil {
-			return err
-		}
+		e := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: obj, Observed: now, Revision: revision, Since: object.After(object.Revision(obj.GetResourceVersion()))}
+		j.fanOut(tx, targets, e, nil, nil, bt)
 	}
 	if l.fresh && len(l.seen) > 0 {
 		j.m.fullReplays.Inc()

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -75,13 +74,11 @@ func (j *Journal) delivers(t Target, e dynamicinformer.Event) bool {
 // asks for its initial state, unless it is one of the first batch's targets on a store with
 // no earlier sink records (or without a store): the initial lists hand those every object.
 // The first batch also forgets the records of sinks no longer configured.
-func (j *Journal) see(tx *bolt.Tx, targets []Target, b *batch) error {
+func (j *Journal) see(tx *txn, targets []Target, b *batch) {
 	first := j.first
 	j.first = false
 	if first && tx != nil {
-		if err := forgetRecords(tx, targets); err != nil {
-			return err
-		}
+		forgetRecords(tx, targets)
 	}
 	for _, t := range targets {
 		prev := j.sinks[t.Name()]
@@ -102,31 +99,27 @@ func (j *Journal) see(tx *bolt.Tx, targets []Target, b *batch) error {
 			r.pending = j.watched(tx)
 		}
 		j.sinks[t.Name()] = r
-		if err := writeRecord(tx, r); err != nil {
-			return err
-		}
+		writeRecord(tx, r)
 		b.sinks = true
 		if len(r.pending) > 0 {
 			j.log.Info("initialState: replaying the current objects to a new sink", "sink", t.Name(), "resources", len(r.pending), "after", r.after)
 		}
 	}
-	return nil
 }
 
 // watched lists, in the order of their names, the resources whose informers have started and,
 // with a store, those it holds objects of: at start, before any informer has, the resources
 // watched before the restart.
-func (j *Journal) watched(tx *bolt.Tx) []schema.GroupVersionResource {
+func (j *Journal) watched(tx *txn) []schema.GroupVersionResource {
 	j.idx.Lock()
 	set := maps.Clone(j.progress)
 	j.idx.Unlock()
 	if tx != nil {
-		_ = tx.Bucket(objectsBucket).ForEachBucket(func(name []byte) error {
-			if gvr, err := object.ParseResourceName(string(name)); err == nil {
+		for _, name := range tx.resources() {
+			if gvr, err := object.ParseResourceName(name); err == nil {
 				set[gvr] = nil
 			}
-			return nil
-		})
+		}
 	}
 	return slices.SortedFunc(maps.Keys(set), func(a, b schema.GroupVersionResource) int {
 		return strings.Compare(object.ResourceName(a), object.ResourceName(b))
@@ -135,33 +128,24 @@ func (j *Journal) watched(tx *bolt.Tx) []schema.GroupVersionResource {
 
 // forget drops the replay state of a removed target, so that a sink configured again under its
 // name is new.
-func (j *Journal) forget(tx *bolt.Tx, t Target, b *batch) error {
+func (j *Journal) forget(tx *txn, t Target, b *batch) {
 	if r := j.sinks[t.Name()]; r == nil || r.target != t {
-		return nil
+		return
 	}
 	delete(j.sinks, t.Name())
 	b.sinks = true
-	if tx == nil {
-		return nil
+	if tx != nil {
+		tx.setRecord(t.Name(), nil)
 	}
-	return tx.Bucket(sinksBucket).Delete([]byte(t.Name()))
 }
 
 // forgetRecords removes the records of sinks that are not among targets.
-func forgetRecords(tx *bolt.Tx, targets []Target) error {
-	var gone [][]byte
-	_ = tx.Bucket(sinksBucket).ForEach(func(k, _ []byte) error {
-		if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name() == string(k) }) {
-			gone = append(gone, append([]byte(nil), k...))
-		}
-		return nil
-	})
-	for _, k := range gone {
-		if err := tx.Bucket(sinksBucket).Delete(k); err != nil {
-			return err
+func forgetRecords(tx *txn, targets []Target) {
+	for _, sink := range tx.sinkRecords() {
+		if !slices.ContainsFunc(targets, func(t Target) bool { return t.Name() == sink }) {
+			tx.setRecord(sink, nil)
 		}
 	}
-	return nil
 }
 
 // storedReplay is a record decoded.
@@ -170,12 +154,12 @@ type storedReplay struct {
 	after   string
 }
 
-func readRecord(tx *bolt.Tx, sink string) (storedReplay, bool, error) {
+func readRecord(tx *txn, sink string) (storedReplay, bool, error) {
 	if tx == nil {
 		return storedReplay{}, false, nil
 	}
-	v := tx.Bucket(sinksBucket).Get([]byte(sink))
-	if v == nil {
+	v, ok := tx.record(sink)
+	if !ok {
 		return storedReplay{}, false, nil
 	}
 	var rec replayRecord
@@ -193,19 +177,16 @@ func readRecord(tx *bolt.Tx, sink string) (storedReplay, bool, error) {
 	return s, true, nil
 }
 
-func writeRecord(tx *bolt.Tx, r *sinkReplay) error {
+func writeRecord(tx *txn, r *sinkReplay) {
 	if tx == nil {
-		return nil
+		return
 	}
 	rec := replayRecord{After: r.after}
 	for _, gvr := range r.pending {
 		rec.Pending = append(rec.Pending, object.ResourceName(gvr))
 	}
-	v, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	return tx.Bucket(sinksBucket).Put([]byte(r.target.Name()), v)
+	v, _ := json.Marshal(rec) // strings only: it cannot fail
+	tx.setRecord(r.target.Name(), v)
 }
 
 // cloneSinks copies the replay states, to put back if a transaction fails.
@@ -295,10 +276,10 @@ func (j *Journal) status(t Target) ReplayStatus {
 
 // applyReplay records a page of t's replay (see ReplayPage). Objects at or before the cursor
 // were replayed already, before a restart. It returns how many entries it recorded.
-func (j *Journal) applyReplay(tx *bolt.Tx, o op, b *batch) (int, error) {
+func (j *Journal) applyReplay(tx *txn, o op, b *batch) int {
 	r := j.sinks[o.target.Name()]
 	if r == nil || r.target != o.target || len(r.pending) == 0 || r.pending[0] != o.gvr {
-		return 0, nil
+		return 0
 	}
 	queued := len(b.out)
 	now := j.now()
@@ -309,9 +290,7 @@ func (j *Journal) applyReplay(tx *bolt.Tx, o op, b *batch) (int, error) {
 		}
 		r.after = key // at the cursor: fanOut records it
 		e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: o.gvr, Object: u, Observed: now, Revision: object.Revision(u.GetResourceVersion())}
-		if err := j.fanOut(tx, []Target{o.target}, e, nil, nil, b); err != nil {
-			return 0, err
-		}
+		j.fanOut(tx, []Target{o.target}, e, nil, nil, b)
 	}
 	if o.complete {
 		r.pending, r.after = r.pending[1:], ""
@@ -320,5 +299,6 @@ func (j *Journal) applyReplay(tx *bolt.Tx, o op, b *batch) (int, error) {
 		}
 	}
 	b.sinks = true
-	return len(b.out) - queued, writeRecord(tx, r)
+	writeRecord(tx, r)
+	return len(b.out) - queued
 }

@@ -1,633 +1,464 @@
 package journal
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
-	"strings"
+	"slices"
+	"sync/atomic"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
-	utiljson "k8s.io/apimachinery/pkg/util/json"
-
 	"github.com/dynwatch/dynwatch/dynamicinformer"
-	"github.com/dynwatch/dynwatch/object"
+	"github.com/dynwatch/dynwatch/journal/wal"
 )
 
-// The store's layout: objects/<resource name>/<key> → stored object, outbox/<sink>/<sequence>
-// → outbox entry, sinks/<sink> → where its initialState replay stands (see replayRecord), and
-// meta/format → the store's format. Resource names, keys and ordering keys are package
-// object's. Sequences are big-endian, so a cursor walks an outbox oldest first.
-var (
-	objectsBucket = []byte("objects")
-	outboxBucket  = []byte("outbox")
-	sinksBucket   = []byte("sinks")
-	metaBucket    = []byte("meta")
-	formatKey     = []byte("format")
-)
-
-// format is the store's format. 2 added the entries' revision; 3 names resources as
-// object.ResourceName does, where 2 wrote schema.GroupVersionResource's String; 4 added the
-// entries' filter error; 5 the sinks bucket; 6 the entries' since (see Entry.Since). A store
-// of an earlier format (1 has no meta bucket) is converted when it is opened, in one
-// transaction.
-const format = "6"
-
-// store is the journal's file, a bbolt database: per resource the last state of every object
-// handed to the sinks, and per sink the outbox of events neither delivered nor dead-lettered
-// (nor acknowledged by a checkpoint). Only the Journal writes it, one transaction per batch.
+// store is the journal's state on disk, a log (package wal) in the directory state.path, and
+// what of it the journal keeps in memory: per resource the last state of every object handed
+// to the sinks (its uid and resourceVersion, and the object itself or where its JSON lies),
+// the sinks' replay records, and the outboxes' index (which the Journal takes at New). Only
+// the journal's goroutine changes it, a commit (one appended frame) at a time.
 type store struct {
-	db *bolt.DB
-	// Path is the file.
+	log *wal.Log
+	// Path is the log's directory.
 	Path string
-	// Fresh is true when there is no earlier state to compare with: the file did not exist,
-	// or it was damaged and set aside.
+	// Fresh is true when there is no earlier state to compare with: nothing was read back.
 	Fresh bool
-	// Damaged, when set, is where a damaged file was moved, and DamageErr what was wrong.
+	// Damaged, when set, is where damaged records were moved, and DamageErr what was wrong.
 	Damaged   string
 	DamageErr error
-	// NoSinkRecords is true when the store was of a format before 5, which kept no record of
-	// the sinks it had seen.
+	// NoSinkRecords is true when the store was converted from a bbolt store of a format before
+	// 5, which kept no record of the sinks it had seen.
 	NoSinkRecords bool
+	// TornTail is how many bytes of a commit cut short by a crash were dropped at open.
+	TornTail int64
+	// Converted, when set, is where the bbolt store this one was converted from was set aside.
+	Converted string
+
+	objects map[string]map[string]stored // resource name → cache key → state
+	records map[string][]byte            // sink → replayRecord's JSON
+	outbox  map[string]map[uint64]indexed
+	seq     uint64 // the highest outbox sequence used
+	size    atomic.Int64
+	written atomic.Int64 // bytes appended
+	// corruptAtOpen counts the commits read back at open whose records did not all decode.
+	corruptAtOpen int
+}
+
+// stored is an object's state as the store holds it: its uid and resourceVersion, and the
+// object (the cache's, as the sinks were last handed it) or, for a state read back at open,
+// where its JSON lies in the log.
+type stored struct {
+	uid, rv string
+	obj     *dynamicinformer.Object
+	at      wal.Pos
+	n       int
 }
 
 // errLocked is another process holding the store.
 var errLocked = errors.New("another process has the store open")
 
-// openStore opens or creates the store at path, and its directory. It fails at once if another
-// process holds it. A file that bbolt cannot open, or whose pages cannot all be read, is set
-// aside (renamed path.damaged-<time>) and replaced by an empty store: dynwatch then replays
-// every object, with the same event ids, rather than crash-looping on its own file.
+// openStore opens or creates the store at path. It fails at once if another process holds
+// it. A bbolt store written by an earlier release is converted first (see convertLegacy). A
+// torn tail is dropped; damage is set aside (see package wal), and what came before it read
+// back: what followed is derived again at the next lists, with the same event ids.
 func openStore(path string) (*store, error) {
+	if err := finishConversion(path); err != nil {
+		return nil, fmt.Errorf("state.path %s: %w", path, err)
+	}
+	s := &store{Path: path, objects: map[string]map[string]stored{}, records: map[string][]byte{}, outbox: map[string]map[uint64]indexed{}, Fresh: true}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+		c, err := convertLegacy(path)
+		if err != nil {
+			return nil, fmt.Errorf("state.path %s: %w", path, err)
+		}
+		s.NoSinkRecords, s.Converted, s.Damaged, s.DamageErr = c.noSinkRecords, c.setAside, c.damaged, c.damageErr
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	_, err := os.Stat(path)
-	s := &store{Path: path, Fresh: errors.Is(err, os.ErrNotExist)}
-	s.db, err = openChecked(path)
-	if err != nil && !s.Fresh && !errors.Is(err, errLocked) {
-		s.Damaged, s.DamageErr = fmt.Sprintf("%s.damaged-%s", path, time.Now().UTC().Format("20060102T150405.000Z")), err
-		if rerr := os.Rename(path, s.Damaged); rerr != nil {
-			return nil, fmt.Errorf("state.path %s is damaged and cannot be set aside: %w", path, errors.Join(err, rerr))
+	var format string
+	l, rec, err := wal.Open(path, func(p wal.Pos, payload []byte) error {
+		s.Fresh = false
+		if f := s.load(p, payload); f != "" {
+			format = f
 		}
-		s.Fresh = true
-		s.db, err = openChecked(path)
+		return nil
+	})
+	if errors.Is(err, wal.ErrLocked) {
+		err = errLocked
+	}
+	if err == nil && format != "" && format != logFormat {
+		err = errors.Join(fmt.Errorf("the store's format %q is not one this dynwatch reads (%s or earlier): it was written by a later release", format, logFormat), l.Close())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	if err := s.db.Update(func(tx *bolt.Tx) error {
-		was, err := upgrade(tx)
-		s.NoSinkRecords = was != format
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("state.path %s: %w", path, errors.Join(err, s.db.Close()))
+	s.log, s.TornTail = l, rec.TornTail
+	if rec.Damaged != "" {
+		s.Damaged, s.DamageErr = rec.Damaged, rec.DamageErr
 	}
+	if s.Fresh {
+		if _, err := l.Append(append([]byte{recFormat}, appendString(nil, logFormat)...)); err != nil {
+			return nil, fmt.Errorf("state.path %s: %w", path, errors.Join(err, l.Close()))
+		}
+	}
+	s.noteSize()
 	return s, nil
 }
 
-// openChecked checks the bbolt file at path, if there is one, and opens it for writing.
-func openChecked(path string) (*bolt.DB, error) {
-	if err := check(path); err != nil {
+// load applies a payload read back at open, and returns the format it names, if it names one.
+// Records that do not decode end the payload's reading, and are counted as corrupt.
+func (s *store) load(p wal.Pos, payload []byte) string {
+	r := &recordReader{buf: payload}
+	var format string
+	for r.more() {
+		switch k := r.kind(); k {
+		case recFormat:
+			format = r.string()
+		case recObject:
+			res, key, uid, rv := r.string(), r.string(), r.string(), r.string()
+			b, off := r.bytes()
+			if r.err == nil {
+				s.objectsOf(res)[key] = stored{uid: uid, rv: rv, at: at(p, off), n: len(b)}
+			}
+		case recDelete:
+			res, key := r.string(), r.string()
+			delete(s.objects[res], key)
+		case recEntry:
+			sink, seq := r.string(), r.uvarint()
+			b, off := r.bytes()
+			if r.err == nil {
+				x := indexEntry(b)
+				x.at, x.n = at(p, off), len(b)
+				s.outboxOf(sink)[seq] = x
+				s.seq = max(s.seq, seq)
+			}
+		case recAck:
+			sink, seq := r.string(), r.uvarint()
+			delete(s.outbox[sink], seq)
+		case recDeadline:
+			sink, seq, deadline := r.string(), r.uvarint(), r.uvarint()
+			if x, ok := s.outbox[sink][seq]; ok && r.err == nil {
+				x.deadline = int64(deadline)
+				s.outbox[sink][seq] = x
+			}
+		case recDropSink:
+			delete(s.outbox, r.string())
+		case recSinkRecord:
+			sink := r.string()
+			if v, _ := r.bytes(); len(v) > 0 {
+				s.records[sink] = slices.Clone(v)
+			} else {
+				delete(s.records, sink)
+			}
+		case recSeq:
+			s.seq = max(s.seq, r.uvarint())
+		default:
+			r.err = fmt.Errorf("a record of kind %d: not one this dynwatch writes", k)
+		}
+	}
+	if r.err != nil {
+		// Its checksum held, so it was written so: what it holds is derived again at the lists.
+		s.corruptAtOpen++
+	}
+	return format
+}
+
+func (s *store) objectsOf(res string) map[string]stored {
+	m := s.objects[res]
+	if m == nil {
+		m = map[string]stored{}
+		s.objects[res] = m
+	}
+	return m
+}
+
+func (s *store) outboxOf(sink string) map[uint64]indexed {
+	m := s.outbox[sink]
+	if m == nil {
+		m = map[uint64]indexed{}
+		s.outbox[sink] = m
+	}
+	return m
+}
+
+// object is a stored object: the one kept, or one decoded from its JSON in the log.
+func (s *store) object(st stored) (*dynamicinformer.Object, error) {
+	if st.obj != nil {
+		return st.obj, nil
+	}
+	b, err := s.json(st)
+	if err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return nil, errLocked
-	}
-	return db, err
-}
-
-// check opens the file read-only and reads every page reachable from its root. On a damaged
-// file bbolt panics or faults on its memory map; here, in this goroutine, both become an error,
-// where the read-write open (which walks the pages from a goroutine of its own to rebuild the
-// free list) would crash the process.
-func check(path string) (err error) {
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("damaged: %v", r)
-		}
-	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return errLocked
-	}
-	if err != nil {
-		return err
-	}
-	defer func() { _ = db.Close() }() // read-only: nothing to lose
-	if err := db.View(func(tx *bolt.Tx) error { return walk(tx.Cursor(), 0) }); err != nil {
-		return fmt.Errorf("damaged: %w", err)
-	}
-	return nil
-}
-
-// walk visits every key of a bucket and of its nested buckets.
-func walk(c *bolt.Cursor, depth int) error {
-	if depth > 3 {
-		return errors.New("buckets nested deeper than the store's layout")
-	}
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if v == nil {
-			if b := c.Bucket().Bucket(k); b != nil {
-				if err := walk(b.Cursor(), depth+1); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// release drops the file's pages from the process's resident memory. bbolt reads the file
-// through a memory map, and every page a read or a write touched stays mapped, so the whole
-// file came to count as resident (193 MB for 20,000 configmaps after their initial deliveries)
-// although the kernel may reclaim it at any time. The View holds bbolt's map lock, so the
-// mapping cannot move while its pages are dropped.
-func (s *store) release() error {
-	return s.db.View(func(tx *bolt.Tx) error { return dropMapped(s.db.Info().Data, tx.Size()) })
-}
-
-// Close closes the file.
-func (s *store) close() error { return s.db.Close() }
-
-// Size is the size of the store's data in bytes.
-func (s *store) size() int64 {
-	var n int64
-	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
-	return n
-}
-
-// upgrade creates the store's buckets and converts a store of an earlier format to this one.
-// It returns the format the store was in.
-func upgrade(tx *bolt.Tx) (string, error) {
-	was := format // a new store
-	if meta := tx.Bucket(metaBucket); meta != nil {
-		was = string(meta.Get(formatKey))
-	} else if tx.Bucket(outboxBucket) != nil {
-		was = "1"
-	}
-	found := was
-	for _, b := range [][]byte{objectsBucket, outboxBucket, sinksBucket, metaBucket} {
-		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-			return found, err
-		}
-	}
-	steps := []struct {
-		from, to string
-		convert  func(*bolt.Tx) error
-	}{{"1", "2", addRevisions}, {"2", "3", renameResources}, {"3", "4", addFilterErrors}, {"4", "5", nil}, {"5", "6", addSince}}
-	for _, st := range steps {
-		if was == st.from {
-			if st.convert != nil {
-				if err := st.convert(tx); err != nil {
-					return found, fmt.Errorf("convert the store from format %s to %s: %w", st.from, st.to, err)
-				}
-			}
-			was = st.to
-		}
-	}
-	if was != format {
-		return found, fmt.Errorf("the store's format %q is not one this dynwatch reads (%s or earlier): it was written by a later release", was, format)
-	}
-	return found, tx.Bucket(metaBucket).Put(formatKey, []byte(format))
-}
-
-// addRevisions converts format 1 outbox entries, which had no revision, taking it from the
-// event id (uid.resourceVersion.type).
-func addRevisions(tx *bolt.Tx) error {
-	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
-		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(name), func(v []byte) []byte {
-			if len(v) < 3*8 {
-				return nil // corrupt: removed when it is read
-			}
-			id, _, err := readString(v[3*8:])
-			if err != nil {
-				return nil
-			}
-			rev := uint64(0)
-			if parts := strings.Split(id, "."); len(parts) == 3 {
-				rev = object.Revision(parts[1])
-			}
-			nv := make([]byte, 0, len(v)+8)
-			nv = append(nv, v[:3*8]...)
-			nv = binary.BigEndian.AppendUint64(nv, rev)
-			return append(nv, v[3*8:]...)
-		})
-	})
-}
-
-// addFilterErrors converts format 3 outbox entries, which had no filter error, giving each an
-// empty one.
-func addFilterErrors(tx *bolt.Tx) error {
-	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
-		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(name), func(v []byte) []byte {
-			if len(v) < formatFourHeader {
-				return nil // corrupt: removed when it is read
-			}
-			_, rest, err := readString(v[formatFourHeader:])
-			if err == nil {
-				_, rest, err = readString(rest)
-			}
-			if err != nil {
-				return nil
-			}
-			at := len(v) - len(rest) // after the id and the key
-			nv := make([]byte, 0, len(v)+1)
-			nv = append(nv, v[:at]...)
-			nv = appendString(nv, "")
-			return append(nv, rest...)
-		})
-	})
-}
-
-// addSince converts format 5 outbox entries, which had no since, giving each 0: its revision
-// is exact.
-func addSince(tx *bolt.Tx) error {
-	return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
-		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(name), func(v []byte) []byte {
-			if len(v) < formatFourHeader {
-				return nil // corrupt: removed when it is read
-			}
-			nv := make([]byte, 0, len(v)+8)
-			nv = append(nv, v[:formatFourHeader]...)
-			nv = binary.BigEndian.AppendUint64(nv, 0)
-			return append(nv, v[formatFourHeader:]...)
-		})
-	})
-}
-
-// renameResources converts format 2's resource names (schema.GroupVersionResource's String,
-// "apps/v1, Resource=deployments") to object.ResourceName's, in the objects buckets' names and
-// in the outbox entries' ordering keys.
-func renameResources(tx *bolt.Tx) error {
-	objects := tx.Bucket(objectsBucket)
-	var names [][]byte
-	if err := objects.ForEachBucket(func(k []byte) error { names = append(names, append([]byte(nil), k...)); return nil }); err != nil {
-		return err
-	}
-	for _, old := range names {
-		gvr, ok := formatTwoResource(string(old))
-		if !ok {
-			continue // not format 2's: left as it is
-		}
-		if err := moveBucket(objects, old, resourceBucket(gvr)); err != nil {
-			return fmt.Errorf("objects of %s: %w", old, err)
-		}
-	}
-	return tx.Bucket(outboxBucket).ForEachBucket(func(sink []byte) error {
-		return rewriteEntries(tx.Bucket(outboxBucket).Bucket(sink), func(v []byte) []byte {
-			if len(v) < formatFourHeader {
-				return nil // corrupt: counted and removed when it is read
-			}
-			id, rest, err := readString(v[formatFourHeader:])
-			if err != nil {
-				return nil
-			}
-			key, body, err := readString(rest)
-			if err != nil {
-				return nil
-			}
-			res, objKey, _ := strings.Cut(key, "|")
-			gvr, ok := formatTwoResource(res)
-			if !ok {
-				return nil
-			}
-			ns, name := object.SplitKey(objKey)
-			nv := appendString(append([]byte(nil), v[:formatFourHeader]...), id)
-			nv = appendString(nv, object.OrderingKey(gvr, ns, name))
-			return append(nv, body...)
-		})
-	})
-}
-
-// formatTwoResource parses schema.GroupVersionResource's String, as format 2 named resources.
-func formatTwoResource(s string) (schema.GroupVersionResource, bool) {
-	gv, res, ok := strings.Cut(s, ", Resource=")
-	if !ok || res == "" {
-		return schema.GroupVersionResource{}, false
-	}
-	v, err := schema.ParseGroupVersion(gv)
-	if err != nil || v.Version == "" {
-		return schema.GroupVersionResource{}, false
-	}
-	return v.WithResource(res), true
-}
-
-// moveBucket moves the keys and values of parent's bucket from into a bucket to, created if
-// need be, and deletes from.
-func moveBucket(parent *bolt.Bucket, from, to []byte) error {
-	src := parent.Bucket(from)
-	dst, err := parent.CreateBucketIfNotExists(to)
-	if err != nil {
-		return err
-	}
-	if err := src.ForEach(func(k, v []byte) error { return dst.Put(k, v) }); err != nil {
-		return err
-	}
-	return parent.DeleteBucket(from)
-}
-
-// rewriteEntries replaces each value of b with what convert makes of it; nil leaves it as it
-// is.
-func rewriteEntries(b *bolt.Bucket, convert func(v []byte) []byte) error {
-	type kv struct{ k, v []byte }
-	var out []kv
-	err := b.ForEach(func(k, v []byte) error {
-		if nv := convert(v); nv != nil {
-			out = append(out, kv{append([]byte(nil), k...), nv})
-		}
-		return nil
-	})
-	for _, e := range out {
-		if err == nil {
-			err = b.Put(e.k, e.v)
-		}
-	}
-	return err
-}
-
-// outboxPage is a stretch of a sink's outbox, oldest first. Its entries' events carry their objects'
-// names, uids and resourceVersions only; each entry's Body is its whole request.
-type outboxPage struct {
-	Entries []Entry
-	Corrupt []uint64 // entries that do not decode
-	Next    uint64   // the first sequence after those read
-	End     bool     // nothing follows
-}
-
-// page reads up to limit entries of a sink's outbox from sequence from on.
-func (s *store) page(sink string, from uint64, limit int) (outboxPage, error) {
-	p := outboxPage{Next: from, End: true}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(outboxBucket).Bucket([]byte(sink))
-		if b == nil {
-			return nil
-		}
-		c := b.Cursor()
-		for k, v := c.Seek(sequenceKey(from)); k != nil; k, v = c.Next() {
-			if len(p.Entries) == limit {
-				p.End = false
-				return nil
-			}
-			seq := binary.BigEndian.Uint64(k)
-			p.Next = seq + 1
-			d, err := decodeEntry(v)
-			if err != nil {
-				p.Corrupt = append(p.Corrupt, seq)
-				continue
-			}
-			d.Seq = seq
-			p.Entries = append(p.Entries, d)
-		}
-		return nil
-	})
-	return p, err
-}
-
-// outboxIndex reads the revision and resource of every outbox entry, without their bodies.
-func (s *store) outboxIndex() (map[string]map[uint64]indexed, error) {
-	idx := map[string]map[uint64]indexed{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
-			m := map[uint64]indexed{}
-			idx[string(name)] = m
-			return tx.Bucket(outboxBucket).Bucket(name).ForEach(func(k, v []byte) error {
-				m[binary.BigEndian.Uint64(k)] = indexEntry(v)
-				return nil
-			})
-		})
-	})
-	return idx, err
-}
-
-// sinks lists the sinks that have an outbox.
-func (s *store) sinks() ([]string, error) {
-	var names []string
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(outboxBucket).ForEachBucket(func(k []byte) error {
-			names = append(names, string(k))
-			return nil
-		})
-	})
-	return names, err
-}
-
-// lastSequence is the highest outbox sequence in use.
-func (s *store) lastSequence() uint64 {
-	var last uint64
-	_ = s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(outboxBucket).ForEachBucket(func(name []byte) error {
-			if k, _ := tx.Bucket(outboxBucket).Bucket(name).Cursor().Last(); k != nil {
-				last = max(last, binary.BigEndian.Uint64(k))
-			}
-			return nil
-		})
-	})
-	return last
-}
-
-// stored is an object as the store holds it: its uid and resourceVersion, and its JSON.
-type stored struct {
-	uid, rv string
-	json    []byte
-}
-
-// storedObject encodes an object: uid and resourceVersion first, so that comparing them does not
-// need the JSON decoded.
-func storedObject(u *dynamicinformer.Object) []byte {
-	uid, rv, objJSON := string(u.GetUID()), u.GetResourceVersion(), u.JSON()
-	buf := make([]byte, 0, 2*binary.MaxVarintLen64+len(uid)+len(rv)+len(objJSON))
-	buf = appendString(buf, uid)
-	buf = appendString(buf, rv)
-	return append(buf, objJSON...)
-}
-
-func decodeStored(v []byte) (stored, error) {
-	var s stored
-	var err error
-	if s.uid, v, err = readString(v); err != nil {
-		return s, err
-	}
-	if s.rv, v, err = readString(v); err != nil {
-		return s, err
-	}
-	s.json = v
-	return s, nil
-}
-
-// object is the stored object, its JSON copied out of the transaction.
-func (s stored) object() (*dynamicinformer.Object, error) {
-	u, err := dynamicinformer.ObjectFromJSON(bytes.Clone(s.json))
+	u, err := dynamicinformer.ObjectFromJSON(b)
 	if err != nil {
 		return nil, fmt.Errorf("stored object: %w", err)
 	}
 	return u, nil
 }
 
-// An outbox entry: deadline, enqueued and observed times (unix nanoseconds), the revision, the
-// since, the id, the ordering key and the filter error, then the request body, from which the
-// event is restored. Formats 2 to 5 had no since.
-const (
-	entryHeader      = 5 * 8
-	formatFourHeader = 4 * 8
-)
-
-func encodeEntry(d Entry) []byte {
-	buf := make([]byte, entryHeader, entryHeader+3*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.FilterError)+len(d.Body))
-	binary.BigEndian.PutUint64(buf[0:], uint64(unixNano(d.Deadline)))
-	binary.BigEndian.PutUint64(buf[8:], uint64(unixNano(d.Enqueued)))
-	binary.BigEndian.PutUint64(buf[16:], uint64(unixNano(d.Event.Observed)))
-	binary.BigEndian.PutUint64(buf[24:], d.Revision)
-	binary.BigEndian.PutUint64(buf[32:], d.Since)
-	buf = appendString(buf, d.ID)
-	buf = appendString(buf, d.Key)
-	buf = appendString(buf, d.FilterError)
-	return append(buf, d.Body...)
+// json is a stored object's JSON; the caller may keep it.
+func (s *store) json(st stored) ([]byte, error) {
+	if st.obj != nil {
+		return st.obj.JSON(), nil
+	}
+	b := make([]byte, st.n)
+	if err := s.log.ReadAt(st.at, b); err != nil {
+		return nil, fmt.Errorf("stored object: %w", err)
+	}
+	return b, nil
 }
 
-// setEntryDeadline rewrites the deadline of an encoded entry.
-func setEntryDeadline(v []byte, deadline time.Time) []byte {
-	out := append([]byte(nil), v...)
-	binary.BigEndian.PutUint64(out, uint64(unixNano(deadline)))
+// readEntry reads an outbox entry back from the log: it fails if the log cannot be read, and
+// reports an entry that does not decode as corrupt.
+func (s *store) readEntry(seq uint64, x indexed) (e Entry, corrupt bool, err error) {
+	b := make([]byte, x.n)
+	if err := s.log.ReadAt(x.at, b); err != nil {
+		return Entry{}, false, fmt.Errorf("read outbox entry %d: %w", seq, err)
+	}
+	if e, err = decodeEntry(b); err != nil {
+		return e, true, nil
+	}
+	e.Seq = seq
+	if x.deadline != 0 {
+		e.Deadline = fromUnixNano(x.deadline)
+	}
+	return e, false, nil
+}
+
+func (s *store) noteSize() {
+	snap, segs := s.log.Sizes()
+	s.size.Store(snap + segs)
+}
+
+// close closes the log.
+func (s *store) close() error { return s.log.Close() }
+
+// txn is one commit being built: the records to append, and what they change, put into
+// effect in the store only once the append has succeeded. Reads see the changes made so far.
+type txn struct {
+	s       *store
+	buf     []byte
+	objects map[string]map[string]*staged // nil: deleted
+	records map[string][]byte             // nil: removed
+	acked   map[string]map[uint64]bool
+}
+
+// staged is an object's new state in a transaction, and where its JSON is in the payload.
+type staged struct {
+	st  stored
+	off int
+}
+
+func (s *store) begin() *txn {
+	return &txn{s: s, buf: make([]byte, 0, 4096)}
+}
+
+// get is an object's state.
+func (t *txn) get(res, key string) (stored, bool) {
+	if st, ok := t.objects[res][key]; ok {
+		if st == nil {
+			return stored{}, false
+		}
+		return st.st, true
+	}
+	st, ok := t.s.objects[res][key]
+	return st, ok
+}
+
+// put records obj as the state of the object at key.
+func (t *txn) put(res, key string, obj *dynamicinformer.Object) {
+	uid, rv, j := string(obj.GetUID()), obj.GetResourceVersion(), obj.JSON()
+	t.buf = append(t.buf, recObject)
+	t.buf = appendString(t.buf, res)
+	t.buf = appendString(t.buf, key)
+	t.buf = appendString(t.buf, uid)
+	t.buf = appendString(t.buf, rv)
+	t.buf = appendBytes(t.buf, j)
+	t.stage(res, key, &staged{st: stored{uid: uid, rv: rv, obj: obj, n: len(j)}, off: len(t.buf) - len(j)})
+}
+
+// del removes the state of the object at key.
+func (t *txn) del(res, key string) {
+	if _, ok := t.get(res, key); !ok {
+		return
+	}
+	t.buf = append(t.buf, recDelete)
+	t.buf = appendString(t.buf, res)
+	t.buf = appendString(t.buf, key)
+	t.stage(res, key, nil)
+}
+
+func (t *txn) stage(res, key string, st *staged) {
+	if t.objects == nil {
+		t.objects = map[string]map[string]*staged{}
+	}
+	if t.objects[res] == nil {
+		t.objects[res] = map[string]*staged{}
+	}
+	t.objects[res][key] = st
+}
+
+// each calls fn with every object of res, as the transaction sees them.
+func (t *txn) each(res string, fn func(key string, st stored)) {
+	for k, st := range t.s.objects[res] {
+		if _, ok := t.objects[res][k]; !ok {
+			fn(k, st)
+		}
+	}
+	for k, st := range t.objects[res] {
+		if st != nil {
+			fn(k, st.st)
+		}
+	}
+}
+
+// holds reports whether anything is stored for res.
+func (t *txn) holds(res string) bool {
+	found := false
+	t.each(res, func(string, stored) { found = true })
+	return found
+}
+
+// resources are those the store has held objects of.
+func (t *txn) resources() []string {
+	var out []string
+	for res := range t.s.objects {
+		out = append(out, res)
+	}
+	for res := range t.objects {
+		if _, ok := t.s.objects[res]; !ok {
+			out = append(out, res)
+		}
+	}
 	return out
 }
 
-// indexed is what the journal keeps in memory of an outbox entry.
-type indexed struct {
-	resource schema.GroupVersionResource // from the ordering key
-	revision uint64
-	since    uint64
+// entry appends an outbox entry, and returns where it begins in the payload.
+func (t *txn) entry(sink string, seq uint64, e []byte) int {
+	t.buf = append(t.buf, recEntry)
+	t.buf = appendString(t.buf, sink)
+	t.buf = binary.AppendUvarint(t.buf, seq)
+	t.buf = appendBytes(t.buf, e)
+	return len(t.buf) - len(e)
 }
 
-// lowest is the lowest revision the entry's change may have happened at (see Entry.Since).
-func (x indexed) lowest() uint64 {
-	if x.since != 0 {
-		return x.since
-	}
-	return x.revision
+// has reports whether sink's outbox holds committed entry seq, not acknowledged in t.
+func (t *txn) has(sink string, seq uint64) bool {
+	_, ok := t.s.outbox[sink][seq]
+	return ok && !t.acked[sink][seq]
 }
 
-// indexEntry reads an entry's index fields; a corrupt entry has neither.
-func indexEntry(v []byte) indexed {
-	if len(v) < entryHeader {
-		return indexed{}
+// ack removes committed entry seq from sink's outbox.
+func (t *txn) ack(sink string, seq uint64) bool {
+	if !t.has(sink, seq) {
+		return false
 	}
-	x := indexed{revision: binary.BigEndian.Uint64(v[24:]), since: binary.BigEndian.Uint64(v[32:])}
-	if _, rest, err := readString(v[entryHeader:]); err == nil {
-		if key, _, err := readString(rest); err == nil {
-			x.resource, _ = object.OrderingKeyResource(key)
+	t.buf = append(t.buf, recAck)
+	t.buf = appendString(t.buf, sink)
+	t.buf = binary.AppendUvarint(t.buf, seq)
+	if t.acked == nil {
+		t.acked = map[string]map[uint64]bool{}
+	}
+	if t.acked[sink] == nil {
+		t.acked[sink] = map[uint64]bool{}
+	}
+	t.acked[sink][seq] = true
+	return true
+}
+
+// deadline records entry seq's retry deadline.
+func (t *txn) deadline(sink string, seq uint64, d time.Time) bool {
+	if !t.has(sink, seq) {
+		return false
+	}
+	t.buf = append(t.buf, recDeadline)
+	t.buf = appendString(t.buf, sink)
+	t.buf = binary.AppendUvarint(t.buf, seq)
+	t.buf = binary.AppendUvarint(t.buf, uint64(unixNano(d)))
+	return true
+}
+
+// drop removes sink's outbox if it is empty, with nothing added in this transaction (added
+// says whether something was).
+func (t *txn) drop(sink string, added bool) bool {
+	entries, ok := t.s.outbox[sink]
+	if !ok || added || len(entries) > len(t.acked[sink]) {
+		return false
+	}
+	t.buf = append(t.buf, recDropSink)
+	t.buf = appendString(t.buf, sink)
+	return true
+}
+
+// record is sink's replay record.
+func (t *txn) record(sink string) ([]byte, bool) {
+	if v, ok := t.records[sink]; ok {
+		return v, v != nil
+	}
+	v, ok := t.s.records[sink]
+	return v, ok
+}
+
+// setRecord writes sink's replay record; nil removes it.
+func (t *txn) setRecord(sink string, v []byte) {
+	t.buf = append(t.buf, recSinkRecord)
+	t.buf = appendString(t.buf, sink)
+	t.buf = appendBytes(t.buf, v)
+	if t.records == nil {
+		t.records = map[string][]byte{}
+	}
+	t.records[sink] = v
+}
+
+// sinkRecords are the sinks with a replay record.
+func (t *txn) sinkRecords() []string {
+	var out []string
+	for sink := range t.s.records {
+		if _, ok := t.record(sink); ok {
+			out = append(out, sink)
 		}
 	}
-	return x
+	for sink, v := range t.records {
+		if _, ok := t.s.records[sink]; !ok && v != nil {
+			out = append(out, sink)
+		}
+	}
+	return out
 }
 
-// resourceBucket is the name of a resource's bucket under objects.
-func resourceBucket(gvr schema.GroupVersionResource) []byte {
-	return []byte(object.ResourceName(gvr))
-}
-
-func decodeEntry(v []byte) (Entry, error) {
-	if len(v) < entryHeader {
-		return Entry{}, errors.New("truncated")
+// commit appends t's records, if it has any, and puts its changes into effect in the store.
+// It returns where the payload lies, to place the entries it holds.
+func (t *txn) commit() (wal.Pos, error) {
+	if len(t.buf) == 0 {
+		return wal.Pos{}, nil
 	}
-	d := Entry{
-		Deadline: fromUnixNano(int64(binary.BigEndian.Uint64(v[0:]))),
-		Enqueued: fromUnixNano(int64(binary.BigEndian.Uint64(v[8:]))),
-		Revision: binary.BigEndian.Uint64(v[24:]),
-		Since:    binary.BigEndian.Uint64(v[32:]),
+	p, err := t.s.log.Append(t.buf)
+	if err != nil {
+		return p, err
 	}
-	observed := fromUnixNano(int64(binary.BigEndian.Uint64(v[16:])))
-	rest := v[entryHeader:]
-	var err error
-	if d.ID, rest, err = readString(rest); err != nil {
-		return d, err
+	t.s.written.Add(int64(len(t.buf)))
+	for res, m := range t.objects {
+		objs := t.s.objectsOf(res)
+		for key, st := range m {
+			if st == nil {
+				delete(objs, key)
+				continue
+			}
+			st.st.at = at(p, st.off)
+			objs[key] = st.st
+		}
 	}
-	if d.Key, rest, err = readString(rest); err != nil {
-		return d, err
+	for sink, v := range t.records {
+		if v == nil {
+			delete(t.s.records, sink)
+		} else {
+			t.s.records[sink] = v
+		}
 	}
-	if d.FilterError, rest, err = readString(rest); err != nil {
-		return d, err
-	}
-	d.Body = append([]byte(nil), rest...)
-	// The body is the request; of the event, only what names it is decoded: a queue refilled
-	// from the outbox would otherwise hold every object twice, in the body and as the event's.
-	var p struct {
-		Type     dynamicinformer.EventType `json:"type"`
-		Resource struct {
-			Group    string `json:"group"`
-			Version  string `json:"version"`
-			Resource string `json:"resource"`
-		} `json:"resource"`
-		Object struct {
-			Metadata struct {
-				Name            string `json:"name"`
-				Namespace       string `json:"namespace"`
-				UID             string `json:"uid"`
-				ResourceVersion string `json:"resourceVersion"`
-			} `json:"metadata"`
-		} `json:"object"`
-	}
-	if err := utiljson.Unmarshal(d.Body, &p); err != nil {
-		return d, fmt.Errorf("body: %w", err)
-	}
-	m := p.Object.Metadata
-	meta := map[string]any{"name": m.Name, "uid": m.UID, "resourceVersion": m.ResourceVersion}
-	if m.Namespace != "" {
-		meta["namespace"] = m.Namespace
-	}
-	d.Event = dynamicinformer.Event{
-		Type:     p.Type,
-		Resource: schema.GroupVersionResource{Group: p.Resource.Group, Version: p.Resource.Version, Resource: p.Resource.Resource},
-		Object:   dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": meta}}),
-		Observed: observed,
-		Revision: d.Revision,
-		Since:    d.Since,
-	}
-	return d, nil
-}
-
-func sequenceKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
-
-func appendString(buf []byte, s string) []byte {
-	buf = binary.AppendUvarint(buf, uint64(len(s)))
-	return append(buf, s...)
-}
-
-func readString(v []byte) (string, []byte, error) {
-	n, size := binary.Uvarint(v)
-	if size <= 0 || uint64(len(v)-size) < n {
-		return "", nil, errors.New("truncated")
-	}
-	return string(v[size : size+int(n)]), v[size+int(n):], nil
-}
-
-func unixNano(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func fromUnixNano(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
-}
-
-func sameObject(s stored, u *dynamicinformer.Object) bool {
-	return types.UID(s.uid) == u.GetUID() && s.rv == u.GetResourceVersion()
+	t.s.noteSize()
+	return p, nil
 }

@@ -10,11 +10,11 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal/wal"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -96,14 +96,14 @@ func TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything(t *testing.T) {
 // were this one's, nor set aside as damaged.
 func TestAStoreOfALaterFormatIsRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
-	st, err := openStore(path)
+	l, _, err := wal.Open(path, func(wal.Pos, []byte) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(metaBucket).Put(formatKey, []byte("99")) }); err != nil {
+	if _, err := l.Append(append([]byte{recFormat}, appendString(nil, "99")...)); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.close(); err != nil {
+	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := openStore(path); err == nil || !strings.Contains(err.Error(), `format "99"`) {

@@ -1,0 +1,196 @@
+package journal
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal/wal"
+)
+
+// A compaction replaces the log's segments with a snapshot of the state they lead to: every
+// outbox entry, every sink's replay record and every object's state, as records. The journal's
+// goroutine begins a new segment and takes the state as committed at that point (a copy of
+// the maps, not of the objects: those the cache shares are immutable, the others are read from
+// the log); a goroutine of its own writes the snapshot, reading from the segments it replaces,
+// while commits go on into the new segment; the journal's goroutine then points what it keeps
+// at the snapshot and removes the old files. A crash at any point leaves either the old files
+// or the snapshot whole (see package wal).
+
+// minCompact is the log's size below which it is not compacted: below it a snapshot would cost
+// more than the records it saves reading at the next start.
+const minCompact = 4 << 20
+
+// snapshotFrame is the size past which a snapshot's records begin a new frame.
+const snapshotFrame = 1 << 20
+
+// compaction is a snapshot being written: what it holds, where each thing was, and once
+// written where it is.
+type compaction struct {
+	id      uint64 // the first segment after it
+	objects []snapObject
+	entries []snapEntry
+	records map[string][]byte
+	seq     uint64
+	err     error
+	started time.Time
+}
+
+type snapObject struct {
+	res, key string
+	st       stored
+	to       wal.Pos
+}
+
+type snapEntry struct {
+	sink string
+	seq  uint64
+	x    indexed
+	to   wal.Pos
+}
+
+// maybeCompact begins a compaction when the segments have grown past the snapshot, and no
+// compaction is under way.
+func (j *Journal) maybeCompact() {
+	if j.store == nil || j.compacting {
+		return
+	}
+	snap, segs := j.store.log.Sizes()
+	if segs < max(snap, minCompact) {
+		return
+	}
+	id, err := j.store.log.Rotate()
+	if err != nil {
+		j.log.Warn("state store: could not begin a compaction", "path", j.store.Path, "err", err)
+		return
+	}
+	c := compaction{id: id, records: maps.Clone(j.store.records), seq: j.seq, started: time.Now()}
+	for res, objs := range j.store.objects {
+		for key, st := range objs {
+			c.objects = append(c.objects, snapObject{res: res, key: key, st: st})
+		}
+	}
+	for sink, entries := range j.outbox {
+		for seq, x := range entries {
+			c.entries = append(c.entries, snapEntry{sink: sink, seq: seq, x: x})
+		}
+	}
+	j.compacting = true
+	go func() {
+		c.err = j.store.writeSnapshot(&c)
+		j.compacted <- c
+	}()
+}
+
+// writeSnapshot writes c's state as snapshot c.id, and notes where each thing now lies.
+func (s *store) writeSnapshot(c *compaction) error {
+	return s.log.WriteSnapshot(c.id, func(add func([]byte) (wal.Pos, error)) error {
+		buf := append([]byte{recFormat}, appendString(nil, logFormat)...)
+		buf = append(buf, recSeq)
+		buf = binary.AppendUvarint(buf, c.seq)
+		var pending []func(wal.Pos) // where the buffer's things lie, once it is added
+		flush := func(force bool) error {
+			if len(buf) == 0 || !force && len(buf) < snapshotFrame {
+				return nil
+			}
+			p, err := add(buf)
+			if err != nil {
+				return err
+			}
+			for _, f := range pending {
+				f(p)
+			}
+			buf, pending = buf[:0], pending[:0]
+			return nil
+		}
+		for sink, v := range c.records {
+			buf = append(buf, recSinkRecord)
+			buf = appendString(buf, sink)
+			buf = appendBytes(buf, v)
+		}
+		for i := range c.entries {
+			e := &c.entries[i]
+			b := make([]byte, e.x.n)
+			if err := s.log.ReadAt(e.x.at, b); err != nil {
+				return fmt.Errorf("outbox %s entry %d: %w", e.sink, e.seq, err)
+			}
+			if e.x.deadline != 0 {
+				b = setEntryDeadline(b, fromUnixNano(e.x.deadline))
+			}
+			buf = append(buf, recEntry)
+			buf = appendString(buf, e.sink)
+			buf = binary.AppendUvarint(buf, e.seq)
+			buf = appendBytes(buf, b)
+			off := len(buf) - len(b)
+			pending = append(pending, func(p wal.Pos) { e.to = at(p, off) })
+			if err := flush(false); err != nil {
+				return err
+			}
+		}
+		for i := range c.objects {
+			o := &c.objects[i]
+			b, err := s.json(o.st)
+			if err != nil {
+				return fmt.Errorf("object %s %s: %w", o.res, o.key, err)
+			}
+			buf = append(buf, recObject)
+			buf = appendString(buf, o.res)
+			buf = appendString(buf, o.key)
+			buf = appendString(buf, o.st.uid)
+			buf = appendString(buf, o.st.rv)
+			buf = appendBytes(buf, b)
+			off := len(buf) - len(b)
+			pending = append(pending, func(p wal.Pos) { o.to = at(p, off) })
+			if err := flush(false); err != nil {
+				return err
+			}
+		}
+		return flush(true)
+	})
+}
+
+// finishCompaction points what the journal keeps at the snapshot c wrote, and removes the
+// files it replaces; or, if c failed, leaves them.
+func (j *Journal) finishCompaction(c compaction) {
+	j.compacting = false
+	if c.err != nil {
+		j.m.compactionErrors.Inc()
+		j.log.Warn("state store: compaction failed; the log is kept as it is, and compacted again later", "path", j.store.Path, "err", c.err)
+		return
+	}
+	j.files.Lock()
+	defer j.files.Unlock()
+	j.idx.Lock()
+	for _, e := range c.entries {
+		if x, ok := j.outbox[e.sink][e.seq]; ok && x.at == e.x.at {
+			x.at = e.to
+			j.outbox[e.sink][e.seq] = x
+		}
+	}
+	j.idx.Unlock()
+	for _, o := range c.objects {
+		if st, ok := j.store.objects[o.res][o.key]; ok && st.at == o.st.at {
+			st.at = o.to
+			j.store.objects[o.res][o.key] = st
+		}
+	}
+	if err := j.store.log.Compact(c.id); err != nil {
+		j.log.Warn("state store: could not remove the files a snapshot replaced", "path", j.store.Path, "err", err)
+	}
+	j.store.noteSize()
+	j.m.compactions.Inc()
+	snap, _ := j.store.log.Sizes()
+	j.log.Info("state store compacted", "path", j.store.Path, "objects", len(c.objects), "entries", len(c.entries), "bytes", snap, "took", time.Since(c.started))
+}
+
+// keep marks obj, an object the cache holds, as the stored state of the object at key, when the
+// state stored is the same (uid and resourceVersion): from then on the store reads it from
+// memory rather than from the log.
+func (s *store) keep(res, key string, obj *dynamicinformer.Object) {
+	if st, ok := s.objects[res][key]; ok && st.obj == nil {
+		st.obj = obj
+		s.objects[res][key] = st
+	}
+}

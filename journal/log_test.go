@@ -1,0 +1,242 @@
+package journal
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// testdata/format6.db was written by the last release that kept a bbolt store (commit
+// 12674a5), with two sinks: a, which was handed ADDED cm-0 to cm-3 (revisions 10 to 13), MODIFIED
+// cm-1 (14), DELETED cm-2 (15) and ADDED deployment web (16), and acknowledged the first two,
+// with a retry deadline on the third; and b, configured later with initialState, whose replay
+// of configmaps had reached ns/cm-1 (entries 8 and 9). The stored objects: cm-0@10, cm-1@14,
+// cm-3@13 and web@16.
+
+// TestAStoreWrittenByTheLastBboltReleaseIsConvertedWithNothingLost: every outbox entry is there
+// with its sequence, id, body and deadline; b's replay resumes at its cursor; the stored objects
+// are compared with the initial lists as before; new entries follow the old sequences; the old
+// file is set aside, and the log reads the same when opened again.
+func TestAStoreWrittenByTheLastBboltReleaseIsConvertedWithNothingLost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	old, err := os.ReadFile("testdata/format6.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, b := &recorder{name: "a"}, &recorder{name: "b", initial: true}
+	targets := []Target{a, b}
+	j := openJournal(t, path, &targets)
+	if aside, _ := filepath.Glob(path + ".bbolt-*"); len(aside) != 1 {
+		t.Errorf("set aside: %v; want the bbolt file, once", aside)
+	}
+	if fi, err := os.Stat(path); err != nil || !fi.IsDir() {
+		t.Fatalf("the store is not a log directory after the conversion: %v", err)
+	}
+	outboxes := func(j *Journal) []string {
+		var got []string
+		for _, sink := range []string{"a", "b"} {
+			if _, _, err := j.ReadOutbox(sink, 0, 0, func(e Entry) bool {
+				s := fmt.Sprintf("%s %d %s %s", sink, e.Seq, e.ID, e.Key)
+				if !e.Deadline.IsZero() {
+					s += " deadline " + strconv.FormatInt(e.Deadline.Unix(), 10)
+				}
+				if !strings.Contains(string(e.Body), `"name":"`+e.Event.Object.GetName()+`"`) {
+					s += " (the body is not the object's)"
+				}
+				got = append(got, s)
+				return true
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got
+	}
+	want := []string{
+		"a 3 uid-cm-2.12.added configmaps.v1|ns/cm-2 deadline 1700000600",
+		"a 4 uid-cm-3.13.added configmaps.v1|ns/cm-3",
+		"a 5 uid-cm-1.14.modified configmaps.v1|ns/cm-1",
+		"a 6 uid-cm-2.15.deleted configmaps.v1|ns/cm-2",
+		"a 7 uid-web.16.added deployments.v1.apps|ns/web",
+		"b 8 uid-cm-0.10.added configmaps.v1|ns/cm-0",
+		"b 9 uid-cm-1.14.added configmaps.v1|ns/cm-1",
+	}
+	if got := outboxes(j); !slices.Equal(got, want) {
+		t.Fatalf("the outboxes after the conversion:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	reply := make(chan ReplayStatus, 1)
+	j.submit(op{kind: opReplayStatus, target: b, status: reply})
+	flush(t, j)
+	if st := <-reply; st.Done || st.Resource != configmaps || st.After != "ns/cm-1" {
+		t.Errorf("b's replay after the conversion: %+v; want configmaps after ns/cm-1", st)
+	}
+
+	// The lists: cm-0 unchanged, cm-1 changed, cm-3 gone; web unchanged.
+	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+	cm := func(name string, rev int) *dynamicinformer.Object {
+		return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{
+			"namespace": "ns", "name": name, "uid": "uid-" + name, "resourceVersion": strconv.Itoa(rev)}, "data": map[string]any{"v": "1"}}})
+	}
+	j.ListStarted(configmaps, 1, nil)
+	j.ListStarted(deployments, 1, nil)
+	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: cm("cm-0", 10), InitialList: true, Revision: 10})
+	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: cm("cm-1", 20), InitialList: true, Revision: 20})
+	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: deployments, Object: cm("web", 16), InitialList: true, Revision: 16})
+	j.ListSynced(configmaps, 1, 30)
+	j.ListSynced(deployments, 1, 30)
+	flush(t, j)
+	var got []string
+	for _, e := range a.entries {
+		s := fmt.Sprintf("%d %s %s", e.Seq, e.Event.Type, e.Key)
+		if e.Event.OldObject != nil {
+			s += " old@" + e.Event.OldObject.GetResourceVersion()
+		}
+		got = append(got, s)
+	}
+	if w := []string{"10 MODIFIED configmaps.v1|ns/cm-1 old@14", "12 DELETED configmaps.v1|ns/cm-3"}; !slices.Equal(got, w) {
+		t.Errorf("a was handed %q after the lists; want %q", got, w)
+	}
+	// b has replayed cm-1 (at its cursor), so it is owed cm-1's change; cm-3 is past the cursor.
+	if len(b.entries) != 1 || b.entries[0].Seq != 11 || b.entries[0].Key != "configmaps.v1|ns/cm-1" {
+		t.Errorf("b, replaying configmaps from ns/cm-1, was handed %v; want cm-1's MODIFIED alone, as entry 11", describe(b.entries))
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	j = openJournal(t, path, &targets)
+	want = append(want[:len(want):len(want)], "a 10 uid-cm-1.20.modified configmaps.v1|ns/cm-1", "a 12 uid-cm-3.13.deleted configmaps.v1|ns/cm-3", "b 11 uid-cm-1.20.modified configmaps.v1|ns/cm-1")
+	slices.SortStableFunc(want, func(x, y string) int { return strings.Compare(x[:1], y[:1]) })
+	if got := outboxes(j); !slices.Equal(got, want) {
+		t.Errorf("the outboxes opened again:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestACompactedStoreReadsBackAsItWas: once the log has grown past minCompact it is replaced by
+// a snapshot, written while commits go on; the store then holds one snapshot and the segments
+// after it, and opened again it has the same outbox entries (bodies and deadlines) and the same
+// object states (an unchanged list hands nothing).
+func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	tg := &recorder{name: "sink"}
+	targets := []Target{tg}
+	j := openJournal(t, path, &targets)
+	big := strings.Repeat("x", 2048)
+	obj := func(i, rev int) *dynamicinformer.Object {
+		return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+			"namespace": "ns", "name": fmt.Sprintf("cm-%04d", i), "uid": fmt.Sprintf("uid-%04d", i), "resourceVersion": strconv.Itoa(rev)}, "data": map[string]any{"v": big}}})
+	}
+	const n = 1500
+	for i := range n {
+		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: obj(i, 10+i), Revision: uint64(10 + i), InOrder: true})
+	}
+	flush(t, j)
+	deadline := time.Unix(1700000600, 0)
+	for _, e := range tg.entries[:n/2] {
+		j.Ack("sink", e.Seq)
+	}
+	j.SetDeadline("sink", tg.entries[n-1].Seq, deadline)
+	flush(t, j)
+	if !j.compacting {
+		t.Fatalf("no compaction began with %d bytes in the log", j.store.size.Load())
+	}
+	for i := range 10 { // while the snapshot is written
+		j.Record(dynamicinformer.Event{Type: dynamicinformer.Modified, Resource: configmaps, Object: obj(i, 10000+i), OldObject: obj(i, 10+i), Revision: uint64(10000 + i), InOrder: true})
+	}
+	flush(t, j)
+	j.finishCompaction(<-j.compacted)
+	if m := counterValue(j.m.compactions); m != 1 {
+		t.Fatalf("%v compactions; want 1", m)
+	}
+	snaps, _ := filepath.Glob(filepath.Join(path, "snap-*.wal"))
+	segs, _ := filepath.Glob(filepath.Join(path, "seg-*.wal"))
+	if len(snaps) != 1 || len(segs) != 1 {
+		t.Errorf("after the compaction: snapshots %v, segments %v; want one of each", snaps, segs)
+	}
+	read := func(j *Journal) []string {
+		var got []string
+		if _, _, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool {
+			got = append(got, fmt.Sprintf("%d %s %d %v", e.Seq, e.ID, len(e.Body), e.Deadline.Unix()))
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	before := read(j)
+	if len(before) != n/2+10 || !strings.HasSuffix(before[n/2-1], " 1700000600") {
+		t.Fatalf("%d entries before the restart, the last old one %q; want %d, with its deadline", len(before), before[n/2-1], n/2+10)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tg.entries = nil
+	j = openJournal(t, path, &targets)
+	if after := read(j); !slices.Equal(after, before) {
+		t.Errorf("the outbox opened again differs: %d entries, want %d", len(after), len(before))
+	}
+	j.ListStarted(configmaps, 1, nil)
+	for i := range n {
+		rev := 10 + i
+		if i < 10 {
+			rev = 10000 + i
+		}
+		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: obj(i, rev), InitialList: true, Revision: uint64(rev)})
+	}
+	j.ListSynced(configmaps, 1, 20000)
+	flush(t, j)
+	if len(tg.entries) != 0 {
+		t.Errorf("an unchanged list after the restart handed the sink %d entries, the first %s; want none", len(tg.entries), tg.entries[0].ID)
+	}
+}
+
+// TestNothingOfTheStoreIsMapped: the log is read and written with system calls, never through a
+// memory map, so none of its pages count as the process's resident memory.
+func TestNothingOfTheStoreIsMapped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	tg := &recorder{name: "sink"}
+	targets := []Target{tg}
+	j := openJournal(t, path, &targets)
+	for i := range 100 {
+		j.Record(addedAt(fmt.Sprintf("cm-%03d", i), uint64(10+i)))
+	}
+	flush(t, j)
+	if _, _, err := j.ReadOutbox("sink", 0, 0, func(Entry) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		t.Skipf("no /proc/self/maps: %v", err)
+	}
+	defer func() { _ = f.Close() }() // read only
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), path) {
+			t.Errorf("the store is mapped: %s", sc.Text())
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}

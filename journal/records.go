@@ -1,0 +1,253 @@
+package journal
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+
+	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal/wal"
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// The log's records. A commit appends one frame (see package wal) holding its records one
+// after another: a kind, then its fields, strings and byte strings each preceded by their
+// length (a uvarint), numbers as uvarints. A snapshot holds the same records: the state as
+// a sequence of them.
+const (
+	recFormat     byte = iota + 1 // format: the log's format (logFormat), first in a new log and in every snapshot
+	recObject                     // resource, key, uid, resourceVersion, JSON: an object's state
+	recDelete                     // resource, key: an object's state is gone
+	recEntry                      // sink, seq, entry (encodeEntry): an outbox entry
+	recAck                        // sink, seq: the entry left its outbox
+	recDeadline                   // sink, seq, deadline (unix nanoseconds): the entry's retry deadline
+	recDropSink                   // sink: its (empty) outbox is gone
+	recSinkRecord                 // sink, replayRecord's JSON (empty: none): where its initialState replay stands
+	recSeq                        // seq: the highest outbox sequence used
+)
+
+// logFormat is the log's format. 7 follows the bbolt store's 6 (see legacyFormat), whose
+// records it keeps: outbox entries are encoded as format 6 encoded them.
+const logFormat = "7"
+
+func appendBytes(buf, b []byte) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(b)))
+	return append(buf, b...)
+}
+
+// recordReader reads a payload's records; the first error stops it.
+type recordReader struct {
+	buf []byte
+	off int // of buf[0] in the payload
+	err error
+}
+
+func (r *recordReader) more() bool { return r.err == nil && len(r.buf) > 0 }
+
+func (r *recordReader) kind() byte {
+	if !r.more() {
+		return 0
+	}
+	k := r.buf[0]
+	r.buf, r.off = r.buf[1:], r.off+1
+	return k
+}
+
+func (r *recordReader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.buf)
+	if n <= 0 {
+		r.err = errors.New("a record cut short")
+		return 0
+	}
+	r.buf, r.off = r.buf[n:], r.off+n
+	return v
+}
+
+// bytes reads a byte string, and the offset in the payload where it begins; it aliases the
+// payload.
+func (r *recordReader) bytes() ([]byte, int) {
+	n := r.uvarint()
+	if r.err != nil {
+		return nil, 0
+	}
+	if uint64(len(r.buf)) < n {
+		r.err = errors.New("a record cut short")
+		return nil, 0
+	}
+	b, at := r.buf[:n], r.off
+	r.buf, r.off = r.buf[n:], r.off+int(n)
+	return b, at
+}
+
+// string reads a string, copied out of the payload.
+func (r *recordReader) string() string {
+	b, _ := r.bytes()
+	return string(b)
+}
+
+// at is the position of the byte at offset off of a payload that lies at p.
+func at(p wal.Pos, off int) wal.Pos {
+	p.Off += int64(off)
+	return p
+}
+
+// An outbox entry: deadline, enqueued and observed times (unix nanoseconds), the revision, the
+// since, the id, the ordering key and the filter error, then the request body, from which the
+// event is restored. Formats 2 to 5 had no since.
+const (
+	entryHeader      = 5 * 8
+	formatFourHeader = 4 * 8
+)
+
+func encodeEntry(d Entry) []byte {
+	buf := make([]byte, entryHeader, entryHeader+3*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.FilterError)+len(d.Body))
+	binary.BigEndian.PutUint64(buf[0:], uint64(unixNano(d.Deadline)))
+	binary.BigEndian.PutUint64(buf[8:], uint64(unixNano(d.Enqueued)))
+	binary.BigEndian.PutUint64(buf[16:], uint64(unixNano(d.Event.Observed)))
+	binary.BigEndian.PutUint64(buf[24:], d.Revision)
+	binary.BigEndian.PutUint64(buf[32:], d.Since)
+	buf = appendString(buf, d.ID)
+	buf = appendString(buf, d.Key)
+	buf = appendString(buf, d.FilterError)
+	return append(buf, d.Body...)
+}
+
+// setEntryDeadline rewrites the deadline of an encoded entry.
+func setEntryDeadline(v []byte, deadline time.Time) []byte {
+	out := append([]byte(nil), v...)
+	binary.BigEndian.PutUint64(out, uint64(unixNano(deadline)))
+	return out
+}
+
+// indexed is what the journal keeps in memory of an outbox entry: enough to compute
+// checkpoints, and where in the log the entry lies.
+type indexed struct {
+	resource schema.GroupVersionResource // from the ordering key
+	revision uint64
+	since    uint64
+	at       wal.Pos
+	n        int
+	deadline int64 // unix nanoseconds, set after the entry was written; 0 for the entry's own
+}
+
+// lowest is the lowest revision the entry's change may have happened at (see Entry.Since).
+func (x indexed) lowest() uint64 {
+	if x.since != 0 {
+		return x.since
+	}
+	return x.revision
+}
+
+// indexEntry reads an entry's index fields; a corrupt entry has neither.
+func indexEntry(v []byte) indexed {
+	if len(v) < entryHeader {
+		return indexed{}
+	}
+	x := indexed{revision: binary.BigEndian.Uint64(v[24:]), since: binary.BigEndian.Uint64(v[32:])}
+	if _, rest, err := readString(v[entryHeader:]); err == nil {
+		if key, _, err := readString(rest); err == nil {
+			x.resource, _ = object.OrderingKeyResource(key)
+		}
+	}
+	return x
+}
+
+// resourceBucket is the name of a resource's bucket under objects.
+func resourceBucket(gvr schema.GroupVersionResource) []byte {
+	return []byte(object.ResourceName(gvr))
+}
+
+func decodeEntry(v []byte) (Entry, error) {
+	if len(v) < entryHeader {
+		return Entry{}, errors.New("truncated")
+	}
+	d := Entry{
+		Deadline: fromUnixNano(int64(binary.BigEndian.Uint64(v[0:]))),
+		Enqueued: fromUnixNano(int64(binary.BigEndian.Uint64(v[8:]))),
+		Revision: binary.BigEndian.Uint64(v[24:]),
+		Since:    binary.BigEndian.Uint64(v[32:]),
+	}
+	observed := fromUnixNano(int64(binary.BigEndian.Uint64(v[16:])))
+	rest := v[entryHeader:]
+	var err error
+	if d.ID, rest, err = readString(rest); err != nil {
+		return d, err
+	}
+	if d.Key, rest, err = readString(rest); err != nil {
+		return d, err
+	}
+	if d.FilterError, rest, err = readString(rest); err != nil {
+		return d, err
+	}
+	d.Body = append([]byte(nil), rest...)
+	// The body is the request; of the event, only what names it is decoded: a queue refilled
+	// from the outbox would otherwise hold every object twice, in the body and as the event's.
+	var p struct {
+		Type     dynamicinformer.EventType `json:"type"`
+		Resource struct {
+			Group    string `json:"group"`
+			Version  string `json:"version"`
+			Resource string `json:"resource"`
+		} `json:"resource"`
+		Object struct {
+			Metadata struct {
+				Name            string `json:"name"`
+				Namespace       string `json:"namespace"`
+				UID             string `json:"uid"`
+				ResourceVersion string `json:"resourceVersion"`
+			} `json:"metadata"`
+		} `json:"object"`
+	}
+	if err := utiljson.Unmarshal(d.Body, &p); err != nil {
+		return d, fmt.Errorf("body: %w", err)
+	}
+	m := p.Object.Metadata
+	meta := map[string]any{"name": m.Name, "uid": m.UID, "resourceVersion": m.ResourceVersion}
+	if m.Namespace != "" {
+		meta["namespace"] = m.Namespace
+	}
+	d.Event = dynamicinformer.Event{
+		Type:     p.Type,
+		Resource: schema.GroupVersionResource{Group: p.Resource.Group, Version: p.Resource.Version, Resource: p.Resource.Resource},
+		Object:   dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": meta}}),
+		Observed: observed,
+		Revision: d.Revision,
+		Since:    d.Since,
+	}
+	return d, nil
+}
+
+func appendString(buf []byte, s string) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
+}
+
+func readString(v []byte) (string, []byte, error) {
+	n, size := binary.Uvarint(v)
+	if size <= 0 || uint64(len(v)-size) < n {
+		return "", nil, errors.New("truncated")
+	}
+	return string(v[size : size+int(n)]), v[size+int(n):], nil
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}

@@ -1,0 +1,29 @@
+// Package wal is the journal's log on disk: a directory of append-only files of checksummed
+// frames, read back in order when it is opened.
+//
+// Vocabulary: a frame is one payload the caller appends, with its length and two CRC-32C
+// checksums (of the length, and of the payload). A segment (seg-<id>.wal) is a file frames are
+// appended to; a new one is begun when the last reaches SegmentSize, or on Rotate. A snapshot
+// (snap-<id>.wal) is a file of frames the caller writes in one go, standing for everything in
+// the segments before segment <id>: once it is written, Compact removes them. A Pos is where a
+// payload lies, so that it can be read again without reading its file.
+//
+// Guarantees:
+//   - Append returns once its frame is on the volume (fdatasync): a crash loses no frame an
+//     Append returned for. The frame's pages are then dropped from the page cache: nothing of
+//     the log is mapped, and what it wrote is not left charged to the process's memory.
+//   - A frame cut short by a crash (a torn tail: the last frame of the last segment reaching
+//     past the end of the file, or a tail of zeros) is truncated at Open; what came before it
+//     is read back. Any other frame that does not check is damage: it and everything after it
+//     (the rest of its file, and every later file) are moved into a directory beside the log,
+//     named <dir>.damaged-<time>, and Open reports it; what came before is read back.
+//   - A failed Append leaves the segment as it was before it (the partial frame is cut off), so
+//     the caller may append the same payload again.
+//   - A snapshot is written to a temporary file, synced and renamed into place: it is there
+//     whole or not at all.
+//
+// Concurrency: Append, Rotate, Compact, Sizes and Close are called from one goroutine;
+// WriteSnapshot from that one or from one of its own, at once with Append and Rotate; ReadAt
+// and Release from any, at once with those. A Pos stays readable until Compact removes
+// its file: the caller must not read a Pos of a file it has compacted away.
+package wal
