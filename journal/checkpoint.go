@@ -60,8 +60,12 @@ func (j *Journal) committed(b *batch) {
 		}
 		j.outbox[a.sink][a.seq] = a.x
 		j.order[a.sink] = append(j.order[a.sink], a.seq)
+		j.noteHeld(entrySize(a.sink, a.x.n))
 	}
 	for _, r := range b.removed {
+		if x, ok := j.outbox[r.sink][r.seq]; ok {
+			j.noteHeld(-entrySize(r.sink, x.n))
+		}
 		delete(j.outbox[r.sink], r.seq)
 	}
 	for _, d := range b.deadlines {
@@ -210,5 +214,12 @@ func (j *Journal) trim(tx *txn, cp Checkpoints, b *batch) {
 				b.removed = append(b.removed, removed{sink, seq})
 			}
 		}
+	}
+}
+
+// noteHeld counts n bytes more (or fewer) of outbox entries in the store's state.
+func (j *Journal) noteHeld(n int64) {
+	if j.store != nil {
+		j.store.held.Add(n)
 	}
 }

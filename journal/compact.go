@@ -51,14 +51,16 @@ type snapEntry struct {
 	to   wal.Pos
 }
 
-// maybeCompact begins a compaction when the segments have grown past the snapshot, and no
-// compaction is under way.
+// maybeCompact begins a compaction when the store's files have grown past 1.5 times the state
+// they hold (and minCompact), and no compaction is under way. A snapshot holds about the state,
+// so each is written for at least half its size of commits; and the files stay within about
+// 1.5 times the state, whether the log grew or the state shrank (an outbox emptied).
 func (j *Journal) maybeCompact() {
 	if j.store == nil || j.compacting {
 		return
 	}
 	snap, segs := j.store.log.Sizes()
-	if segs < max(snap, minCompact) {
+	if segs == 0 || snap+segs < max(j.store.held.Load()*3/2, minCompact) {
 		return
 	}
 	id, err := j.store.log.Rotate()

@@ -20,7 +20,7 @@ import (
 )
 
 // Journal is the one path from the informers to the sinks' queues. Record only appends to
-// it; its goroutine takes everything pending at once and, in one store transaction (a group
+// it; its goroutine takes everything pending at once and, in one commit to the store (a group
 // commit), compares each event with the stored state of its object, filters it for every
 // sink, writes the outbox entries and the object's new state, and only after the commit
 // queues the deliveries. So an event is queued only once it is durable, and the state of an
@@ -432,10 +432,10 @@ func (j *Journal) submit(o op) {
 	}
 }
 
-// ackDelay bounds how long an acknowledgement waits for a transaction. Acknowledgements do
-// not start transactions of their own: they go with the next one that events start, and only
+// ackDelay bounds how long an acknowledgement waits for a commit. Acknowledgements do
+// not start commits of their own: they go with the next one that events start, and only
 // when none has started for this long with one of their own. Under a steady stream of events
-// that removes a transaction (two fsyncs) per delivery; an acknowledgement lost in a crash is a
+// that removes a commit (an fdatasync) per delivery; an acknowledgement lost in a crash is a
 // delivery repeated with the same id, never one lost.
 const ackDelay = time.Second
 
@@ -462,15 +462,16 @@ func (j *Journal) Healthy() error {
 }
 
 // Run flushes whenever something is pending that should commit now, and acknowledgements
-// within ackDelay, until ctx ends; then it flushes once more. Every releaseEvery it drops the
-// store's pages from resident memory. After a failed commit it tries
-// again with exponential backoff, from 100ms to 5s, not on every event.
+// within ackDelay, until ctx ends; then it flushes and syncs once more. What a flush writes is
+// handed to the sinks at once and synced within syncEvery, one fdatasync for every commit
+// written meanwhile. Every releaseEvery it drops the pages reads of the store brought into the
+// page cache. After a failed commit or sync it tries again with exponential backoff, from
+// 100ms to 5s, not on every event.
 func (j *Journal) Run(ctx context.Context) {
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	acks := time.NewTimer(time.Hour)
-	acks.Stop()
-	acksArmed := false
+	retry := newStoppedTimer()
+	acks := newStoppedTimer()
+	syncs := newStoppedTimer()
+	acksArmed, syncArmed := false, false
 	var release <-chan time.Time
 	if j.store != nil {
 		t := time.NewTicker(releaseEvery)
@@ -478,6 +479,14 @@ func (j *Journal) Run(ctx context.Context) {
 		release = t.C
 	}
 	delay := time.Duration(0)
+	failed := func(err error) {
+		if err != nil {
+			delay = min(max(2*delay, 100*time.Millisecond), 5*time.Second)
+			retry.Reset(delay)
+		} else {
+			delay = 0
+		}
+	}
 	for {
 		select {
 		case <-release:
@@ -485,6 +494,7 @@ func (j *Journal) Run(ctx context.Context) {
 			continue
 		case c := <-j.compacted:
 			j.finishCompaction(c)
+			j.maybeCompact() // the log may have outgrown the new snapshot meanwhile
 			continue
 		case <-j.wake:
 			if delay > 0 {
@@ -501,21 +511,71 @@ func (j *Journal) Run(ctx context.Context) {
 			if delay > 0 {
 				continue
 			}
+		case <-syncs.C:
+			syncArmed = false
+			if delay == 0 {
+				failed(j.sync())
+			}
+			continue
 		case <-retry.C:
+			failed(j.Flush())
+			continue
 		case <-ctx.Done():
 			j.finish()
 			return
 		}
-		if err := j.Flush(); err != nil {
-			delay = min(max(2*delay, 100*time.Millisecond), 5*time.Second)
-			retry.Reset(delay)
-		} else {
-			delay = 0
+		failed(j.flush())
+		if delay == 0 && !syncArmed && j.store != nil && j.store.log.Unsynced() {
+			syncs.Reset(syncEvery)
+			syncArmed = true
 		}
 	}
 }
 
-// finish commits what is pending and what the workers still evaluate, until a commit fails.
+func newStoppedTimer() *time.Timer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}
+
+// syncEvery bounds how long a commit written stays unsynced: a delivery does not wait for its
+// commit to be durable (see the package's guarantees), and the commits written within it share
+// one fdatasync.
+const syncEvery = 20 * time.Millisecond
+
+// sync makes what the commits wrote durable.
+func (j *Journal) sync() error {
+	if j.store == nil || !j.store.log.Unsynced() {
+		return nil
+	}
+	if err := j.store.log.Sync(); err != nil {
+		j.failed(err)
+		return err
+	}
+	j.m.syncs.Inc()
+	j.recovered()
+	return nil
+}
+
+// failed notes that a commit or a sync failed: readiness fails, naming the store, until one
+// succeeds.
+func (j *Journal) failed(err error) {
+	j.m.commitErrors.Inc()
+	msg := fmt.Sprintf("state store %s: commit failed: %v", j.store.Path, err)
+	if j.failure.Swap(&msg) == nil {
+		j.log.Error("state store commit failed: nothing more is delivered until a commit succeeds", "path", j.store.Path, "err", err)
+	}
+}
+
+// recovered notes that a commit or a sync succeeded.
+func (j *Journal) recovered() {
+	if j.failure.Swap(nil) != nil {
+		j.log.Info("state store commits again", "path", j.store.Path)
+	}
+}
+
+// finish commits and syncs what is pending and what the workers still evaluate, until a commit
+// fails.
 func (j *Journal) finish() {
 	for j.Flush() == nil && j.pre != nil && !j.pre.empty() {
 		select {
@@ -533,10 +593,18 @@ const releaseEvery = 10 * time.Second
 // of many objects reach the sinks while the rest are still being written.
 const maxBatch = 1024
 
-// Flush applies everything pending, in commits of up to maxBatch operations, and queues each
-// commit's entries once it is durable. If a commit fails, nothing of it is queued and its
-// operations wait for the next try, ahead of any that arrive meanwhile.
+// Flush applies everything pending, as flush does, and syncs what it wrote.
 func (j *Journal) Flush() error {
+	if err := j.flush(); err != nil {
+		return err
+	}
+	return j.sync()
+}
+
+// flush applies everything pending, in commits of up to maxBatch operations, and queues each
+// commit's entries once it is written. If a commit fails, nothing of it is queued and its
+// operations wait for the next try, ahead of any that arrive meanwhile.
+func (j *Journal) flush() error {
 	for {
 		j.mu.Lock()
 		n := len(j.pending)
@@ -582,11 +650,7 @@ func (j *Journal) flushBatch() error {
 		p, err := tx.commit()
 		if err != nil {
 			j.seq, j.sinks, j.first = seq, sinks, first
-			j.m.commitErrors.Inc()
-			msg := fmt.Sprintf("state store %s: commit failed: %v", j.store.Path, err)
-			if j.failure.Swap(&msg) == nil {
-				j.log.Error("state store commit failed: nothing more is delivered until a commit succeeds", "path", j.store.Path, "err", err)
-			}
+			j.failed(err)
 			j.mu.Lock()
 			j.pending = append(ops, j.pending...)
 			j.mu.Unlock()
@@ -596,9 +660,7 @@ func (j *Journal) flushBatch() error {
 			b.added[i].x.at = at(p, b.added[i].off)
 		}
 		j.m.commits.Inc()
-		if j.failure.Swap(nil) != nil {
-			j.log.Info("state store commits again", "path", j.store.Path)
-		}
+		j.recovered()
 	}
 	j.committed(&b)
 	if b.sinks {

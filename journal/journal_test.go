@@ -73,3 +73,47 @@ func commits(j *Journal) float64 {
 	_ = j.m.commits.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// syncCounter is a target that notes, as each entry is handed to it, how many fdatasyncs the
+// store had made.
+type syncCounter struct {
+	syncTarget
+	j          *Journal
+	syncsAtGot []float64
+}
+
+func (t *syncCounter) Queue(e Entry) {
+	t.mu.Lock()
+	t.syncsAtGot = append(t.syncsAtGot, counterValue(t.j.m.syncs))
+	t.mu.Unlock()
+	t.syncTarget.Queue(e)
+}
+
+// TestAnEntryIsHandedOnOnceWrittenAndSyncedSoonAfter: a delivery does not wait for its
+// commit's fdatasync; the commits written within syncEvery share one, which follows.
+func TestAnEntryIsHandedOnOnceWrittenAndSyncedSoonAfter(t *testing.T) {
+	j, _ := newJournal(t)
+	tg := &syncCounter{syncTarget: syncTarget{queued: make(chan struct{}, 10)}, j: j}
+	j.targets = func() []Target { return []Target{tg} }
+	done := make(chan struct{})
+	go func() { j.Run(t.Context()); close(done) }()
+	t.Cleanup(func() { <-done })
+	j.Record(addedAt("a", 11))
+	select {
+	case <-tg.queued:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a was not queued")
+	}
+	tg.mu.Lock()
+	at := tg.syncsAtGot[0]
+	tg.mu.Unlock()
+	if at != 0 {
+		t.Errorf("a was handed on after %v fdatasyncs; want before any", at)
+	}
+	testbed.Eventually(t, 10*time.Second, func() error {
+		if n := counterValue(j.m.syncs); n != 1 {
+			return fmt.Errorf("%v fdatasyncs after a's commit; want 1", n)
+		}
+		return nil
+	})
+}

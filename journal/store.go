@@ -42,6 +42,8 @@ type store struct {
 	seq     uint64 // the highest outbox sequence used
 	size    atomic.Int64
 	written atomic.Int64 // bytes appended
+	// held is the size of the state: what a snapshot of it would hold (see heldSize).
+	held atomic.Int64
 	// corruptAtOpen counts the commits read back at open whose records did not all decode.
 	corruptAtOpen int
 }
@@ -121,10 +123,14 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 			res, key, uid, rv := r.string(), r.string(), r.string(), r.string()
 			b, off := r.bytes()
 			if r.err == nil {
-				s.objectsOf(res)[key] = stored{uid: uid, rv: rv, at: at(p, off), n: len(b)}
+				s.forget(res, key)
+				st := stored{uid: uid, rv: rv, at: at(p, off), n: len(b)}
+				s.objectsOf(res)[key] = st
+				s.held.Add(objectSize(res, key, st))
 			}
 		case recDelete:
 			res, key := r.string(), r.string()
+			s.forget(res, key)
 			delete(s.objects[res], key)
 		case recEntry:
 			sink, seq := r.string(), r.uvarint()
@@ -132,11 +138,18 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 			if r.err == nil {
 				x := indexEntry(b)
 				x.at, x.n = at(p, off), len(b)
+				if old, ok := s.outbox[sink][seq]; ok {
+					s.held.Add(-entrySize(sink, old.n))
+				}
+				s.held.Add(entrySize(sink, x.n))
 				s.outboxOf(sink)[seq] = x
 				s.seq = max(s.seq, seq)
 			}
 		case recAck:
 			sink, seq := r.string(), r.uvarint()
+			if x, ok := s.outbox[sink][seq]; ok {
+				s.held.Add(-entrySize(sink, x.n))
+			}
 			delete(s.outbox[sink], seq)
 		case recDeadline:
 			sink, seq, deadline := r.string(), r.uvarint(), r.uvarint()
@@ -145,7 +158,11 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 				s.outbox[sink][seq] = x
 			}
 		case recDropSink:
-			delete(s.outbox, r.string())
+			sink := r.string()
+			for _, x := range s.outbox[sink] {
+				s.held.Add(-entrySize(sink, x.n))
+			}
+			delete(s.outbox, sink)
 		case recSinkRecord:
 			sink := r.string()
 			if v, _ := r.bytes(); len(v) > 0 {
@@ -430,13 +447,14 @@ func (t *txn) sinkRecords() []string {
 	return out
 }
 
-// commit appends t's records, if it has any, and puts its changes into effect in the store.
-// It returns where the payload lies, to place the entries it holds.
+// commit writes t's records, if it has any, as one frame at the end of the log (synced later,
+// see Journal.sync), and puts its changes into effect in the store. It returns where the
+// payload lies, to place the entries it holds.
 func (t *txn) commit() (wal.Pos, error) {
 	if len(t.buf) == 0 {
 		return wal.Pos{}, nil
 	}
-	p, err := t.s.log.Append(t.buf)
+	p, err := t.s.log.Write(t.buf)
 	if err != nil {
 		return p, err
 	}
@@ -444,12 +462,14 @@ func (t *txn) commit() (wal.Pos, error) {
 	for res, m := range t.objects {
 		objs := t.s.objectsOf(res)
 		for key, st := range m {
+			t.s.forget(res, key)
 			if st == nil {
 				delete(objs, key)
 				continue
 			}
 			st.st.at = at(p, st.off)
 			objs[key] = st.st
+			t.s.held.Add(objectSize(res, key, st.st))
 		}
 	}
 	for sink, v := range t.records {
@@ -461,4 +481,22 @@ func (t *txn) commit() (wal.Pos, error) {
 	}
 	t.s.noteSize()
 	return p, nil
+}
+
+// recordOverhead bounds what a record adds to the strings it holds: its kind and their lengths.
+const recordOverhead = 1 + 6*binary.MaxVarintLen32
+
+// objectSize and entrySize are what an object's state and an outbox entry add to a snapshot,
+// give or take the lengths' encoding.
+func objectSize(res, key string, st stored) int64 {
+	return int64(recordOverhead + len(res) + len(key) + len(st.uid) + len(st.rv) + st.n)
+}
+
+func entrySize(sink string, n int) int64 { return int64(recordOverhead + len(sink) + n) }
+
+// forget takes an object's state out of the size held.
+func (s *store) forget(res, key string) {
+	if st, ok := s.objects[res][key]; ok {
+		s.held.Add(-objectSize(res, key, st))
+	}
 }

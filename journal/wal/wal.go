@@ -95,9 +95,14 @@ type Log struct {
 	curF     *os.File
 	curSize  int64
 	broken   error // a failed append's partial frame is still to be cut off
-	snapSize int64 // the snapshot's size
-	segSize  int64 // the size of the segments at or after the snapshot
-	base     uint64
+	// synced is how much of the segment is durable; pending are the frames written after it,
+	// kept to be written again if a sync fails (the kernel may have dropped their pages).
+	synced     int64
+	pending    []written
+	syncFailed bool
+	snapSize   int64 // the snapshot's size
+	segSize    int64 // the size of the segments at or after the snapshot
+	base       uint64
 }
 
 // Open opens the log in dir, creating it if need be, and hands replay every payload in order:
@@ -364,6 +369,7 @@ func (l *Log) openTail() error {
 		return err
 	}
 	l.curF, l.curSize = l.files[l.cur], l.cur.size(l)
+	l.synced = l.curSize
 	return nil
 }
 
@@ -380,49 +386,108 @@ func (l *Log) begin(id uint64) (uint64, error) {
 	l.mu.Lock()
 	l.files[k] = f
 	l.mu.Unlock()
-	l.cur, l.curF, l.curSize = k, f, 0
+	l.cur, l.curF, l.curSize, l.synced = k, f, 0, 0
 	return id, nil
 }
 
-// Append writes payload as one frame at the end of the log and syncs it. A failed Append
-// leaves nothing of its frame behind.
+// written is a frame written and not yet synced: where it begins, and its bytes.
+type written struct {
+	off int64
+	b   []byte
+}
+
+// Append writes payload as one frame at the end of the log and syncs it: Write, then Sync.
 func (l *Log) Append(payload []byte) (Pos, error) {
+	p, err := l.Write(payload)
+	if err == nil {
+		err = l.Sync()
+	}
+	return p, err
+}
+
+// Write writes payload as one frame at the end of the log, without syncing it: it is in the
+// kernel's hands (a crash of the process loses nothing of it), durable once Sync has returned.
+// A failed Write leaves nothing of its frame behind. After a failed Sync, Write first writes
+// again what that Sync was to make durable.
+func (l *Log) Write(payload []byte) (Pos, error) {
 	if len(payload) == 0 || len(payload) > MaxPayload {
 		return Pos{}, fmt.Errorf("a payload of %d bytes: it must have 1 to %d", len(payload), MaxPayload)
 	}
 	if err := l.cutOff(); err != nil {
 		return Pos{}, err
 	}
-	f := l.curF
+	if err := l.rewrite(); err != nil {
+		return Pos{}, err
+	}
 	if l.curSize >= l.segLimit {
 		if _, err := l.Rotate(); err != nil {
 			return Pos{}, err
 		}
-		f = l.curF
 	}
-	var hdr [headerSize]byte
-	binary.LittleEndian.PutUint32(hdr[0:], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(hdr[4:], crc32.Checksum(hdr[0:4], castagnoli))
-	binary.LittleEndian.PutUint32(hdr[8:], crc32.Checksum(payload, castagnoli))
-	_, err := f.WriteAt(hdr[:], l.curSize)
-	if err == nil {
-		_, err = f.WriteAt(payload, l.curSize+headerSize)
-	}
-	if err == nil {
-		err = datasync(f)
-	}
-	if err != nil {
-		if terr := f.Truncate(l.curSize); terr != nil {
+	b := make([]byte, headerSize+len(payload))
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(b[0:4], castagnoli))
+	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(payload, castagnoli))
+	copy(b[headerSize:], payload)
+	if _, err := l.curF.WriteAt(b, l.curSize); err != nil {
+		if terr := l.curF.Truncate(l.curSize); terr != nil {
 			l.broken = err
 		}
 		return Pos{}, err
 	}
-	n := int64(headerSize + len(payload))
-	dropCache(f, l.curSize, n)
+	l.pending = append(l.pending, written{l.curSize, b})
 	p := Pos{File: l.cur.id, Off: l.curSize + headerSize}
-	l.curSize += n
-	l.segSize += n
+	l.curSize += int64(len(b))
+	l.segSize += int64(len(b))
 	return p, nil
+}
+
+// Sync makes every frame written durable (one fdatasync), and drops their pages from the page
+// cache. If it fails, the frames are written again before anything else is (Write, Sync,
+// Rotate, Close), so that the pages a failed fdatasync may have dropped are not lost.
+func (l *Log) Sync() error {
+	if err := l.rewrite(); err != nil {
+		return err
+	}
+	if l.synced == l.curSize {
+		return nil
+	}
+	if err := datasync(l.curF); err != nil {
+		l.syncFailed = true
+		return err
+	}
+	dropWritten(l.curF, l.synced, l.curSize)
+	l.synced, l.pending = l.curSize, l.pending[:0]
+	return nil
+}
+
+// dropWritten drops from the page cache the pages that the frames from off to end filled: all
+// but the last if they end inside it. The next frame is written into that page; had it been
+// dropped, the kernel would read it back from the volume first. (Asked to drop exactly the
+// frames' bytes, the kernel, which drops only whole pages, would instead keep the page each
+// sync's frames begin in: one more page cached for every sync.)
+func dropWritten(f *os.File, off, end int64) {
+	page := int64(os.Getpagesize())
+	if from, to := off/page*page, end/page*page; to > from {
+		dropCache(f, from, to-from)
+	}
+}
+
+// Unsynced reports whether something written is not yet durable.
+func (l *Log) Unsynced() bool { return l.synced != l.curSize || l.syncFailed }
+
+// rewrite writes again, after a failed Sync, the frames that Sync was to make durable.
+func (l *Log) rewrite() error {
+	if !l.syncFailed {
+		return nil
+	}
+	for _, f := range l.pending {
+		if _, err := l.curF.WriteAt(f.b, f.off); err != nil {
+			return fmt.Errorf("write again what a failed sync left: %w", err)
+		}
+	}
+	l.syncFailed = false
+	return nil
 }
 
 // cutOff cuts a failed append's partial frame off the segment, if an earlier attempt could
@@ -448,6 +513,10 @@ func (l *Log) Rotate() (uint64, error) {
 	}
 	if l.curSize == 0 {
 		return l.cur.id, nil
+	}
+	// Only the last segment may end in a torn frame: this one is made durable before the next.
+	if err := l.Sync(); err != nil {
+		return 0, err
 	}
 	return l.begin(l.cur.id + 1)
 }
@@ -564,7 +633,9 @@ func (l *Log) Release() {
 func (l *Log) Close() error {
 	var err error
 	if l.curF != nil {
-		err = l.cutOff()
+		if err = l.cutOff(); err == nil {
+			err = l.Sync()
+		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

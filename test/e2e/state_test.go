@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -242,6 +243,100 @@ metrics: {address: "127.0.0.1:0"}
 			t.Errorf("%s was tried before the kill and not delivered under the same id after it", id)
 		}
 	}
+}
+
+// TestSIGKILLMidStormLosesNothingAndKeepsEachObjectsOrder kills dynwatch while objects are
+// being updated at about 100 per second and starts it again at once, the storm going on: each
+// object's last version arrives, every event arrives under its own id (uid, resourceVersion and
+// type, whether first or repeated), and the first arrivals of each object's events are in the
+// order of its versions. A delivery waits for its commit to be durable: what the kill cuts
+// short is derived again at the restart, never reordered.
+func TestSIGKILLMidStormLosesNothingAndKeepsEachObjectsOrder(t *testing.T) {
+	t.Parallel()
+	const objects, updates = 10, 600
+	ns := namespace(t)
+	cs, create := configMaps(ns)
+	rc := newReceiver(t, nil, false)
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	writeFile(t, configPath, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+webhooks: [{name: r, url: %s, workers: 4}]
+state: {path: %s}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}
+`, ns, rc.URL, filepath.Join(dir, "state.db")))
+	for i := range objects {
+		if err := create(t.Context(), fmt.Sprintf("cm-%02d", i), "0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := startProcess(t, configPath)
+	rc.waitFor(t, objects, 30*time.Second)
+	last := make([]string, objects) // each object's last resourceVersion
+	stormed := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for n := range updates {
+			<-tick.C
+			i := n % objects
+			cm, err := cs.CoreV1().ConfigMaps(ns).Patch(t.Context(), fmt.Sprintf("cm-%02d", i), "application/merge-patch+json", fmt.Appendf(nil, `{"data":{"v":"%d"}}`, n+1), metav1.PatchOptions{})
+			if err != nil {
+				stormed <- err
+				return
+			}
+			last[i] = cm.ResourceVersion
+		}
+		stormed <- nil
+	}()
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if n := len(rc.got()); n < objects+updates/3 {
+			return fmt.Errorf("%d events so far; the kill comes a third into the storm", n)
+		}
+		return nil
+	})
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.Done()
+	startProcess(t, configPath)
+	if err := <-stormed; err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 90*time.Second, func() error {
+		seen := map[string]bool{}
+		for _, r := range rc.got() {
+			seen[r.name()+"@"+r.payload.Object["metadata"].(map[string]any)["resourceVersion"].(string)] = true
+		}
+		for i, rv := range last {
+			if !seen[fmt.Sprintf("cm-%02d@%s", i, rv)] {
+				return fmt.Errorf("cm-%02d's last version (%s) has not arrived", i, rv)
+			}
+		}
+		return nil
+	})
+	first := map[string]bool{}
+	order := map[string]uint64{} // an object's last version first arriving
+	repeats := 0
+	for _, r := range rc.got() {
+		meta := r.payload.Object["metadata"].(map[string]any)
+		rv := meta["resourceVersion"].(string)
+		if want := fmt.Sprintf("%s.%s.%s", meta["uid"], rv, strings.ToLower(r.payload.Type)); r.ceID != want {
+			t.Errorf("an event of %s@%s arrived as %s; want %s", r.name(), rv, r.ceID, want)
+		}
+		if first[r.ceID] {
+			repeats++
+			continue
+		}
+		first[r.ceID] = true
+		v, _ := strconv.ParseUint(rv, 10, 64)
+		if v <= order[r.name()] {
+			t.Errorf("%s@%s first arrived after %s@%d", r.name(), rv, r.name(), order[r.name()])
+		}
+		order[r.name()] = v
+	}
+	t.Logf("%d events, %d first arrivals, %d repeats", len(rc.got()), len(first), repeats)
 }
 
 // TestConfigEditsApplyLive rewrites the configuration the way a ConfigMap volume does (a new
