@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-metadata bench-api bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-metadata bench-wal bench-api bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -56,6 +56,11 @@ bench-initial-state: testbed
 ## config over 5,000 configmaps, one process after the other (about 3 minutes)
 bench-metadata: testbed
 	$(GO) run ./test/bench -metadata-only -json bench-metadata.json
+
+## bench-wal: the logs the journal could keep its records in (journal/wal, bbolt, raft-wal,
+## Pebble's WAL writer) under the journal's workload, side by side (about 10 seconds)
+bench-wal:
+	$(GO) test -run XXX -bench . -benchtime 300x ./test/walbench/
 
 ## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
 bench-api: testbed

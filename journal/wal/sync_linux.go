@@ -23,3 +23,20 @@ func lock(f *os.File) error {
 	}
 	return err
 }
+
+// writeFrame writes a frame's header and payload at off, in one system call unless it writes
+// short; then the rest is written, or the reason it cannot be is returned.
+func writeFrame(f *os.File, hdr, payload []byte, off int64) error {
+	n, err := unix.Pwritev(int(f.Fd()), [][]byte{hdr, payload}, off)
+	if err != nil || n == len(hdr)+len(payload) {
+		return err
+	}
+	if n < len(hdr) {
+		if _, err := f.WriteAt(hdr[n:], off+int64(n)); err != nil {
+			return err
+		}
+		n = len(hdr)
+	}
+	_, err = f.WriteAt(payload[n-len(hdr):], off+int64(n))
+	return err
+}

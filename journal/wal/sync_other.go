@@ -9,3 +9,11 @@ func datasync(f *os.File) error { return f.Sync() }
 func dropCache(*os.File, int64, int64) {}
 
 func lock(*os.File) error { return nil }
+
+func writeFrame(f *os.File, hdr, payload []byte, off int64) error {
+	if _, err := f.WriteAt(hdr, off); err != nil {
+		return err
+	}
+	_, err := f.WriteAt(payload, off+int64(len(hdr)))
+	return err
+}

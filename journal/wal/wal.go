@@ -392,8 +392,9 @@ func (l *Log) begin(id uint64) (uint64, error) {
 
 // written is a frame written and not yet synced: where it begins, and its bytes.
 type written struct {
-	off int64
-	b   []byte
+	off     int64
+	hdr     [headerSize]byte
+	payload []byte
 }
 
 // Append writes payload as one frame at the end of the log and syncs it: Write, then Sync.
@@ -407,6 +408,8 @@ func (l *Log) Append(payload []byte) (Pos, error) {
 
 // Write writes payload as one frame at the end of the log, without syncing it: it is in the
 // kernel's hands (a crash of the process loses nothing of it), durable once Sync has returned.
+// The log keeps payload until then, to write it again if a sync fails: the caller must not
+// change it.
 // A failed Write leaves nothing of its frame behind. After a failed Sync, Write first writes
 // again what that Sync was to make durable.
 func (l *Log) Write(payload []byte) (Pos, error) {
@@ -424,21 +427,21 @@ func (l *Log) Write(payload []byte) (Pos, error) {
 			return Pos{}, err
 		}
 	}
-	b := make([]byte, headerSize+len(payload))
-	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(b[0:4], castagnoli))
-	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(payload, castagnoli))
-	copy(b[headerSize:], payload)
-	if _, err := l.curF.WriteAt(b, l.curSize); err != nil {
+	w := written{off: l.curSize, payload: payload}
+	binary.LittleEndian.PutUint32(w.hdr[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(w.hdr[4:], crc32.Checksum(w.hdr[0:4], castagnoli))
+	binary.LittleEndian.PutUint32(w.hdr[8:], crc32.Checksum(payload, castagnoli))
+	if err := writeFrame(l.curF, w.hdr[:], payload, w.off); err != nil {
 		if terr := l.curF.Truncate(l.curSize); terr != nil {
 			l.broken = err
 		}
 		return Pos{}, err
 	}
-	l.pending = append(l.pending, written{l.curSize, b})
+	l.pending = append(l.pending, w)
+	n := int64(headerSize + len(payload))
 	p := Pos{File: l.cur.id, Off: l.curSize + headerSize}
-	l.curSize += int64(len(b))
-	l.segSize += int64(len(b))
+	l.curSize += n
+	l.segSize += n
 	return p, nil
 }
 
@@ -457,6 +460,7 @@ func (l *Log) Sync() error {
 		return err
 	}
 	dropWritten(l.curF, l.synced, l.curSize)
+	clear(l.pending) // the payloads are the callers': hold none past the sync
 	l.synced, l.pending = l.curSize, l.pending[:0]
 	return nil
 }
@@ -481,8 +485,8 @@ func (l *Log) rewrite() error {
 	if !l.syncFailed {
 		return nil
 	}
-	for _, f := range l.pending {
-		if _, err := l.curF.WriteAt(f.b, f.off); err != nil {
+	for _, w := range l.pending {
+		if err := writeFrame(l.curF, w.hdr[:], w.payload, w.off); err != nil {
 			return fmt.Errorf("write again what a failed sync left: %w", err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
@@ -149,5 +150,46 @@ func TestASecondOpenOfALogAlreadyOpenFailsWithErrLocked(t *testing.T) {
 	_, _, got := openLog(t, dir)
 	if diff := cmp.Diff([][]byte{[]byte("a"), []byte("b")}, payloadsOf(got)); diff != "" {
 		t.Errorf("replayed once the first was closed (-want +got):\n%s", diff)
+	}
+}
+
+// cachedPages counts the pages of the file at path in the page cache: mincore(2) of a mapping,
+// which faults nothing in (x/sys/unix has no wrapper for it).
+func cachedPages(t *testing.T, path string) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }() // opened to read: nothing to lose
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Munmap(m) }() // a read-only mapping: nothing to lose
+	page := os.Getpagesize()
+	vec := make([]byte, (len(m)+page-1)/page)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+func TestAppendedFramesLeaveAtMostTheSegmentsLastPageInThePageCache(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "log")
+	l, _, _ := openLog(t, dir)
+	// 5000 bytes: frames begin and end inside pages, never on a boundary.
+	appendAll(t, l, payloads(40, 5000)...)
+	path := filepath.Join(dir, segName(1))
+	if n := cachedPages(t, path); n > 1 {
+		t.Errorf("%d pages of the segment (%d bytes) are in the page cache after the appends; want at most its last", n, fileSize(t, path))
 	}
 }
