@@ -96,12 +96,22 @@ log: {level: debug}
 			if err := p.Stop(10 * time.Second); err != nil {
 				t.Fatal(err)
 			}
-			for name, file := range map[string]string{"dead letters": deadLetters, "state store": filepath.Join(dir, "state.db")} {
-				b, err := os.ReadFile(file)
+			b, err := os.ReadFile(deadLetters)
+			if err != nil {
+				t.Fatal(err)
+			}
+			places["dead letters"] = b
+			// The state store is a directory of log files: all of them, together.
+			files, _ := filepath.Glob(filepath.Join(dir, "state.db", "*.wal"))
+			if len(files) == 0 {
+				t.Fatal("no state store files")
+			}
+			for _, f := range files {
+				b, err := os.ReadFile(f)
 				if err != nil {
 					t.Fatal(err)
 				}
-				places[name] = b
+				places["state store"] = append(places["state store"], b...)
 			}
 			places["log"] = []byte(p.Log())
 

@@ -274,6 +274,7 @@ metrics: {address: "127.0.0.1:0"}
 	p := startProcess(t, configPath)
 	rc.waitFor(t, objects, 30*time.Second)
 	last := make([]string, objects) // each object's last resourceVersion
+	var patched atomic.Int64
 	stormed := make(chan error, 1)
 	go func() {
 		tick := time.NewTicker(10 * time.Millisecond)
@@ -287,12 +288,15 @@ metrics: {address: "127.0.0.1:0"}
 				return
 			}
 			last[i] = cm.ResourceVersion
+			patched.Add(1)
 		}
 		stormed <- nil
 	}()
-	testbed.Eventually(t, 30*time.Second, func() error {
-		if n := len(rc.got()); n < objects+updates/3 {
-			return fmt.Errorf("%d events so far; the kill comes a third into the storm", n)
+	// A loaded machine patches more slowly than 100/s: the kill comes a third into the storm
+	// as patched, whatever the pace.
+	testbed.Eventually(t, 3*time.Minute, func() error {
+		if n := patched.Load(); n < updates/3 {
+			return fmt.Errorf("%d of %d updates patched; the kill comes a third into the storm", n, updates)
 		}
 		return nil
 	})
@@ -304,7 +308,7 @@ metrics: {address: "127.0.0.1:0"}
 	if err := <-stormed; err != nil {
 		t.Fatal(err)
 	}
-	testbed.Eventually(t, 90*time.Second, func() error {
+	testbed.Eventually(t, 3*time.Minute, func() error {
 		seen := map[string]bool{}
 		for _, r := range rc.got() {
 			seen[r.name()+"@"+r.payload.Object["metadata"].(map[string]any)["resourceVersion"].(string)] = true
