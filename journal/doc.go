@@ -20,12 +20,15 @@
 // same on every replica.
 //
 // Guarantees:
-//   - An entry is queued only once its commit is durable (fdatasync), so what a target is
-//     handed survives a crash; the state of an object is committed with the entries it
-//     produced, in the same frame, never ahead of them.
-//     What a crash cuts short before a commit is derived again at the next start, by comparing
-//     the initial list with the stored state: a changed object is recorded as MODIFIED (or as
-//     DELETED and ADDED when its uid changed), an object gone as DELETED.
+//   - An entry is queued only once its commit is written to the log (the kernel has it: the
+//     process may die at once and lose nothing), and the commits written within syncEvery are
+//     then made durable by one fdatasync; the state of an object is committed with the entries
+//     it produced, in the same frame, never ahead of them. So what a crash of the machine
+//     loses, at most the commits of the last syncEvery, it loses whole: entries and states
+//     together. What a crash cuts short is derived again at the next start, by comparing the
+//     initial list with the stored state: a changed object is recorded as MODIFIED (or as
+//     DELETED and ADDED when its uid changed), an object gone as DELETED, under the ids the
+//     lost entries had.
 //   - An entry leaves its outbox only when it is acknowledged: by Ack (delivered or
 //     dead-lettered), or by a checkpoint at or past its revision (Trim). An acknowledgement
 //     commits with the next commit events start, or alone within ackDelay: a crash

@@ -22,10 +22,10 @@ import (
 // Journal is the one path from the informers to the sinks' queues. Record only appends to
 // it; its goroutine takes everything pending at once and, in one commit to the store (a group
 // commit), compares each event with the stored state of its object, filters it for every
-// sink, writes the outbox entries and the object's new state, and only after the commit
-// queues the deliveries. So an event is queued only once it is durable, and the state of an
-// object never runs ahead of the outbox: what a crash cuts short before a commit is derived
-// again by the next start's comparison. A commit that fails (a full disk) queues nothing: its
+// sink, writes the outbox entries and the object's new state, and only after the commit is
+// written queues the deliveries (it is synced within syncEvery). So the state of an object
+// never runs ahead of the outbox: what a crash cuts short before a commit, or before its sync,
+// is derived again by the next start's comparison. A commit that fails (a full disk) queues nothing: its
 // operations wait, and are committed again, until one succeeds. An operation that fails on its
 // own (a corrupt entry) is counted and skipped; the rest of its batch commits. Without a store
 // it only filters and queues.

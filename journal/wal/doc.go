@@ -9,20 +9,25 @@
 // payload lies, so that it can be read again without reading its file.
 //
 // Guarantees:
-//   - Append returns once its frame is on the volume (fdatasync): a crash loses no frame an
-//     Append returned for. The frame's pages are then dropped from the page cache: nothing of
-//     the log is mapped, and what it wrote is not left charged to the process's memory.
+//   - Write hands its frame to the kernel (one pwritev): the process may die at once without
+//     losing it. Sync makes every frame written durable (one fdatasync): a crash of the machine
+//     loses no frame written before a Sync returned. Append is Write then Sync. Once synced,
+//     the frames' pages are dropped from the page cache: nothing of the log is mapped, and what
+//     it wrote is not left charged to the process's memory. If a Sync fails, the frames it was
+//     to make durable are written again before anything else is.
 //   - A frame cut short by a crash (a torn tail: the last frame of the last segment reaching
 //     past the end of the file, or a tail of zeros) is truncated at Open; what came before it
 //     is read back. Any other frame that does not check is damage: it and everything after it
 //     (the rest of its file, and every later file) are moved into a directory beside the log,
 //     named <dir>.damaged-<time>, and Open reports it; what came before is read back.
-//   - A failed Append leaves the segment as it was before it (the partial frame is cut off), so
-//     the caller may append the same payload again.
+//   - A failed Write or Append leaves the segment as it was before it (the partial frame is cut
+//     off), so the caller may write the same payload again. Rotate and Close sync first: only
+//     the last segment may end in a torn frame.
 //   - A snapshot is written to a temporary file, synced and renamed into place: it is there
 //     whole or not at all.
 //
-// Concurrency: Append, Rotate, Compact, Sizes and Close are called from one goroutine;
+// Concurrency: Write, Sync, Append, Unsynced, Rotate, Compact, Sizes and Close are called from
+// one goroutine;
 // WriteSnapshot from that one or from one of its own, at once with Append and Rotate; ReadAt
 // and Release from any, at once with those. A Pos stays readable until Compact removes
 // its file: the caller must not read a Pos of a file it has compacted away.
