@@ -56,7 +56,7 @@ type snapEntry struct {
 // so each is written for at least half its size of commits; and the files stay within about
 // 1.5 times the state, whether the log grew or the state shrank (an outbox emptied).
 func (j *Journal) maybeCompact() {
-	if j.store == nil || j.compacting {
+	if j.store == nil || j.compacting || j.now().Before(j.retryCompaction) {
 		return
 	}
 	snap, segs := j.store.log.Sizes()
@@ -65,7 +65,8 @@ func (j *Journal) maybeCompact() {
 	}
 	id, err := j.store.log.Rotate()
 	if err != nil {
-		j.log.Warn("state store: could not begin a compaction", "path", j.store.Path, "err", err)
+		j.compactionFailed()
+		j.log.Warn("state store: could not begin a compaction", "path", j.store.Path, "err", err, "retryIn", j.compactionBackoff)
 		return
 	}
 	c := compaction{id: id, records: maps.Clone(j.store.records), seq: j.seq, started: time.Now()}
@@ -158,10 +159,11 @@ func (s *store) writeSnapshot(c *compaction) error {
 func (j *Journal) finishCompaction(c compaction) {
 	j.compacting = false
 	if c.err != nil {
-		j.m.compactionErrors.Inc()
-		j.log.Warn("state store: compaction failed; the log is kept as it is, and compacted again later", "path", j.store.Path, "err", c.err)
+		j.compactionFailed()
+		j.log.Warn("state store: compaction failed; the log is kept as it is, and compacted again later", "path", j.store.Path, "err", c.err, "retryIn", j.compactionBackoff)
 		return
 	}
+	j.compactionBackoff = 0
 	j.files.Lock()
 	defer j.files.Unlock()
 	j.idx.Lock()
@@ -195,4 +197,13 @@ func (s *store) keep(res, key string, obj *dynamicinformer.Object) {
 		st.obj = obj
 		s.objects[res][key] = st
 	}
+}
+
+// compactionFailed counts a failed compaction and puts the next off: each try begins a segment
+// and writes the whole state, so a volume too full for a snapshot is not tried at every commit.
+// The backoff doubles from a second to five minutes.
+func (j *Journal) compactionFailed() {
+	j.m.compactionErrors.Inc()
+	j.compactionBackoff = min(max(2*j.compactionBackoff, time.Second), 5*time.Minute)
+	j.retryCompaction = j.now().Add(j.compactionBackoff)
 }

@@ -51,9 +51,12 @@ type Journal struct {
 	floor Checkpoints            // the checkpoints Trim was given: what they cover is not recorded
 	sinks map[string]*sinkReplay // every target seen, by name: where its initialState replay stands
 	first bool                   // no batch has been applied yet
-	// compacting is true while a snapshot is being written; compacted receives it.
-	compacting bool
-	compacted  chan compaction
+	// compacting is true while a snapshot is being written; compacted receives it. After a
+	// compaction fails, none begins before retryCompaction, compactionBackoff later.
+	compacting        bool
+	compacted         chan compaction
+	retryCompaction   time.Time
+	compactionBackoff time.Duration
 	// listsCoverAll: the initial lists hand the first batch's targets every object as ADDED
 	// (no store, a new one, or one without sink records), so none of them replays.
 	listsCoverAll bool

@@ -240,3 +240,48 @@ func counterValue(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// TestAFailedCompactionIsNotRetriedOnEveryCommit: a snapshot that cannot be written (here its
+// temporary files are directories; a volume too full for a snapshot is the same) is tried
+// again only after a backoff, not at every commit: each try begins a segment and writes the
+// whole state.
+func TestAFailedCompactionIsNotRetriedOnEveryCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	tg := &recorder{name: "sink"}
+	targets := []Target{tg}
+	j := openJournal(t, path, &targets)
+	for id := range 1000 { // every snapshot this test could begin
+		if err := os.Mkdir(filepath.Join(path, fmt.Sprintf("snap-%016x.wal.tmp", id)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := strings.Repeat("x", 2048)
+	obj := func(i, rev int) *dynamicinformer.Object {
+		return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+			"namespace": "ns", "name": fmt.Sprintf("cm-%04d", i), "uid": fmt.Sprintf("uid-%04d", i), "resourceVersion": strconv.Itoa(rev)}, "data": map[string]any{"v": big}}})
+	}
+	rev := 10
+	commit := func() {
+		rev++
+		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: obj(rev%100, rev), Revision: uint64(rev), InOrder: true})
+		flush(t, j)
+		for _, e := range tg.entries {
+			j.Ack("sink", e.Seq)
+		}
+		tg.entries = nil
+		flush(t, j)
+	}
+	for !j.compacting {
+		commit()
+	}
+	j.finishCompaction(<-j.compacted)
+	if n := counterValue(j.m.compactionErrors); n != 1 {
+		t.Fatalf("%v compaction errors; want 1", n)
+	}
+	for range 20 {
+		commit()
+		if j.compacting {
+			t.Fatal("a compaction began again at the next commits, right after one failed")
+		}
+	}
+}
