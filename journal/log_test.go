@@ -31,14 +31,7 @@ import (
 // are compared with the initial lists as before; new entries follow the old sequences; the old
 // file is set aside, and the log reads the same when opened again.
 func TestAStoreWrittenByTheLastBboltReleaseIsConvertedWithNothingLost(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.db")
-	old, err := os.ReadFile("testdata/format6.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, old, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := oldStore(t, "testdata/format6.db")
 	a, b := &recorder{name: "a"}, &recorder{name: "b", initial: true}
 	targets := []Target{a, b}
 	j := openJournal(t, path, &targets)
@@ -284,4 +277,19 @@ func TestAFailedCompactionIsNotRetriedOnEveryCommit(t *testing.T) {
 			t.Fatal("a compaction began again at the next commits, right after one failed")
 		}
 	}
+}
+
+// oldStore copies the bbolt store at testdata into a directory of the test's own, as
+// state.path, and returns its path.
+func oldStore(t *testing.T, testdata string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "state.db")
+	old, err := os.ReadFile(testdata)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

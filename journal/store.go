@@ -123,14 +123,14 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 			res, key, uid, rv := r.string(), r.string(), r.string(), r.string()
 			b, off := r.bytes()
 			if r.err == nil {
-				s.forget(res, key)
+				s.unhold(res, key)
 				st := stored{uid: uid, rv: rv, at: at(p, off), n: len(b)}
-				s.objectsOf(res)[key] = st
+				inner(s.objects, res)[key] = st
 				s.held.Add(objectSize(res, key, st))
 			}
 		case recDelete:
 			res, key := r.string(), r.string()
-			s.forget(res, key)
+			s.unhold(res, key)
 			delete(s.objects[res], key)
 		case recEntry:
 			sink, seq := r.string(), r.uvarint()
@@ -142,7 +142,7 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 					s.held.Add(-entrySize(sink, old.n))
 				}
 				s.held.Add(entrySize(sink, x.n))
-				s.outboxOf(sink)[seq] = x
+				inner(s.outbox, sink)[seq] = x
 				s.seq = max(s.seq, seq)
 			}
 		case recAck:
@@ -183,22 +183,12 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 	return format
 }
 
-func (s *store) objectsOf(res string) map[string]stored {
-	m := s.objects[res]
-	if m == nil {
-		m = map[string]stored{}
-		s.objects[res] = m
+// inner is m's map under k, made if there is none.
+func inner[K comparable, V any](m map[string]map[K]V, k string) map[K]V {
+	if m[k] == nil {
+		m[k] = map[K]V{}
 	}
-	return m
-}
-
-func (s *store) outboxOf(sink string) map[uint64]indexed {
-	m := s.outbox[sink]
-	if m == nil {
-		m = map[uint64]indexed{}
-		s.outbox[sink] = m
-	}
-	return m
+	return m[k]
 }
 
 // object is a stored object: the one kept, or one decoded from its JSON in the log.
@@ -335,9 +325,17 @@ func (t *txn) each(res string, fn func(key string, st stored)) {
 
 // holds reports whether anything is stored for res.
 func (t *txn) holds(res string) bool {
-	found := false
-	t.each(res, func(string, stored) { found = true })
-	return found
+	for _, st := range t.objects[res] {
+		if st != nil {
+			return true
+		}
+	}
+	for k := range t.s.objects[res] {
+		if _, staged := t.objects[res][k]; !staged {
+			return true
+		}
+	}
+	return false
 }
 
 // resources are those the store has held objects of.
@@ -460,9 +458,9 @@ func (t *txn) commit() (wal.Pos, error) {
 	}
 	t.s.written.Add(int64(len(t.buf)))
 	for res, m := range t.objects {
-		objs := t.s.objectsOf(res)
+		objs := inner(t.s.objects, res)
 		for key, st := range m {
-			t.s.forget(res, key)
+			t.s.unhold(res, key)
 			if st == nil {
 				delete(objs, key)
 				continue
@@ -494,8 +492,8 @@ func objectSize(res, key string, st stored) int64 {
 
 func entrySize(sink string, n int) int64 { return int64(recordOverhead + len(sink) + n) }
 
-// forget takes an object's state out of the size held.
-func (s *store) forget(res, key string) {
+// unhold takes an object's state out of the size held.
+func (s *store) unhold(res, key string) {
 	if st, ok := s.objects[res][key]; ok {
 		s.held.Add(-objectSize(res, key, st))
 	}

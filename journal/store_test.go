@@ -26,14 +26,7 @@ import (
 // keyed by the new resource names, and the stored objects are still compared with an initial
 // list: an unchanged object is not delivered again, a vanished one is delivered as DELETED.
 func TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.db")
-	old, err := os.ReadFile("testdata/format2.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, old, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := oldStore(t, "testdata/format2.db")
 	tg := &target{}
 	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
 		Path: path, Targets: func() []Target { return []Target{tg} }})
