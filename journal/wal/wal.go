@@ -90,7 +90,8 @@ type Log struct {
 	files map[fileKey]*os.File
 
 	// Owned by the appending goroutine.
-	segLimit int64 // SegmentSize; a test sets it lower
+	segLimit int64                // SegmentSize; a test sets it lower
+	datasync func(*os.File) error // the package's; a test makes it fail
 	cur      fileKey
 	curF     *os.File
 	curSize  int64
@@ -116,7 +117,7 @@ func Open(dir string, replay func(Pos, []byte) error) (*Log, Recovery, error) {
 	}
 	// Cleaned, so that the damage directory <dir>.damaged-<time> lies beside the log even when
 	// dir ends in a separator.
-	l := &Log{dir: filepath.Clean(dir), files: map[fileKey]*os.File{}, segLimit: SegmentSize}
+	l := &Log{dir: filepath.Clean(dir), files: map[fileKey]*os.File{}, segLimit: SegmentSize, datasync: datasync}
 	if err := l.lock(); err != nil {
 		return nil, rec, err
 	}
@@ -455,7 +456,7 @@ func (l *Log) Sync() error {
 	if l.synced == l.curSize {
 		return nil
 	}
-	if err := datasync(l.curF); err != nil {
+	if err := l.datasync(l.curF); err != nil {
 		l.syncFailed = true
 		return err
 	}

@@ -2,7 +2,9 @@ package wal
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"os"
 	"testing"
 )
 
@@ -52,5 +54,72 @@ func TestWhatIsWrittenIsReadableAtOnceAndDurableOnceSyncedOrClosed(t *testing.T)
 		if !bytes.Equal(f.Payload, want[i]) {
 			t.Errorf("frame %d: %q; want %q", i, f.Payload, want[i])
 		}
+	}
+}
+
+// TestWhatAFailedSyncWasToMakeDurableIsWrittenAgain: after a failed fdatasync the kernel may
+// have dropped the dirty pages it could not write, so the frames that sync covered read back as
+// whatever the volume held. The next write or sync writes them again first, and a later sync
+// makes them durable; Unsynced reports them until it does.
+func TestWhatAFailedSyncWasToMakeDurableIsWrittenAgain(t *testing.T) {
+	for _, next := range []string{"sync", "write"} {
+		t.Run("then "+next, func(t *testing.T) {
+			dir := t.TempDir()
+			l, _, _ := openLog(t, dir)
+			durable, lost := []byte("durable before the failure"), []byte("written, then its sync failed")
+			if _, err := l.Write(durable); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			pos, err := l.Write(lost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eio := errors.New("input/output error")
+			l.datasync = func(*os.File) error { return eio }
+			if err := l.Sync(); !errors.Is(err, eio) {
+				t.Fatalf("Sync with fdatasync failing: %v; want %v", err, eio)
+			}
+			if !l.Unsynced() {
+				t.Error("Unsynced is false after a failed sync")
+			}
+			// What the dropped pages leave: the frame's bytes as the volume held them.
+			start := pos.Off - headerSize
+			if err := l.curF.Truncate(start); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.curF.Truncate(start + int64(headerSize+len(lost))); err != nil {
+				t.Fatal(err)
+			}
+			l.datasync = datasync
+			want := [][]byte{durable, lost}
+			switch next {
+			case "sync":
+				if err := l.Sync(); err != nil {
+					t.Fatal(err)
+				}
+			case "write":
+				more := []byte("written after the failed sync")
+				if _, err := l.Write(more); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, more)
+			}
+			closeLog(t, l)
+			_, rec, got := openLog(t, dir)
+			if rec.TornTail != 0 || rec.Damaged != "" {
+				t.Errorf("reopened with %+v; want a clean log", rec)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("replayed %d frames; want %d", len(got), len(want))
+			}
+			for i, f := range got {
+				if !bytes.Equal(f.Payload, want[i]) {
+					t.Errorf("frame %d: %q; want %q", i, f.Payload, want[i])
+				}
+			}
+		})
 	}
 }
