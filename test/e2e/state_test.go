@@ -104,13 +104,7 @@ func TestARestartDeliversExactlyWhatChangedWhileDown(t *testing.T) {
 	rc := newReceiver(t, nil, false)
 	dir := t.TempDir()
 	configPath := filepath.Join(dir, "config.yaml")
-	writeFile(t, configPath, fmt.Sprintf(`
-resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
-webhooks: [{name: r, url: %s, workers: 1}]
-state: {path: %s}
-api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
-metrics: {address: "127.0.0.1:0"}
-`, ns, rc.URL, filepath.Join(dir, "state.db")))
+	writeFile(t, configPath, plainConfig(ns, fmt.Sprintf("webhooks: [{name: r, url: %s, workers: 1}]\nstate: {path: %s}", rc.URL, filepath.Join(dir, "state.db"))))
 
 	p := startProcess(t, configPath)
 	rc.waitFor(t, objects, 90*time.Second)
@@ -174,13 +168,7 @@ func TestSIGKILLWithQueuedEventsLosesNothing(t *testing.T) {
 	}, false)
 	dir := t.TempDir()
 	configPath := filepath.Join(dir, "config.yaml")
-	writeFile(t, configPath, fmt.Sprintf(`
-resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
-webhooks: [{name: r, url: %s, workers: 4, retry: {initialBackoff: 50ms, maxBackoff: 200ms, maxElapsed: 10m}}]
-state: {path: %s}
-api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
-metrics: {address: "127.0.0.1:0"}
-`, ns, rc.URL, filepath.Join(dir, "state.db")))
+	writeFile(t, configPath, plainConfig(ns, fmt.Sprintf("webhooks: [{name: r, url: %s, workers: 4, retry: {initialBackoff: 50ms, maxBackoff: 200ms, maxElapsed: 10m}}]\nstate: {path: %s}", rc.URL, filepath.Join(dir, "state.db"))))
 	p := startProcess(t, configPath)
 	for i := range objects {
 		if err := create(t.Context(), fmt.Sprintf("cm-%02d", i), "1"); err != nil {
@@ -259,13 +247,7 @@ func TestSIGKILLMidStormLosesNothingAndKeepsEachObjectsOrder(t *testing.T) {
 	rc := newReceiver(t, nil, false)
 	dir := t.TempDir()
 	configPath := filepath.Join(dir, "config.yaml")
-	writeFile(t, configPath, fmt.Sprintf(`
-resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
-webhooks: [{name: r, url: %s, workers: 4}]
-state: {path: %s}
-api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
-metrics: {address: "127.0.0.1:0"}
-`, ns, rc.URL, filepath.Join(dir, "state.db")))
+	writeFile(t, configPath, plainConfig(ns, fmt.Sprintf("webhooks: [{name: r, url: %s, workers: 4}]\nstate: {path: %s}", rc.URL, filepath.Join(dir, "state.db"))))
 	for i := range objects {
 		if err := create(t.Context(), fmt.Sprintf("cm-%02d", i), "0"); err != nil {
 			t.Fatal(err)
