@@ -65,7 +65,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 		}
 		election, status = elector, func() any { return elector.Status() }
 	}
-	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Webhooks: cfg.Webhooks, StatePath: cfg.State.Path, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
+	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Sinks: cfg.Sinks(), StatePath: cfg.State.Path, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
 		Resources: func() []*dynamicinformer.Resource { return s.informers.Resources() }}); err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	if s.reloader, err = config.NewReloader(config.ReloaderOptions{
 		Logger: log, Registerer: reg, Path: o.ConfigPath, Current: cfg, Signals: o.Reload,
 		Apply: func(next *config.Config) error {
-			if err := s.webhooks.Update(next.Webhooks); err != nil {
+			if err := s.webhooks.Update(next.Sinks()); err != nil {
 				return err
 			}
 			s.informers.Update(next.Resources)

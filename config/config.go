@@ -29,6 +29,8 @@ const EnvPrefix = "DYNWATCH"
 type Config struct {
 	Resources []Resource `mapstructure:"resources"`
 	Webhooks  []Webhook  `mapstructure:"webhooks"`
+	// JetStream are the NATS JetStream sinks, beside the webhooks.
+	JetStream []JetStream `mapstructure:"jetstream"`
 	API       API        `mapstructure:"api"`
 	Metrics   Metrics    `mapstructure:"metrics"`
 	Discovery Discovery  `mapstructure:"discovery"`
@@ -326,6 +328,9 @@ func (c *Config) setListDefaults() {
 	for i := range c.Webhooks {
 		c.Webhooks[i].setDefaults()
 	}
+	for i := range c.JetStream {
+		c.JetStream[i].setDefaults()
+	}
 	yes := true
 	for i := range c.Resources {
 		if c.Resources[i].StaleAfter == 0 {
@@ -380,13 +385,22 @@ func Load(path string) (*Config, error) {
 
 // setSources records each list entry as written, so a reload can tell which entries changed.
 func (c *Config) setSources(v *viper.Viper) error {
-	for key, n := range map[string]int{"resources": len(c.Resources), "webhooks": len(c.Webhooks)} {
+	lists := map[string][]*string{}
+	for i := range c.Resources {
+		lists["resources"] = append(lists["resources"], &c.Resources[i].Source)
+	}
+	lists["webhooks"], lists["jetstream"] = nil, nil
+	for _, s := range c.Sinks() {
+		key := sinkKey(s)
+		lists[key] = append(lists[key], &s.Shared().Source)
+	}
+	for key, sources := range lists {
 		raw, _ := v.Get(key).([]any)
-		if len(raw) != n {
-			return fmt.Errorf("%s: decoded %d entries from %d", key, n, len(raw))
+		if len(raw) != len(sources) {
+			return fmt.Errorf("%s: decoded %d entries from %d", key, len(sources), len(raw))
 		}
 		for i, entry := range raw {
-			if m, ok := entry.(map[string]any); ok && key == "webhooks" {
+			if m, ok := entry.(map[string]any); ok && key != "resources" {
 				// Whether a sink replays matters only when it is first seen: turning it on or
 				// off changes nothing of a running sink.
 				m = maps.Clone(m)
@@ -397,21 +411,38 @@ func (c *Config) setSources(v *viper.Viper) error {
 			if err != nil {
 				return fmt.Errorf("%s[%d]: %w", key, i, err)
 			}
-			if key == "resources" {
-				c.Resources[i].Source = string(b)
-			} else {
-				c.Webhooks[i].Source = string(b)
-			}
+			*sources[i] = string(b)
 		}
 	}
 	return nil
 }
 
+// Sinks lists every configured sink: the webhooks, then the JetStream sinks, each in the
+// file's order.
+func (c *Config) Sinks() []SinkConfig {
+	out := make([]SinkConfig, 0, len(c.Webhooks)+len(c.JetStream))
+	for i := range c.Webhooks {
+		out = append(out, &c.Webhooks[i])
+	}
+	for i := range c.JetStream {
+		out = append(out, &c.JetStream[i])
+	}
+	return out
+}
+
+// sinkKey is the configuration key of the list s is an entry of.
+func sinkKey(s SinkConfig) string {
+	if _, ok := s.(*JetStream); ok {
+		return "jetstream"
+	}
+	return "webhooks"
+}
+
 // SecretFiles lists the files credentials are read from, whose changes a reload applies.
 func (c *Config) SecretFiles() []string {
 	var out []string
-	for i := range c.Webhooks {
-		out = append(out, c.Webhooks[i].SecretFiles()...)
+	for _, s := range c.Sinks() {
+		out = append(out, s.SecretFiles()...)
 	}
 	return out
 }

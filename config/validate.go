@@ -59,15 +59,23 @@ func (c *Config) validate() error {
 	if err != nil {
 		p.add("webhooks", "CEL environment: %v", err)
 	}
-	names := map[string]int{}
-	for i := range c.Webhooks {
-		path := fmt.Sprintf("webhooks[%d]", i)
-		w := &c.Webhooks[i]
-		w.validate(path, c.Resources, env, &p)
-		if first, dup := names[w.Name]; dup {
-			p.add(path+".name", "duplicate of webhooks[%d] (%s)", first, w.Name)
+	names := map[string]string{}
+	index := map[string]int{}
+	for _, s := range c.Sinks() {
+		key := sinkKey(s)
+		path := fmt.Sprintf("%s[%d]", key, index[key])
+		index[key]++
+		switch s := s.(type) {
+		case *Webhook:
+			s.validate(path, c.Resources, env, &p)
+		case *JetStream:
+			s.validate(path, c.Resources, env, &p)
+		}
+		name := s.Shared().Name
+		if first, dup := names[name]; dup {
+			p.add(path+".name", "duplicate of %s (%s): a sink's name is unique across webhooks and jetstream", first, name)
 		} else {
-			names[w.Name] = i
+			names[name] = path
 		}
 	}
 	c.API.validate(&p)

@@ -58,10 +58,10 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 	}))
 	defer srv.Close()
 	endpoint, _ := url.Parse(srv.URL)
-	cfg := config.Webhook{Name: "bench", Endpoint: endpoint, Labels: labels.Everything(), SigningSecret: []byte("0123456789abcdef0123456789abcdef")}
+	cfg := config.Webhook{Sink: config.Sink{Name: "bench", Labels: labels.Everything()}, Endpoint: endpoint, SigningSecret: []byte("0123456789abcdef0123456789abcdef")}
 	cfg.Timeout, cfg.Workers, cfg.QueueSize = 10*time.Second, 4, 1<<20
 	cfg.Retry = config.Retry{InitialBackoff: 10 * time.Millisecond, MaxBackoff: time.Second, MaxElapsed: time.Minute}
-	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Webhooks: []config.Webhook{cfg}})
+	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: []config.SinkConfig{&cfg}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -91,16 +92,24 @@ type deadLetters struct {
 	started sync.Once
 }
 
-func newDeadLetters(sink string, log *slog.Logger, m sinkMetrics, j *journal.Journal, cfg *config.Webhook) *deadLetters {
+func newDeadLetters(sink string, log *slog.Logger, m sinkMetrics, j *journal.Journal, cfg config.SinkConfig) *deadLetters {
 	dl := &deadLetters{sink: sink, log: log, m: m, j: j, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	dl.abandon, dl.cancel = context.WithCancel(context.Background())
 	dl.setTarget(cfg)
 	return dl
 }
 
-func (dl *deadLetters) setTarget(cfg *config.Webhook) {
-	dl.target.Store(&target{file: cfg.DeadLetter.File, url: cfg.DeadLetterURL, includeObject: cfg.DeadLetter.IncludeObject,
-		client: newClient(cfg.TLSConfig, 1, cfg.Timeout, always{}), timeout: cfg.Timeout})
+// setTarget makes cfg's deadLetter settings current. A webhook's dead letters are POSTed with
+// its TLS settings; other kinds' with Go's defaults, since their TLS settings are for their
+// brokers.
+func (dl *deadLetters) setTarget(cfg config.SinkConfig) {
+	var tlsConfig *tls.Config
+	if w, ok := cfg.(*config.Webhook); ok {
+		tlsConfig = w.TLSConfig
+	}
+	c := cfg.Shared()
+	dl.target.Store(&target{file: c.DeadLetter.File, url: c.DeadLetterURL, includeObject: c.DeadLetter.IncludeObject,
+		client: newClient(tlsConfig, 1, c.Timeout, always{}), timeout: c.Timeout})
 }
 
 // submit dead-letters d with reason. It never blocks.

@@ -22,7 +22,8 @@ import (
 type Options struct {
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
-	Webhooks   []config.Webhook
+	// Sinks are the configured sinks of every kind.
+	Sinks []config.SinkConfig
 	// StatePath is the state store's file, which keeps the object state and the outboxes
 	// across restarts; empty keeps them in memory.
 	StatePath string
@@ -81,8 +82,8 @@ func New(o Options) (*Dispatcher, error) {
 		return nil, err
 	}
 	d.m = newMetrics(d.journal)
-	for i := range o.Webhooks {
-		s, err := newSink(&o.Webhooks[i], d.log, d.journal, d.now, d.m, d.fence())
+	for _, cfg := range o.Sinks {
+		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence())
 		if err != nil {
 			_ = d.journal.Close()
 			return nil, err
@@ -203,6 +204,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	for _, s := range sinks {
 		wg.Go(func() {
 			s.stopWorkers()
+			s.cur.Load().transport.close()
 			if !d.journal.Durable() {
 				s.deadLetterQueue(reasonShutdown)
 			}
@@ -249,6 +251,7 @@ func (d *Dispatcher) follow() {
 		s.spill()
 		s.stopWorkers()
 		s.queue.Drain()
+		s.cur.Load().transport.close() // a follower holds no connection to a broker
 	}
 }
 
@@ -318,13 +321,12 @@ func (d *Dispatcher) orphaned(name string) error {
 // with the new settings. A removed sink stops; once what was queued for it is committed, its
 // queue and outbox are dead-lettered with reason sink_removed. A new sink receives the events
 // that arrive from now on and, with initialState, every current object first (see replay.go).
-func (d *Dispatcher) Update(webhooks []config.Webhook) error {
+func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
 	d.life.Lock()
 	defer d.life.Unlock()
 	type change struct {
-		s   *Sink
-		cfg *config.Webhook
-		st  *settings
+		s  *Sink
+		st *settings
 	}
 	d.mu.Lock()
 	old := map[string]*Sink{}
@@ -333,27 +335,29 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 	}
 	var changes []change
 	var next []*Sink
-	for i := range webhooks {
-		cfg := &webhooks[i]
-		prev := old[cfg.Name]
+	for _, cfg := range sinks {
+		prev := old[cfg.Shared().Name]
 		if prev == nil {
 			continue
 		}
-		if !prev.cfg().Same(cfg) {
-			st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret, d.fence())
+		if !prev.cur.Load().src.Same(cfg) {
+			st, err := newSettings(cfg, prev.log, d.fence())
 			if err != nil {
 				d.mu.Unlock()
+				for _, c := range changes {
+					c.st.transport.close()
+				}
 				return err
 			}
-			changes = append(changes, change{prev, cfg, st})
+			changes = append(changes, change{prev, st})
 		}
 	}
 	var started []*Sink
-	for i := range webhooks {
-		cfg := &webhooks[i]
-		if prev := old[cfg.Name]; prev != nil {
+	for _, cfg := range sinks {
+		name := cfg.Shared().Name
+		if prev := old[name]; prev != nil {
 			next = append(next, prev)
-			delete(old, cfg.Name)
+			delete(old, name)
 			continue
 		}
 		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence())
@@ -380,6 +384,7 @@ func (d *Dispatcher) Update(webhooks []config.Webhook) error {
 			s.stopReplay()
 		}
 		s.stopWorkers()
+		s.cur.Load().transport.close()
 		d.journal.RemoveTarget(s)
 		s.log.Info("webhook removed")
 	}

@@ -8,7 +8,8 @@ import (
 	"github.com/dynwatch/dynwatch/journal"
 )
 
-// metrics are the webhook metrics, labelled by sink; every label value exists from the start.
+// metrics are the delivery metrics of every kind of sink, labelled by sink; every label value
+// exists from the start. They keep the webhook_ names they had before sinks of other kinds.
 type metrics struct {
 	enqueued, delivered             *prometheus.CounterVec
 	attempts, retries, filterErrors *prometheus.CounterVec
@@ -25,7 +26,7 @@ type metrics struct {
 
 // sinkMetrics are one sink's children of the metrics.
 type sinkMetrics struct {
-	enqueued, delivered, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
+	enqueued, delivered, superseded, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
 	deadLetters                                                                            map[string]prometheus.Counter
 	requestDuration, age                                                                   prometheus.Observer
 	initialState                                                                           prometheus.Counter
@@ -40,14 +41,14 @@ func newMetrics(j *journal.Journal) *metrics {
 	}
 	m := &metrics{
 		enqueued:           counter("enqueued_total", "Events a sink's filters selected and its queue accepted."),
-		delivered:          counter("deliveries_total", "Events finished, by result: delivered (2xx) or dead_lettered.", "result"),
-		attempts:           counter("attempts_total", "HTTP requests made to a sink."),
-		retries:            counter("retries_total", "HTTP requests that repeated an earlier failed one."),
+		delivered:          counter("deliveries_total", "Events finished, by result: delivered (a 2xx, or acknowledged by the stream), superseded (a JetStream subject already held a newer version of the object) or dead_lettered.", "result"),
+		attempts:           counter("attempts_total", "Attempts to hand an event to a sink: HTTP requests, JetStream publishes."),
+		retries:            counter("retries_total", "Attempts that repeated an earlier failed one."),
 		filterErrors:       counter("filter_errors_total", "Events the sink's CEL filter could not decide on (an error, a result not a bool, the cost limit); handled as its filterErrors says."),
 		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown, sink_removed.", "reason"),
 		deadLetterFailures: counter("dead_letter_failures_total", "Dead letters that could not be written to their file or URL, or not before the shutdown deadline without a state store; they are logged instead, without the object."),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "dynwatch_webhook_request_duration_seconds", Help: "Duration of HTTP requests to a sink.", Buckets: latencyBuckets,
+			Name: "dynwatch_webhook_request_duration_seconds", Help: "Duration of each attempt to hand an event to a sink, until its answer or acknowledgement.", Buckets: latencyBuckets,
 		}, []string{"sink"}),
 		age: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynwatch_webhook_event_age_seconds", Help: "Time from an event's observation to its delivery.", Buckets: latencyBuckets,
@@ -71,6 +72,7 @@ func (m *metrics) forSink(sink string, q *Queue) sinkMetrics {
 	sm := sinkMetrics{
 		enqueued:           m.enqueued.WithLabelValues(sink),
 		delivered:          m.delivered.WithLabelValues(sink, "delivered"),
+		superseded:         m.delivered.WithLabelValues(sink, "superseded"),
 		deadLettered:       m.delivered.WithLabelValues(sink, "dead_lettered"),
 		attempts:           m.attempts.WithLabelValues(sink),
 		retries:            m.retries.WithLabelValues(sink),

@@ -1,27 +1,17 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/url"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"cel.dev/cel-go/cel"
-	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"golang.org/x/time/rate"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -62,70 +52,57 @@ type Sink struct {
 	stopReplay context.CancelFunc // ends its initialState replay; guarded by the Dispatcher's life
 }
 
-// settings is what a webhook's configuration decides, replaced whole when it changes.
+// settings is what a sink's configuration decides, replaced whole when it changes.
 type settings struct {
-	cfg      *config.Webhook
-	endpoint string // the URL with its credentials redacted, for errors and logs
-	client   *http.Client
-	token    config.Secret
-	signer   *standardwebhooks.Webhook // nil without a signing secret
+	src       config.SinkConfig
+	cfg       *config.Sink
+	transport transport
 }
 
-func newSettings(cfg *config.Webhook, token, signingSecret config.Secret, f Fence) (*settings, error) {
-	st := &settings{cfg: cfg, endpoint: config.Redacted(cfg.Endpoint), token: token}
-	if len(signingSecret) > 0 {
-		signer, err := standardwebhooks.NewWebhookRaw(signingSecret)
-		if err != nil {
-			return nil, fmt.Errorf("webhook %s: signing secret: %w", cfg.Name, err)
-		}
-		st.signer = signer
+// transport hands one delivery at a time to a sink's destination: HTTP, JetStream or Kafka.
+type transport interface {
+	// send makes one attempt to hand d, whose body is body, to the destination, returning once
+	// the destination has acknowledged it (nil), with a rejectedError when no later attempt can
+	// succeed, or with another error to retry. Workers call it concurrently, for different
+	// keys. It writes nothing once the fence given to its constructor has lapsed.
+	send(ctx context.Context, d *Delivery, body []byte) error
+	// close releases its connections once no send is in progress.
+	close()
+}
+
+func newSettings(cfg config.SinkConfig, log *slog.Logger, f Fence) (*settings, error) {
+	st := &settings{src: cfg, cfg: cfg.Shared()}
+	var err error
+	switch c := cfg.(type) {
+	case *config.Webhook:
+		st.transport, err = newHTTP(c, log, f)
+	case *config.JetStream:
+		st.transport, err = newJetStream(c, log, f)
+	default:
+		err = fmt.Errorf("sink %s: no transport for %T", st.cfg.Name, cfg)
 	}
-	st.client = newClient(cfg.TLSConfig, cfg.Workers, cfg.Timeout, f)
-	return st, nil
-}
-
-func newSink(cfg *config.Webhook, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f Fence) (*Sink, error) {
-	st, err := newSettings(cfg, cfg.BearerToken, cfg.SigningSecret, f)
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{name: cfg.Name, log: log.With("sink", cfg.Name), j: j, now: now, queue: NewQueue(cfg.QueueSize), fence: f,
+	return st, nil
+}
+
+func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f Fence) (*Sink, error) {
+	name := cfg.Shared().Name
+	log = log.With("sink", name)
+	st, err := newSettings(cfg, log, f)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sink{name: name, log: log, j: j, now: now, queue: NewQueue(st.cfg.QueueSize), fence: f,
 		filterLog: rate.Sometimes{Interval: time.Second}}
 	s.m = m.forSink(s.name, s.queue)
 	s.cur.Store(st)
 	s.dead = newDeadLetters(s.name, s.log, s.m, j, cfg)
-	if cfg.TLS.InsecureSkipVerify {
-		s.log.Warn("TLS certificate verification is off for this sink")
-	}
 	return s, nil
 }
 
-// newClient returns an HTTP client with its own transport, keeping one idle connection per
-// worker. It does not follow redirects: a POST must not turn into a GET. Its connections
-// write nothing once the fence has lapsed.
-func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fence) *http.Client {
-	dial := fencedDialer(f, (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-	t := &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           dial,
-		TLSHandshakeTimeout:   10 * time.Second,
-		MaxIdleConns:          workers,
-		MaxIdleConnsPerHost:   workers,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		ForceAttemptHTTP2:     true,
-		TLSClientConfig:       tlsConfig.Clone(), // nil stays nil
-		// Room for the headers and a typical body, so that a request is one write.
-		WriteBufferSize: 64 << 10,
-	}
-	return &http.Client{
-		Transport:     t,
-		Timeout:       timeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-}
-
-func (s *Sink) cfg() *config.Webhook { return s.cur.Load().cfg }
+func (s *Sink) cfg() *config.Sink { return s.cur.Load().cfg }
 
 // Name implements journal.Target.
 func (s *Sink) Name() string { return s.name }
@@ -282,9 +259,9 @@ func (s *Sink) stopWorkers() {
 func (s *Sink) reconfigure(ctx context.Context, st *settings) {
 	s.stopWorkers()
 	old := s.cur.Swap(st)
-	old.client.CloseIdleConnections()
+	old.transport.close()
 	s.queue.SetCapacity(st.cfg.QueueSize)
-	s.dead.setTarget(st.cfg)
+	s.dead.setTarget(st.src)
 	if ctx != nil {
 		s.startWorkers(ctx)
 		s.refill(false)
@@ -356,6 +333,12 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
 		s.j.Ack(s.name, d.Seq)
 		s.queue.Done(*d)
+	case errors.Is(err, errSuperseded):
+		// The sink holds a newer version of the object: sending this one would put it after.
+		s.log.Debug("delivery superseded", "id", d.ID, "err", err)
+		s.m.superseded.Inc()
+		s.j.Ack(s.name, d.Seq)
+		s.queue.Done(*d)
 	case ctx.Err() != nil || s.fence.Lapsed():
 		return true // stopped, or no longer certainly the leader: not a failed attempt
 	case errors.As(err, &rejected):
@@ -379,9 +362,8 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 	return false
 }
 
-// attempt makes one request for d; after a 401 it reads the credential files again and, if
-// they changed, makes one more. It returns nil on 2xx, a rejectedError when retrying cannot
-// help, or a retriable error.
+// attempt makes one attempt to hand d to the sink. It returns nil once the destination has
+// acknowledged it, a rejectedError when retrying cannot help, or a retriable error.
 func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 	if d.Body == nil {
 		d.Body = journal.Payload(d.Event)
@@ -390,140 +372,13 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 	if err != nil {
 		return &rejectedError{err} // the recorded body is damaged: no attempt can send it
 	}
-	err = s.send(ctx, st, d, body)
-	var unauthorized *unauthorizedError
-	if !errors.As(err, &unauthorized) {
-		return err
-	}
-	if fresh := s.rereadCredentials(st); fresh != nil {
-		if body, err = shape(d.Body, fresh.cfg.Payload); err != nil { // a reload may have changed it meanwhile
-			return &rejectedError{err}
-		}
-		err = s.send(ctx, fresh, d, body)
-	}
-	if errors.As(err, &unauthorized) {
-		return &rejectedError{err}
-	}
-	return err
-}
-
-// rereadCredentials reads the bearer token and signing secret files again. When either
-// changed, it makes the new values current and returns the new settings; else nil.
-func (s *Sink) rereadCredentials(st *settings) *settings {
-	c := st.cfg
-	token, secret := st.token, config.Secret(nil)
-	var err error
-	if c.BearerTokenFile != "" {
-		if token, err = config.ReadBearerToken(c.BearerTokenFile); err != nil {
-			s.log.Warn("read the bearer token file again after a 401", "err", err)
-			return nil
-		}
-	}
-	if c.SigningSecretFile != "" {
-		if secret, err = config.ReadSigningSecret(c.SigningSecretFile); err != nil {
-			s.log.Warn("read the signing secret file again after a 401", "err", err)
-			return nil
-		}
-	}
-	if bytes.Equal(token, st.token) && (c.SigningSecretFile == "" || bytes.Equal(secret, c.SigningSecret)) {
-		return nil
-	}
-	fresh, err := newSettings(c, token, secret, s.fence)
-	if err != nil {
-		return nil
-	}
-	fresh.client = st.client
-	if s.cur.CompareAndSwap(st, fresh) {
-		s.log.Info("credentials read again after a 401 differ: retrying with them")
-		return fresh
-	}
-	return s.cur.Load()
-}
-
-// send makes one request for d with body.
-func (s *Sink) send(ctx context.Context, st *settings, d *Delivery, body []byte) error {
 	d.Attempts++
 	s.m.attempts.Inc()
 	if d.Attempts > 1 {
 		s.m.retries.Inc()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, st.cfg.Endpoint.String(), bytes.NewReader(body))
-	if err != nil {
-		return &rejectedError{fmt.Errorf("POST %s: %w", st.endpoint, err)}
-	}
-	st.setHeaders(req.Header, *d, body, s.now())
 	start := time.Now()
-	resp, err := st.client.Do(req)
+	err = st.transport.send(ctx, d, body)
 	s.m.requestDuration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // its message repeats the URL, credentials included
-		}
-		return fmt.Errorf("POST %s: %w", st.endpoint, err)
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	if err := classify(resp.Status, resp.StatusCode, resp.Header, s.now()); err != nil {
-		return fmt.Errorf("POST %s: %w", st.endpoint, err)
-	}
-	return nil
-}
-
-// setHeaders sets the configured headers, the bearer token, the CloudEvents binary-mode
-// attributes and, with a signing secret, the Standard Webhooks signature.
-func (st *settings) setHeaders(h http.Header, d Delivery, body []byte, now time.Time) {
-	for _, x := range st.cfg.Headers {
-		h.Set(x.Name, x.Value)
-	}
-	h.Set("Content-Type", "application/json")
-	h.Set("User-Agent", "dynwatch")
-	if len(st.token) > 0 {
-		h.Set("Authorization", "Bearer "+string(st.token))
-	}
-	e := d.Event
-	subject := e.Object.GetName()
-	if ns := e.Object.GetNamespace(); ns != "" {
-		subject = ns + "/" + subject
-	}
-	h.Set("ce-specversion", "1.0")
-	h.Set("ce-id", d.ID)
-	h.Set("ce-source", resourcePath(e.Resource))
-	h.Set("ce-type", "io.dynwatch.resource."+strings.ToLower(string(e.Type)))
-	h.Set("ce-subject", subject)
-	h.Set("ce-time", e.Observed.UTC().Format(time.RFC3339Nano))
-	if d.FilterError != "" {
-		// A CloudEvents extension attribute: the filter could not decide, and filterErrors
-		// is deliver.
-		h.Set("ce-filtererror", ceString(d.FilterError))
-	}
-	h.Set("webhook-id", d.ID)
-	h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
-	if st.signer != nil {
-		if sig, err := st.signer.Sign(d.ID, now, body); err == nil {
-			h.Set("webhook-signature", sig)
-		}
-	}
-}
-
-// ceString is a CloudEvents string attribute as the HTTP binding carries it in a header: space,
-// '"', '%' and anything outside printable ASCII percent-encoded (UTF-8 bytes).
-func ceString(v string) string {
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
-			fmt.Fprintf(&b, "%%%02X", c)
-		} else {
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
-
-// resourcePath is the resource's collection path in the Kubernetes API, used as ce-source.
-func resourcePath(gvr schema.GroupVersionResource) string {
-	if gvr.Group == "" {
-		return "/api/" + gvr.Version + "/" + gvr.Resource
-	}
-	return "/apis/" + gvr.Group + "/" + gvr.Version + "/" + gvr.Resource
+	return err
 }

@@ -35,7 +35,7 @@ func run(t *testing.T, webhooksYAML string) *Dispatcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks})
+	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: cfg.Sinks()})
 	if err != nil {
 		t.Fatal(err)
 	}

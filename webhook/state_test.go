@@ -41,7 +41,7 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(now func() time.Time) (*Dispatcher, func()) {
-		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Webhooks: cfg.Webhooks, StatePath: filepath.Join(dir, "state.db"), Now: now})
+		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: cfg.Sinks(), StatePath: filepath.Join(dir, "state.db"), Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}

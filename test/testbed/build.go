@@ -27,6 +27,9 @@ const PrometheusVersion = "v0.316.0"
 // prometheusRelease is the release PrometheusVersion stands for, which the binaries report.
 const prometheusRelease = "3.16.0"
 
+// NATSServerVersion is the version of nats-server the JetStream sink's tests run.
+const NATSServerVersion = "v2.15.2"
+
 // Binaries are the paths of the test bed's executables.
 type Binaries struct {
 	APIServer string
@@ -37,6 +40,8 @@ type Binaries struct {
 	// tests scrape static targets on 127.0.0.1.
 	Prometheus string
 	Promtool   string
+	// NATSServer is nats-server, for the JetStream sink's clusters.
+	NATSServer string
 }
 
 var ldflags = "-s -w" +
@@ -54,6 +59,7 @@ var packages = []struct{ name, pkg, tags, ldflags string }{
 	{"helm", "helm.sh/helm/v4/cmd/helm@" + HelmVersion, "", ""},
 	{"prometheus", "github.com/prometheus/prometheus/cmd/prometheus@" + PrometheusVersion, "remove_all_sd", prometheusLDFlags},
 	{"promtool", "github.com/prometheus/prometheus/cmd/promtool@" + PrometheusVersion, "remove_all_sd", prometheusLDFlags},
+	{"nats-server", "github.com/nats-io/nats-server/v2@" + NATSServerVersion, "", "-s -w"},
 }
 
 var prometheusLDFlags = "-s -w -X github.com/prometheus/common/version.Version=" + prometheusRelease
@@ -97,7 +103,7 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 		}
 		h.Write(b)
 	}
-	h.Write([]byte(ldflags + HelmVersion + prometheusLDFlags + PrometheusVersion))
+	h.Write([]byte(ldflags + HelmVersion + prometheusLDFlags + PrometheusVersion + NATSServerVersion))
 	root, err := cacheRoot()
 	if err != nil {
 		return Binaries{}, err
@@ -110,6 +116,7 @@ func EnsureBinaries(ctx context.Context, out io.Writer) (Binaries, error) {
 		Helm:       filepath.Join(dir, "helm"),
 		Prometheus: filepath.Join(dir, "prometheus"),
 		Promtool:   filepath.Join(dir, "promtool"),
+		NATSServer: filepath.Join(dir, "nats-server"),
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Binaries{}, fmt.Errorf("create binary cache: %w", err)

@@ -1,0 +1,332 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// jetStreamTransport publishes each delivery to a NATS JetStream stream, on its object's
+// subject, and returns once the stream has acknowledged it. Every publish carries the event id
+// as Nats-Msg-Id, so the stream's duplicate window drops a redelivery, and the sequence the
+// subject's last message is expected to have, so the stream refuses a publish made on a stale
+// view of the subject: a deposed leader's late publish, a replica's older version after its
+// successor published a newer one. Order on a subject then holds whatever the fence does.
+//
+// It connects when it is first asked to send, and close disconnects it: a replica that does
+// not lead holds no connection.
+type jetStreamTransport struct {
+	cfg   *config.JetStream
+	log   *slog.Logger
+	fence Fence
+
+	mu     sync.Mutex
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream // the stream holding the subjects, once known
+	// last is each subject's last sequence as this transport knows it, from its own
+	// acknowledged publishes or the stream; a subject not in it is read from the stream.
+	last map[string]uint64
+}
+
+func newJetStream(cfg *config.JetStream, log *slog.Logger, f Fence) (*jetStreamTransport, error) {
+	if cfg.TLS.InsecureSkipVerify {
+		log.Warn("TLS certificate verification is off for this sink")
+	}
+	return &jetStreamTransport{cfg: cfg, log: log, fence: f, last: map[string]uint64{}}, nil
+}
+
+// close implements transport.
+func (t *jetStreamTransport) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nc != nil {
+		t.nc.Close()
+	}
+	t.nc, t.js, t.stream = nil, nil, nil
+	clear(t.last)
+}
+
+// connect returns the connection's JetStream context, connecting first if need be. A server
+// that cannot be reached does not fail it: the connection keeps trying in the background and
+// publishes fail until it succeeds.
+func (t *jetStreamTransport) connect() (jetstream.JetStream, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.js != nil {
+		return t.js, nil
+	}
+	opts, err := t.options()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(strings.Join(t.cfg.Servers, ","), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("JetStream: %w", err)
+	}
+	t.nc, t.js = nc, js
+	return js, nil
+}
+
+func (t *jetStreamTransport) options() ([]nats.Option, error) {
+	c := t.cfg
+	opts := []nats.Option{
+		nats.Name("dynwatch/" + c.Name),
+		nats.Timeout(c.Timeout),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		// Nothing is kept to send after a reconnection: a publish fails at once and is
+		// retried as a delivery, with its expected sequence checked again.
+		nats.ReconnectBufSize(-1),
+		nats.SetCustomDialer(fencedNATSDialer{fence: t.fence, dialer: &net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				t.log.Warn("disconnected from NATS", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { t.log.Info("reconnected to NATS", "server", nc.ConnectedUrlRedacted()) }),
+	}
+	if c.TLSConfig != nil {
+		opts = append(opts, nats.Secure(c.TLSConfig.Clone()))
+	}
+	switch {
+	case c.CredentialsFile != "":
+		opts = append(opts, nats.UserCredentials(c.CredentialsFile))
+	case c.NKeyFile != "":
+		o, err := nats.NkeyOptionFromSeed(c.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("nkeyFile: %w", err)
+		}
+		opts = append(opts, o)
+	case c.UserFile != "":
+		// Read at every connection, so that a rotated password is used without a reload.
+		opts = append(opts, nats.UserInfoHandler(func() (string, string) {
+			user, err := config.ReadCredential(c.UserFile)
+			if err != nil {
+				t.log.Warn("read the NATS user file", "err", err)
+			}
+			password, err := config.ReadCredential(c.PasswordFile)
+			if err != nil {
+				t.log.Warn("read the NATS password file", "err", err)
+			}
+			return string(user), string(password)
+		}))
+	}
+	return opts, nil
+}
+
+// fencedNATSDialer dials connections that write nothing once the fence has lapsed.
+type fencedNATSDialer struct {
+	fence  Fence
+	dialer *net.Dialer
+}
+
+func (d fencedNATSDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := d.dialer.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return fencedConn{Conn: c, fence: d.fence}, nil
+}
+
+// errSuperseded is a delivery the stream need not have: its subject's last message is a newer
+// version of the object.
+var errSuperseded = errors.New("the subject's last message is a newer version of the object")
+
+// send implements transport.
+func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte) error {
+	js, err := t.connect()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	subject := Subject(t.cfg.SubjectPrefix, d)
+	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+	for _, a := range cloudEvent(*d) {
+		msg.Header.Set("ce-"+a.name, a.value)
+	}
+	msg.Header.Set("ce-datacontenttype", "application/json")
+	msg.Header.Set("ce-resourceversion", d.Event.Object.GetResourceVersion())
+	// A stale expected sequence is read again and the publish made once more, at most twice:
+	// more means another publisher writes the subject as fast as this one.
+	for range 3 {
+		seq, err := t.expect(ctx, js, subject, d)
+		if errors.Is(err, errDelivered) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.ID), jetstream.WithExpectLastSequencePerSubject(seq))
+		if err == nil {
+			if !ack.Duplicate {
+				t.remember(subject, ack.Sequence)
+			} else {
+				t.forget(subject) // its last message may be later than the original
+			}
+			return nil
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) {
+			if errors.Is(err, nats.ErrMaxPayload) {
+				return &rejectedError{fmt.Errorf("publish %s: %w (%d bytes)", subject, err, len(body))}
+			}
+			return fmt.Errorf("publish %s: %w", subject, err)
+		}
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			t.forget(subject)
+			continue
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum:
+			return &rejectedError{fmt.Errorf("publish %s: %w (%d bytes)", subject, err, len(body))}
+		default:
+			return fmt.Errorf("publish %s: %w", subject, err)
+		}
+	}
+	return fmt.Errorf("publish %s: the subject's last sequence changed under every attempt", subject)
+}
+
+// expect returns the sequence subject's last message has, 0 for none. Unless this transport
+// published that message, it reads it from the stream: when it is d itself, expect returns
+// errDelivered; when it is a newer version of d's object, errSuperseded.
+func (t *jetStreamTransport) expect(ctx context.Context, js jetstream.JetStream, subject string, d *Delivery) (uint64, error) {
+	t.mu.Lock()
+	seq, known := t.last[subject]
+	t.mu.Unlock()
+	if known {
+		return seq, nil
+	}
+	stream, err := t.streamFor(ctx, js, subject)
+	if err != nil {
+		return 0, err
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("read the last message of %s: %w", subject, err)
+	}
+	if last.Header.Get(jetstream.MsgIDHeader) == d.ID {
+		return 0, errDelivered
+	}
+	if object.Revision(last.Header.Get("ce-resourceversion")) > object.Revision(d.Event.Object.GetResourceVersion()) {
+		return 0, errSuperseded
+	}
+	return last.Sequence, nil
+}
+
+// errDelivered is a delivery its subject's last message already is.
+var errDelivered = errors.New("already the subject's last message")
+
+// streamFor returns the stream that holds subject: the configured one, checked to exist, or
+// the one the server names.
+func (t *jetStreamTransport) streamFor(ctx context.Context, js jetstream.JetStream, subject string) (jetstream.Stream, error) {
+	t.mu.Lock()
+	s := t.stream
+	t.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	name := t.cfg.Stream
+	if name == "" {
+		var err error
+		if name, err = js.StreamNameBySubject(ctx, subject); err != nil {
+			return nil, fmt.Errorf("find the stream that holds %s: %w", subject, err)
+		}
+	}
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("stream %s does not exist (dynwatch does not create it)", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	if !covers(s.CachedInfo().Config.Subjects, t.cfg.SubjectPrefix) {
+		return nil, fmt.Errorf("stream %s does not hold the subjects %s.> (its subjects: %s)", name, t.cfg.SubjectPrefix, strings.Join(s.CachedInfo().Config.Subjects, ", "))
+	}
+	t.mu.Lock()
+	t.stream = s
+	t.mu.Unlock()
+	return s, nil
+}
+
+func (t *jetStreamTransport) remember(subject string, seq uint64) {
+	t.mu.Lock()
+	if t.js != nil {
+		t.last[subject] = seq
+	}
+	t.mu.Unlock()
+}
+
+func (t *jetStreamTransport) forget(subject string) {
+	t.mu.Lock()
+	delete(t.last, subject)
+	t.mu.Unlock()
+}
+
+// covers reports whether one of a stream's subject filters holds every subject under prefix:
+// <prefix>.<resource>.<group>.<namespace>.<name>.
+func covers(filters []string, prefix string) bool {
+	pattern := append(strings.Split(prefix, "."), "*", "*", "*", "*")
+	for _, f := range filters {
+		tokens := strings.Split(f, ".")
+		for i, tok := range tokens {
+			if tok == ">" {
+				return true
+			}
+			if i >= len(pattern) || tok != "*" && tok != pattern[i] {
+				break
+			}
+			if i == len(tokens)-1 && len(tokens) == len(pattern) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Subject is the subject a delivery is published to: prefix, then the object's resource,
+// group, namespace and name, each one token. A token is its value with every byte but ASCII
+// letters, digits and '-' written %XX (upper-case hex), so '.' in a group or a name stays
+// inside its token; the core group and a cluster-scoped object's namespace are "_", which no
+// escaped value can be.
+func Subject(prefix string, d *Delivery) string {
+	gvr := d.Event.Resource
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, v := range []string{gvr.Resource, gvr.Group, d.Event.Object.GetNamespace(), d.Event.Object.GetName()} {
+		b.WriteByte('.')
+		if v == "" {
+			b.WriteByte('_')
+			continue
+		}
+		for i := 0; i < len(v); i++ {
+			c := v[i]
+			if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' {
+				b.WriteByte(c)
+			} else {
+				fmt.Fprintf(&b, "%%%02X", c)
+			}
+		}
+	}
+	return b.String()
+}
