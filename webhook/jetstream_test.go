@@ -1,14 +1,24 @@
 package webhook
 
 import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
 func deliveryOf(t *testing.T, gvr schema.GroupVersionResource, namespace, name string) *Delivery {
@@ -69,5 +79,85 @@ func TestAStreamCoversThePrefixOnlyWithAFilterThatHoldsEverySubjectUnderIt(t *te
 		if got := covers(c.filters, c.prefix); got != c.want {
 			t.Errorf("covers(%q, %q) = %v, want %v", c.filters, c.prefix, got, c.want)
 		}
+	}
+}
+
+// version is a delivery of configmap default/x at resourceVersion rv.
+func version(t *testing.T, uid, rv string) *Delivery {
+	t.Helper()
+	d := deliveryOf(t, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "default", "x")
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": "x", "namespace": "default", "uid": uid, "resourceVersion": rv}}}
+	d.Event.Object = dynamicinformer.NewObject(u)
+	d.Event.Type = dynamicinformer.Modified
+	d.ID = journal.EventID(d.Event)
+	return d
+}
+
+// Two replicas' transports to one stream: what one publishes on a view of a subject the other
+// has moved past is refused, so a deposed leader's late publish never lands after its
+// successor's, whatever the fence did.
+func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *testing.T) {
+	testbed.Need(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	bins, err := testbed.EnsureBinaries(ctx, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := testbed.StartNATS(ctx, bins, t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Stop()
+	conn, err := nats.Connect(nc.URLs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	js, err := jetstream.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"dw.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.JetStream{Sink: config.Sink{Name: "s", Timeout: 5 * time.Second}, Servers: nc.URLs(), SubjectPrefix: "dw", Stream: "S"}
+	transport := func() *jetStreamTransport {
+		tr, err := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tr.close)
+		return tr
+	}
+	deposed, successor := transport(), transport()
+	send := func(tr *jetStreamTransport, d *Delivery) error { return tr.send(ctx, d, []byte(`{}`)) }
+
+	if err := send(deposed, version(t, "u", "10")); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(successor, version(t, "u", "20")); err != nil {
+		t.Fatal(err)
+	}
+	// The deposed replica still believes its own publish is the subject's last.
+	if err := send(deposed, version(t, "u", "15")); !errors.Is(err, errSuperseded) {
+		t.Fatalf("the stale publish returned %v, want errSuperseded", err)
+	}
+	// A redelivery of what the stream already ends with is done, and stores nothing.
+	if err := send(transport(), version(t, "u", "20")); err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, "dw.configmaps._.default.x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 2 || last.Header.Get("ce-resourceversion") != "20" {
+		t.Fatalf("the stream holds %d messages ending with resourceVersion %s; want 2 ending with 20", info.State.Msgs, last.Header.Get("ce-resourceversion"))
 	}
 }

@@ -102,9 +102,18 @@ func start(t *testing.T, kubeconfig, yaml string) *runner.Process {
 // startFile runs the binary with the configuration file at path until the test ends.
 func startFile(t *testing.T, kubeconfig, path string) *runner.Process {
 	t.Helper()
-	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: path, Kubeconfig: kubeconfig})
+	p, err := tryStart(t, kubeconfig, path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return p
+}
+
+// tryStart is startFile for a goroutine other than the test's: it returns its error.
+func tryStart(t *testing.T, kubeconfig, path string) (*runner.Process, error) {
+	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: path, Kubeconfig: kubeconfig})
+	if err != nil {
+		return nil, err
 	}
 	t.Cleanup(func() {
 		_ = p.Stop(10 * time.Second)
@@ -112,7 +121,7 @@ func startFile(t *testing.T, kubeconfig, path string) *runner.Process {
 			t.Logf("dynwatch log:\n%s", p.Log())
 		}
 	})
-	return p
+	return p, nil
 }
 
 func namespace(t *testing.T) string {

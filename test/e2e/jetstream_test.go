@@ -1,0 +1,306 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dynwatch/dynwatch/object"
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+// The tests of the JetStream sink: a real nats-server cluster (testbed.NATSServerVersion) on
+// 127.0.0.1, a stream the test creates, and dynwatch publishing to it while servers and
+// dynwatch processes are killed.
+
+// startNATS runs a cluster of n servers until the test ends.
+func startNATS(t *testing.T, n int) *testbed.NATS {
+	t.Helper()
+	c, err := testbed.StartNATS(t.Context(), cluster.Binaries, t.TempDir(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("nats-server n1 log:\n%s", c.Log(0))
+		}
+		c.Stop()
+	})
+	return c
+}
+
+// createStream connects to urls and creates a stream; the connection lasts until the test ends.
+func createStream(t *testing.T, urls []string, cfg jetstream.StreamConfig) jetstream.Stream {
+	t.Helper()
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s jetstream.Stream
+	testbed.Eventually(t, 30*time.Second, func() error { // the cluster elects its meta leader first
+		s, err = js.CreateStream(t.Context(), cfg)
+		return err
+	})
+	return s
+}
+
+// jsReplicas writes the configurations of n dynwatch processes publishing the configmaps of ns
+// to stream DYNWATCH under subjects dw.>; with n above 1 they elect a leader.
+func jsReplicas(t *testing.T, ns string, urls []string, n int) []*replica {
+	dir := t.TempDir()
+	var rs []*replica
+	for i := range n {
+		name := fmt.Sprintf("r%d", i)
+		r := &replica{name: name, config: filepath.Join(dir, name+".yaml")}
+		election := ""
+		if n > 1 {
+			election = fmt.Sprintf("leaderElection: {enabled: true, namespace: %s, identity: %s, leaseDuration: %s, renewDeadline: 3s, retryPeriod: 500ms, checkpointInterval: 1s}\n",
+				ns, name, haLease)
+		}
+		writeFile(t, r.config, fmt.Sprintf(`resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+jetstream: [{name: stream, servers: [%s], subjectPrefix: dw, stream: DYNWATCH, workers: 8, timeout: 2s, retry: {initialBackoff: 100ms, maxBackoff: 1s}}]
+state: {path: %s}
+%sapi: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}
+`, ns, strings.Join(urls, ", "), filepath.Join(dir, name+".db"), election))
+		rs = append(rs, r)
+	}
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Go(func() { r.start(t) })
+	}
+	wg.Wait()
+	return rs
+}
+
+// storedMessage is one message of the stream, as the test reads it back.
+type storedMessage struct {
+	seq               uint64
+	subject, id, ceID string
+	rv                uint64
+}
+
+// readStream reads every message of s in sequence order.
+func readStream(t *testing.T, s jetstream.Stream) []storedMessage {
+	t.Helper()
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []storedMessage
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
+		m, err := s.GetMsg(t.Context(), seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("read message %d: %v", seq, err)
+		}
+		out = append(out, storedMessage{seq: seq, subject: m.Subject, id: m.Header.Get(jetstream.MsgIDHeader), ceID: m.Header.Get("ce-id"),
+			rv: object.Revision(m.Header.Get("ce-resourceversion"))})
+	}
+	return out
+}
+
+// checkStream waits until the last message of every object's subject carries its current
+// resourceVersion, then reads the stream and checks that on each subject resourceVersions
+// only go up, and that no event id is stored twice.
+func checkStream(t *testing.T, s jetstream.Stream, u *updater) {
+	t.Helper()
+	subject := func(cm *corev1.ConfigMap) string { return "dw.configmaps._." + cm.Namespace + "." + cm.Name }
+	testbed.Eventually(t, 90*time.Second, func() error {
+		var behind []string
+		for _, cm := range u.objects {
+			m, err := s.GetLastMsgForSubject(t.Context(), subject(cm))
+			if err != nil {
+				return fmt.Errorf("%s: %w", subject(cm), err)
+			}
+			if got := m.Header.Get("ce-resourceversion"); got != cm.ResourceVersion {
+				behind = append(behind, fmt.Sprintf("%s at %s, not %s", cm.Name, got, cm.ResourceVersion))
+			}
+		}
+		if len(behind) > 0 {
+			return fmt.Errorf("%d of %d objects' last messages are not their last version: %v", len(behind), len(u.objects), behind[:min(5, len(behind))])
+		}
+		return nil
+	})
+	msgs := readStream(t, s)
+	last := map[string]storedMessage{}
+	ids := map[string]uint64{}
+	for _, m := range msgs {
+		if m.id == "" || m.id != m.ceID {
+			t.Errorf("message %d: Nats-Msg-Id %q, ce-id %q: want the event id in both", m.seq, m.id, m.ceID)
+		}
+		if first, dup := ids[m.ceID]; dup {
+			t.Errorf("event %s is stored twice, at %d and %d: the stream's duplicate window should have dropped the second", m.ceID, first, m.seq)
+		}
+		ids[m.ceID] = m.seq
+		if prev, ok := last[m.subject]; ok && m.rv <= prev.rv {
+			t.Errorf("%s: resourceVersion %d (message %d) after %d (message %d)", m.subject, m.rv, m.seq, prev.rv, prev.seq)
+		}
+		last[m.subject] = m
+	}
+	wanted := 0
+	for _, id := range u.want {
+		if _, ok := ids[id]; ok {
+			wanted++
+		}
+	}
+	t.Logf("%d changes made; the stream holds %d messages on %d subjects, %d of them changes made (the rest a restart's differences)",
+		len(u.want), len(msgs), len(last), wanted)
+}
+
+// restart starts r again in the background, reporting a failure to start on errs.
+func restart(t *testing.T, r *replica, wg *sync.WaitGroup, errs chan<- error) {
+	wg.Go(func() {
+		p, err := tryStart(t, cluster.Kubeconfig, r.config)
+		if err == nil {
+			err = p.WaitReady(t.Context())
+		}
+		if err != nil {
+			errs <- fmt.Errorf("restart %s: %w", r.name, err)
+			return
+		}
+		r.mu.Lock()
+		r.p = p
+		r.mu.Unlock()
+	})
+}
+
+func TestJetStreamHoldsEveryObjectsLastVersionInOrderThroughANATSServerKillAndADynwatchKill(t *testing.T) {
+	ns := namespace(t)
+	nc := startNATS(t, 3)
+	s := createStream(t, nc.URLs(), jetstream.StreamConfig{Name: "DYNWATCH", Subjects: []string{"dw.>"}, Replicas: 3, Duplicates: 10 * time.Minute})
+	rs := jsReplicas(t, ns, nc.URLs(), 1)
+	u := newUpdater(t, ns, 200)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	u.run(t, 2000, 200, func(i int) {
+		switch i {
+		case 500:
+			nc.Kill(1)
+		case 1000:
+			if err := rs[0].proc().Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			<-rs[0].proc().Done()
+			restart(t, rs[0], &wg, errs)
+		case 1500:
+			wg.Go(func() {
+				if err := nc.Restart(context.WithoutCancel(t.Context()), 1); err != nil {
+					errs <- err
+				}
+			})
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	checkStream(t, s, u)
+}
+
+func TestJetStreamHoldsEveryObjectsLastVersionInOrderWhenTheLeaderOfThreeReplicasIsKilled(t *testing.T) {
+	ns := namespace(t)
+	nc := startNATS(t, 3)
+	s := createStream(t, nc.URLs(), jetstream.StreamConfig{Name: "DYNWATCH", Subjects: []string{"dw.>"}, Replicas: 3, Duplicates: 10 * time.Minute})
+	rs := jsReplicas(t, ns, nc.URLs(), haReplicas)
+	waitLeader(t, rs)
+	u := newUpdater(t, ns, 200)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	u.run(t, 2000, 200, func(i int) {
+		switch i {
+		case 500:
+			nc.Kill(2)
+		case 1000:
+			l := leaderOf(t.Context(), rs)
+			if l == nil {
+				t.Fatal("no replica leads")
+			}
+			if err := l.proc().Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			<-l.proc().Done()
+			restart(t, l, &wg, errs)
+		case 1500:
+			wg.Go(func() {
+				if err := nc.Restart(context.WithoutCancel(t.Context()), 2); err != nil {
+					errs <- err
+				}
+			})
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	checkStream(t, s, u)
+}
+
+func TestAMessageTooLargeForTheStreamIsDeadLetteredAndAMissingStreamIsNamed(t *testing.T) {
+	ns := namespace(t)
+	nc := startNATS(t, 1)
+	createStream(t, nc.URLs(), jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 4096})
+	dir := t.TempDir()
+	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+jetstream:
+- {name: small, servers: [%[2]s], subjectPrefix: small, stream: SMALL, deadLetter: {file: %[3]s/small.jsonl}, retry: {initialBackoff: 100ms, maxBackoff: 200ms, maxElapsed: 1s}}
+- {name: missing, servers: [%[2]s], subjectPrefix: gone, stream: MISSING, deadLetter: {file: %[3]s/missing.jsonl}, retry: {initialBackoff: 100ms, maxBackoff: 200ms, maxElapsed: 1s}}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}
+`, ns, nc.URLs()[0], dir))
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	cs, _ := configMaps(ns)
+	for name, size := range map[string]int{"small": 100, "large": 8000} {
+		_, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Data: map[string]string{"v": strings.Repeat("x", size)}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(path string) string {
+		b, _ := os.ReadFile(path)
+		return string(b)
+	}
+	testbed.Eventually(t, 30*time.Second, func() error {
+		dead := read(filepath.Join(dir, "small.jsonl"))
+		if !strings.Contains(dead, `"reason":"rejected"`) || !strings.Contains(dead, `"name":"large"`) {
+			return fmt.Errorf("no dead letter of large with reason rejected yet: %q", dead)
+		}
+		if strings.Contains(dead, `"name":"small"`) {
+			return fmt.Errorf("the small object was dead-lettered too: %q", dead)
+		}
+		return nil
+	})
+	testbed.Eventually(t, 30*time.Second, func() error {
+		dead := read(filepath.Join(dir, "missing.jsonl"))
+		if !strings.Contains(dead, `"reason":"retries_exhausted"`) || !strings.Contains(dead, "stream MISSING does not exist") {
+			return fmt.Errorf("no dead letter naming the missing stream yet: %q", dead)
+		}
+		return nil
+	})
+}
