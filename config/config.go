@@ -31,12 +31,12 @@ type Config struct {
 	Webhooks  []Webhook  `mapstructure:"webhooks"`
 	// JetStream are the NATS JetStream sinks, beside the webhooks.
 	JetStream []JetStream `mapstructure:"jetstream"`
-	API       API        `mapstructure:"api"`
-	Metrics   Metrics    `mapstructure:"metrics"`
-	Discovery Discovery  `mapstructure:"discovery"`
-	Client    Client     `mapstructure:"client"`
-	Log       Log        `mapstructure:"log"`
-	State     State      `mapstructure:"state"`
+	API       API         `mapstructure:"api"`
+	Metrics   Metrics     `mapstructure:"metrics"`
+	Discovery Discovery   `mapstructure:"discovery"`
+	Client    Client      `mapstructure:"client"`
+	Log       Log         `mapstructure:"log"`
+	State     State       `mapstructure:"state"`
 	// LeaderElection lets several replicas run, one of which delivers.
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
 	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: in-flight deliveries are

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -32,8 +32,8 @@ func deliveryOf(t *testing.T, gvr schema.GroupVersionResource, namespace, name s
 
 func TestEveryObjectsSubjectIsFiveTokensWhateverItsName(t *testing.T) {
 	for _, c := range []struct {
-		name                     string
-		gvr                      schema.GroupVersionResource
+		name                    string
+		gvr                     schema.GroupVersionResource
 		namespace, object, want string
 	}{
 		{"a core namespaced object", schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "default", "app-config",

@@ -27,10 +27,10 @@ type metrics struct {
 // sinkMetrics are one sink's children of the metrics.
 type sinkMetrics struct {
 	enqueued, delivered, superseded, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
-	deadLetters                                                                            map[string]prometheus.Counter
-	requestDuration, age                                                                   prometheus.Observer
-	initialState                                                                           prometheus.Counter
-	replaying                                                                              prometheus.Gauge
+	deadLetters                                                                                        map[string]prometheus.Counter
+	requestDuration, age                                                                               prometheus.Observer
+	initialState                                                                                       prometheus.Counter
+	replaying                                                                                          prometheus.Gauge
 }
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
