@@ -49,6 +49,12 @@ func TestLoadParsesTheFullExample(t *testing.T) {
 	if sel := c.Resources[5].Namespaced; sel == nil || sel.String() != "team in (payments,search)" {
 		t.Errorf("namespace selector parsed as %v", sel)
 	}
+	if len(c.JetStream) != 1 || c.JetStream[0].Stream != "DYNWATCH" || c.JetStream[0].Workers != 4 {
+		t.Errorf("jetstream parsed as %+v", c.JetStream)
+	}
+	if sinks := c.Sinks(); len(sinks) != 2 || sinks[1].Shared().Name != "changes" {
+		t.Errorf("sinks are %d, want the webhook and the jetstream sink", len(sinks))
+	}
 }
 
 func TestLoadAppliesDefaults(t *testing.T) {
@@ -210,6 +216,18 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"webhooks[0].retry.maxBackoff: must be at least initialBackoff", "webhooks[0].workers: must be between 1 and 256"}},
 		{"a dead-letter file in a missing directory", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x', deadLetter: {file: /nonexistent/dir/dl.jsonl}}]\n",
 			[]string{"webhooks[0].deadLetter.file: directory /nonexistent/dir does not exist"}},
+		{"a jetstream sink without servers, with a bad prefix and stream", "resources: [{version: v1, resource: pods}]\njetstream: [{name: a, subjectPrefix: 'dw.*', stream: 'a.b'}]\n",
+			[]string{"jetstream[0].servers: is required", `jetstream[0].subjectPrefix: must be subject tokens`, `jetstream[0].stream: must be letters, digits, - and _, got "a.b"`}},
+		{"a jetstream server that is not a NATS URL, or carries credentials", "resources: [{version: v1, resource: pods}]\njetstream: [{name: a, servers: ['http://x:4222', 'nats://u:secretpw@x:4222']}]\n",
+			[]string{`jetstream[0].servers[0]: must be a nats:// or tls:// URL, got "http://x:4222"`, "jetstream[0].servers[1]: must not carry credentials"}},
+		{"jetstream credentials two ways, and a user without password", "resources: [{version: v1, resource: pods}]\njetstream: [{name: a, servers: ['nats://127.0.0.1:4222'], credentialsFile: " + tokenFile + ", userFile: " + tokenFile + "}]\n",
+			[]string{"jetstream[0]: credentialsFile, nkeyFile and userFile with passwordFile exclude each other", "jetstream[0]: userFile and passwordFile go together"}},
+		{"a jetstream password over plain NATS to a remote server", "resources: [{version: v1, resource: pods}]\njetstream: [{name: a, servers: ['nats://nats.example:4222'], userFile: " + tokenFile + ", passwordFile: " + tokenFile + "}]\n",
+			[]string{"jetstream[0].servers: include a nats:// server other than loopback, without tls, and the sink has a password"}},
+		{"a missing jetstream credentials file", "resources: [{version: v1, resource: pods}]\njetstream: [{name: a, servers: ['tls://x:4222'], credentialsFile: /nonexistent/user.creds}]\n",
+			[]string{"jetstream[0].credentialsFile: open /nonexistent/user.creds"}},
+		{"a jetstream sink named as a webhook", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x'}]\njetstream: [{name: a, servers: ['nats://127.0.0.1:4222'], workers: 0, retry: {initialBackoff: 5s, maxBackoff: 1s}}]\n",
+			[]string{"jetstream[0].name: duplicate of webhooks[0] (a)", "jetstream[0].retry.maxBackoff: must be at least initialBackoff"}},
 		{"a staleAfter below a second and a shutdownTimeout of 0", "resources: [{version: v1, resource: pods, staleAfter: 10ms}]\nshutdownTimeout: 0s\n",
 			[]string{"resources[0].staleAfter: must be at least 1s", "shutdownTimeout: must be at least 1s"}},
 		{"leader election without a state store, a namespace, or a fencing margin", "resources: [{version: v1, resource: pods}]\nleaderElection: {enabled: true, leaseName: Bad_Name, leaseDuration: 5s, renewDeadline: 5s}\n",
