@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -41,12 +40,7 @@ leaderElection: {enabled: true, namespace: %s, identity: %s, leaseDuration: %s, 
 `, url, name, filepath.Join(dir, name+".db"), ns, name, checkpointLease)))
 		rs = append(rs, r)
 	}
-	var wg sync.WaitGroup
-	for _, r := range rs {
-		wg.Go(func() { r.start(t) })
-	}
-	wg.Wait()
-	return rs
+	return startAll(t, rs)
 }
 
 // checkpointReads is how many times a replica has read the checkpoint ConfigMap, whatever

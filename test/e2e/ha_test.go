@@ -93,6 +93,11 @@ metrics: {address: "127.0.0.1:0"}
 `, resources, url, name, filepath.Join(dir, name+".db"), ns, name, haLease))
 		rs = append(rs, r)
 	}
+	return startAll(t, rs)
+}
+
+// startAll starts rs side by side and returns them once every one is ready.
+func startAll(t *testing.T, rs []*replica) []*replica {
 	var wg sync.WaitGroup
 	for _, r := range rs {
 		wg.Go(func() { r.start(t) })

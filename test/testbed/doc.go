@@ -20,6 +20,10 @@
 // each test that needs the Cluster, or a binary the test bed builds (helm), calls Need first and
 // skips under -short. A package all of whose tests need the test bed uses MainAll instead.
 //
+// StartNATS runs a cluster of nats-server processes (NATSServerVersion, built from the Go module
+// proxy beside helm and Prometheus) with JetStream on loopback, whose servers a test can kill and
+// start again, for the JetStream sink's tests.
+//
 // CreateConfigMaps fills a namespace with numbered configmaps, for the tests and benchmarks
 // that need many objects.
 package testbed

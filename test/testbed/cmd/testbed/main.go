@@ -32,7 +32,7 @@ func run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("kube-apiserver: %s\netcd: %s\nkubectl: %s\nhelm: %s\nprometheus: %s\npromtool: %s\n", bins.APIServer, bins.Etcd, bins.Kubectl, bins.Helm, bins.Prometheus, bins.Promtool)
+		fmt.Printf("kube-apiserver: %s\netcd: %s\nkubectl: %s\nhelm: %s\nprometheus: %s\npromtool: %s\nnats-server: %s\n", bins.APIServer, bins.Etcd, bins.Kubectl, bins.Helm, bins.Prometheus, bins.Promtool, bins.NATSServer)
 		return nil
 	case "up":
 		c, err := testbed.Start(ctx, testbed.Options{})
