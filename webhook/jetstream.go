@@ -40,11 +40,11 @@ type jetStreamTransport struct {
 	last map[string]uint64
 }
 
-func newJetStream(cfg *config.JetStream, log *slog.Logger, f Fence) (*jetStreamTransport, error) {
+func newJetStream(cfg *config.JetStream, log *slog.Logger, f Fence) *jetStreamTransport {
 	if cfg.TLS.InsecureSkipVerify {
 		log.Warn("TLS certificate verification is off for this sink")
 	}
-	return &jetStreamTransport{cfg: cfg, log: log, fence: f, last: map[string]uint64{}}, nil
+	return &jetStreamTransport{cfg: cfg, log: log, fence: f, last: map[string]uint64{}}
 }
 
 // close implements transport.

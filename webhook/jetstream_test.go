@@ -125,10 +125,7 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 	}
 	cfg := &config.JetStream{Sink: config.Sink{Name: "s", Timeout: 5 * time.Second}, Servers: nc.URLs(), SubjectPrefix: "dw", Stream: "S"}
 	transport := func() *jetStreamTransport {
-		tr, err := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
 		t.Cleanup(tr.close)
 		return tr
 	}

@@ -77,7 +77,7 @@ func newSettings(cfg config.SinkConfig, log *slog.Logger, f Fence) (*settings, e
 	case *config.Webhook:
 		st.transport, err = newHTTP(c, log, f)
 	case *config.JetStream:
-		st.transport, err = newJetStream(c, log, f)
+		st.transport = newJetStream(c, log, f)
 	default:
 		err = fmt.Errorf("sink %s: no transport for %T", st.cfg.Name, cfg)
 	}
