@@ -31,12 +31,14 @@ type Config struct {
 	Webhooks  []Webhook  `mapstructure:"webhooks"`
 	// JetStream are the NATS JetStream sinks, beside the webhooks.
 	JetStream []JetStream `mapstructure:"jetstream"`
-	API       API         `mapstructure:"api"`
-	Metrics   Metrics     `mapstructure:"metrics"`
-	Discovery Discovery   `mapstructure:"discovery"`
-	Client    Client      `mapstructure:"client"`
-	Log       Log         `mapstructure:"log"`
-	State     State       `mapstructure:"state"`
+	// Kafka are the Kafka sinks.
+	Kafka     []Kafka   `mapstructure:"kafka"`
+	API       API       `mapstructure:"api"`
+	Metrics   Metrics   `mapstructure:"metrics"`
+	Discovery Discovery `mapstructure:"discovery"`
+	Client    Client    `mapstructure:"client"`
+	Log       Log       `mapstructure:"log"`
+	State     State     `mapstructure:"state"`
 	// LeaderElection lets several replicas run, one of which delivers.
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
 	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: in-flight deliveries are
@@ -325,11 +327,8 @@ func setDefaults(v *viper.Viper) {
 }
 
 func (c *Config) setListDefaults() {
-	for i := range c.Webhooks {
-		c.Webhooks[i].setDefaults()
-	}
-	for i := range c.JetStream {
-		c.JetStream[i].setDefaults()
+	for _, s := range c.Sinks() {
+		s.setDefaults()
 	}
 	yes := true
 	for i := range c.Resources {
@@ -389,9 +388,9 @@ func (c *Config) setSources(v *viper.Viper) error {
 	for i := range c.Resources {
 		lists["resources"] = append(lists["resources"], &c.Resources[i].Source)
 	}
-	lists["webhooks"], lists["jetstream"] = nil, nil
+	lists["webhooks"], lists["jetstream"], lists["kafka"] = nil, nil, nil
 	for _, s := range c.Sinks() {
-		key := sinkKey(s)
+		key := s.key()
 		lists[key] = append(lists[key], &s.Shared().Source)
 	}
 	for key, sources := range lists {
@@ -417,25 +416,20 @@ func (c *Config) setSources(v *viper.Viper) error {
 	return nil
 }
 
-// Sinks lists every configured sink: the webhooks, then the JetStream sinks, each in the
-// file's order.
+// Sinks lists every configured sink: the webhooks, then the JetStream sinks, then the Kafka
+// sinks, each in the file's order.
 func (c *Config) Sinks() []SinkConfig {
-	out := make([]SinkConfig, 0, len(c.Webhooks)+len(c.JetStream))
+	out := make([]SinkConfig, 0, len(c.Webhooks)+len(c.JetStream)+len(c.Kafka))
 	for i := range c.Webhooks {
 		out = append(out, &c.Webhooks[i])
 	}
 	for i := range c.JetStream {
 		out = append(out, &c.JetStream[i])
 	}
-	return out
-}
-
-// sinkKey is the configuration key of the list s is an entry of.
-func sinkKey(s SinkConfig) string {
-	if _, ok := s.(*JetStream); ok {
-		return "jetstream"
+	for i := range c.Kafka {
+		out = append(out, &c.Kafka[i])
 	}
-	return "webhooks"
+	return out
 }
 
 // SecretFiles lists the files credentials are read from, whose changes a reload applies.

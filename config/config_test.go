@@ -52,8 +52,11 @@ func TestLoadParsesTheFullExample(t *testing.T) {
 	if len(c.JetStream) != 1 || c.JetStream[0].Stream != "DYNWATCH" || c.JetStream[0].Workers != 4 {
 		t.Errorf("jetstream parsed as %+v", c.JetStream)
 	}
-	if sinks := c.Sinks(); len(sinks) != 2 || sinks[1].Shared().Name != "changes" {
-		t.Errorf("sinks are %d, want the webhook and the jetstream sink", len(sinks))
+	if len(c.Kafka) != 1 || c.Kafka[0].Topic != "dynwatch-events" || c.Kafka[0].TLSConfig == nil || c.Kafka[0].Compression != CompressionNone {
+		t.Errorf("kafka parsed as %+v", c.Kafka)
+	}
+	if sinks := c.Sinks(); len(sinks) != 3 || sinks[1].Shared().Name != "changes" || sinks[2].Shared().Name != "audit-log" {
+		t.Errorf("sinks are %d, want the webhook, the jetstream and the kafka sink", len(sinks))
 	}
 }
 
@@ -228,6 +231,19 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"jetstream[0].credentialsFile: open /nonexistent/user.creds"}},
 		{"a jetstream sink named as a webhook", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'http://x'}]\njetstream: [{name: a, servers: ['nats://127.0.0.1:4222'], workers: 0, retry: {initialBackoff: 5s, maxBackoff: 1s}}]\n",
 			[]string{"jetstream[0].name: duplicate of webhooks[0] (a)", "jetstream[0].retry.maxBackoff: must be at least initialBackoff"}},
+		{"a kafka sink without brokers or topic", "resources: [{version: v1, resource: pods}]\nkafka: [{name: a}]\n",
+			[]string{"kafka[0].brokers: is required", "kafka[0].topic: is required"}},
+		{"a kafka broker that is not host:port, a bad topic and codec", "resources: [{version: v1, resource: pods}]\nkafka: [{name: a, brokers: ['kafka:', 'kafka:99999', 'SASL_SSL://u:pw@kafka:9092'], topic: 'a/b', compression: brotli}]\n",
+			[]string{`kafka[0].brokers[0]: must be host:port, got "kafka:"`, `kafka[0].brokers[1]: must be host:port`, `kafka[0].brokers[2]: must be host:port, got "[unparsable URL redacted]"`,
+				`kafka[0].topic: must be 1 to 249 letters`, `kafka[0].compression: must be none, gzip, snappy, lz4 or zstd, got "brotli"`}},
+		{"a kafka sink asking for fewer acks or no idempotence", "resources: [{version: v1, resource: pods}]\nkafka: [{name: a, brokers: ['127.0.0.1:9092'], topic: t, acks: '1', idempotent: false}]\n",
+			[]string{`kafka[0].acks: must be all, got "1"`, "kafka[0].idempotent: must be true"}},
+		{"kafka SASL without a mechanism, an unknown one, a missing file", "resources: [{version: v1, resource: pods}]\nkafka: [{name: a, brokers: ['127.0.0.1:9092'], topic: t, sasl: {userFile: " + tokenFile + ", passwordFile: " + tokenFile + "}}, {name: b, brokers: ['127.0.0.1:9092'], topic: t, sasl: {mechanism: GSSAPI, userFile: /nonexistent/user}}]\n",
+			[]string{"kafka[0].sasl.mechanism: is required with userFile and passwordFile", `kafka[1].sasl.mechanism: must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got "GSSAPI"`, "kafka[1].sasl.userFile: open /nonexistent/user"}},
+		{"a kafka PLAIN password to a remote broker without TLS", "resources: [{version: v1, resource: pods}]\nkafka: [{name: a, brokers: ['kafka.example:9092'], topic: t, sasl: {mechanism: PLAIN, userFile: " + tokenFile + ", passwordFile: " + tokenFile + "}}]\n",
+			[]string{"kafka[0].sasl.mechanism: is PLAIN, which sends the password as it is, to brokers other than loopback without tls"}},
+		{"a kafka sink named as a jetstream sink", "resources: [{version: v1, resource: pods}]\njetstream: [{name: a, servers: ['nats://127.0.0.1:4222']}]\nkafka: [{name: a, brokers: ['127.0.0.1:9092'], topic: t}]\n",
+			[]string{"kafka[0].name: duplicate of jetstream[0] (a)"}},
 		{"a staleAfter below a second and a shutdownTimeout of 0", "resources: [{version: v1, resource: pods, staleAfter: 10ms}]\nshutdownTimeout: 0s\n",
 			[]string{"resources[0].staleAfter: must be at least 1s", "shutdownTimeout: must be at least 1s"}},
 		{"leader election without a state store, a namespace, or a fencing margin", "resources: [{version: v1, resource: pods}]\nleaderElection: {enabled: true, leaseName: Bad_Name, leaseDuration: 5s, renewDeadline: 5s}\n",

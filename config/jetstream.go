@@ -48,6 +48,8 @@ const DefaultSubjectPrefix = "dynwatch"
 // Shared implements SinkConfig.
 func (js *JetStream) Shared() *Sink { return &js.Sink }
 
+func (*JetStream) key() string { return "jetstream" }
+
 // Same implements SinkConfig.
 func (js *JetStream) Same(other SinkConfig) bool {
 	o, ok := other.(*JetStream)

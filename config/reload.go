@@ -173,5 +173,5 @@ func (r *Reloader) reload(cause string) {
 		r.Logger.Warn("configuration reloaded; some changed settings apply only after a restart", "cause", cause, "restartRequired", r.status.RestartRequired)
 		return
 	}
-	r.Logger.Info("configuration reloaded", "cause", cause, "resources", len(next.Resources), "webhooks", len(next.Webhooks), "jetstream", len(next.JetStream))
+	r.Logger.Info("configuration reloaded", "cause", cause, "resources", len(next.Resources), "webhooks", len(next.Webhooks), "jetstream", len(next.JetStream), "kafka", len(next.Kafka))
 }

@@ -65,6 +65,12 @@ type SinkConfig interface {
 	Same(o SinkConfig) bool
 	// SecretFiles lists the files the sink reads its credentials from.
 	SecretFiles() []string
+
+	// key is the configuration key of the list the sink is an entry of.
+	key() string
+	setDefaults()
+	// validate checks and parses the entry at path, adding what is wrong to p.
+	validate(path string, resources []Resource, env *cel.Env, p *problems)
 }
 
 // Retry bounds redelivery: exponential backoff with jitter from InitialBackoff up to

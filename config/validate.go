@@ -62,18 +62,13 @@ func (c *Config) validate() error {
 	names := map[string]string{}
 	index := map[string]int{}
 	for _, s := range c.Sinks() {
-		key := sinkKey(s)
+		key := s.key()
 		path := fmt.Sprintf("%s[%d]", key, index[key])
 		index[key]++
-		switch s := s.(type) {
-		case *Webhook:
-			s.validate(path, c.Resources, env, &p)
-		case *JetStream:
-			s.validate(path, c.Resources, env, &p)
-		}
+		s.validate(path, c.Resources, env, &p)
 		name := s.Shared().Name
 		if first, dup := names[name]; dup {
-			p.add(path+".name", "duplicate of %s (%s): a sink's name is unique across webhooks and jetstream", first, name)
+			p.add(path+".name", "duplicate of %s (%s): a sink's name is unique across webhooks, jetstream and kafka", first, name)
 		} else {
 			names[name] = path
 		}

@@ -55,6 +55,8 @@ type TLS struct {
 // Shared implements SinkConfig.
 func (w *Webhook) Shared() *Sink { return &w.Sink }
 
+func (*Webhook) key() string { return "webhooks" }
+
 // Same implements SinkConfig: the same entry in the file and the same secrets read from their
 // files.
 func (w *Webhook) Same(other SinkConfig) bool {

@@ -176,7 +176,7 @@ func (t *httpTransport) setHeaders(h http.Header, creds *credentials, d Delivery
 		h.Set("Authorization", "Bearer "+string(creds.token))
 	}
 	for _, a := range cloudEvent(d) {
-		h.Set("ce-"+a.name, a.value)
+		h.Set("ce-"+a.name, ceString(a.value))
 	}
 	h.Set("webhook-id", d.ID)
 	h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
@@ -190,8 +190,8 @@ func (t *httpTransport) setHeaders(h http.Header, creds *credentials, d Delivery
 // attribute is a CloudEvents context attribute as a binary-mode header carries it.
 type attribute struct{ name, value string }
 
-// cloudEvent returns d's CloudEvents attributes, their values encoded as the HTTP and NATS
-// bindings carry them in headers.
+// cloudEvent returns d's CloudEvents attributes; the HTTP and NATS bindings carry their values
+// through ceString, the Kafka binding as they are.
 func cloudEvent(d Delivery) []attribute {
 	e := d.Event
 	subject := e.Object.GetName()
@@ -203,12 +203,12 @@ func cloudEvent(d Delivery) []attribute {
 		{"id", d.ID},
 		{"source", resourcePath(e.Resource)},
 		{"type", "io.dynwatch.resource." + strings.ToLower(string(e.Type))},
-		{"subject", ceString(subject)},
+		{"subject", subject},
 		{"time", e.Observed.UTC().Format(time.RFC3339Nano)},
 	}
 	if d.FilterError != "" {
 		// An extension attribute: the filter could not decide, and filterErrors is deliver.
-		out = append(out, attribute{"filtererror", ceString(d.FilterError)})
+		out = append(out, attribute{"filtererror", d.FilterError})
 	}
 	return out
 }

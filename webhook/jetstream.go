@@ -161,7 +161,7 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 	subject := Subject(t.cfg.SubjectPrefix, d)
 	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
 	for _, a := range cloudEvent(*d) {
-		msg.Header.Set("ce-"+a.name, a.value)
+		msg.Header.Set("ce-"+a.name, ceString(a.value))
 	}
 	msg.Header.Set("ce-datacontenttype", "application/json")
 	msg.Header.Set("ce-resourceversion", d.Event.Object.GetResourceVersion())

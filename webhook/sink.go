@@ -78,6 +78,8 @@ func newSettings(cfg config.SinkConfig, log *slog.Logger, f Fence) (*settings, e
 		st.transport, err = newHTTP(c, log, f)
 	case *config.JetStream:
 		st.transport = newJetStream(c, log, f)
+	case *config.Kafka:
+		st.transport = newKafka(c, log, f)
 	default:
 		err = fmt.Errorf("sink %s: no transport for %T", st.cfg.Name, cfg)
 	}

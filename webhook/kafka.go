@@ -1,0 +1,244 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+	"golang.org/x/time/rate"
+
+	"github.com/dynwatch/dynwatch/config"
+)
+
+// kafkaTransport produces each delivery to a Kafka topic as one record keyed by the object's
+// ordering key, so that the hash partitioner puts every version of an object in one partition,
+// and returns once the cluster has acknowledged it. The producer is idempotent with acks=all
+// (the franz-go client's defaults, which the configuration cannot turn off): a write the client
+// retries after a lost answer or a broker's failover is stored once, and in order. A delivery is
+// sent only once the previous one of its object is acknowledged (the queue's guarantee), so a
+// partition holds an object's first arrivals in order. A deposed leader writes nothing: its
+// connections refuse to once the fence lapses, and the client, with whatever it still buffers,
+// is closed when the replica stops leading.
+//
+// It connects when it is first asked to send, and close disconnects it: a replica that does
+// not lead holds no connection.
+type kafkaTransport struct {
+	cfg   *config.Kafka
+	log   *slog.Logger
+	fence Fence
+
+	mu sync.Mutex
+	cl *kgo.Client
+}
+
+func newKafka(cfg *config.Kafka, log *slog.Logger, f Fence) *kafkaTransport {
+	if cfg.TLS.InsecureSkipVerify {
+		log.Warn("TLS certificate verification is off for this sink")
+	}
+	return &kafkaTransport{cfg: cfg, log: log, fence: f}
+}
+
+// close implements transport: records the client still holds are failed, never written.
+func (t *kafkaTransport) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cl != nil {
+		t.cl.Close()
+	}
+	t.cl = nil
+}
+
+// client returns the producer, making it first if need be. It dials the brokers in the
+// background: a broker that cannot be reached fails the sends, not this.
+func (t *kafkaTransport) client() (*kgo.Client, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cl != nil {
+		return t.cl, nil
+	}
+	cl, err := kgo.NewClient(t.options()...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	t.cl = cl
+	return cl, nil
+}
+
+func (t *kafkaTransport) options() []kgo.Opt {
+	c := t.cfg
+	dial := fencedDialer(t.fence, (&net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}).DialContext)
+	if c.TLSConfig != nil {
+		dial = tlsDialer(c.TLSConfig, dial)
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.Brokers...),
+		kgo.ClientID("dynwatch"),
+		kgo.SoftwareNameAndVersion("dynwatch", "1"),
+		kgo.Dialer(dial),
+		kgo.WithLogger(kgoLogger{log: t.log, every: &rate.Sometimes{Interval: time.Second}}),
+		kgo.DefaultProduceTopic(c.Topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		// Kafka's own partitioner for keyed records: murmur2 of the key, as the Java producer,
+		// so that every client agrees on an object's partition.
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerBatchCompression(codec(c.Compression)),
+		// Each delivery waits for its acknowledgement: lingering would only delay it.
+		kgo.ProducerLinger(0),
+		kgo.ProduceRequestTimeout(c.Timeout),
+	}
+	if m := t.mechanism(); m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
+	return opts
+}
+
+// tlsDialer wraps dial with a TLS handshake, so that TLS records go through dial's (fenced)
+// connection.
+func tlsDialer(cfg *tls.Config, dial dialFunc) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c := cfg.Clone()
+		if c.ServerName == "" {
+			c.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		conn := tls.Client(raw, c)
+		if err := conn.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, err
+		}
+		return conn, nil
+	}
+}
+
+// mechanism is the sink's SASL mechanism, nil without one. The user and password files are
+// read at every connection, so that rotated credentials are used without a reload.
+func (t *kafkaTransport) mechanism() sasl.Mechanism {
+	s := t.cfg.SASL
+	read := func() (string, string, error) {
+		user, err := config.ReadCredential(s.UserFile)
+		if err != nil {
+			return "", "", fmt.Errorf("sasl.userFile: %w", err)
+		}
+		password, err := config.ReadCredential(s.PasswordFile)
+		if err != nil {
+			return "", "", fmt.Errorf("sasl.passwordFile: %w", err)
+		}
+		return string(user), string(password), nil
+	}
+	scramAuth := func(context.Context) (scram.Auth, error) {
+		user, password, err := read()
+		return scram.Auth{User: user, Pass: password}, err
+	}
+	switch s.Mechanism {
+	case config.SASLPlain:
+		return plain.Plain(func(context.Context) (plain.Auth, error) {
+			user, password, err := read()
+			return plain.Auth{User: user, Pass: password}, err
+		})
+	case config.SASLScramSHA256:
+		return scram.Sha256(scramAuth)
+	case config.SASLScramSHA512:
+		return scram.Sha512(scramAuth)
+	}
+	return nil
+}
+
+func codec(c config.Compression) kgo.CompressionCodec {
+	switch c {
+	case config.CompressionGzip:
+		return kgo.GzipCompression()
+	case config.CompressionSnappy:
+		return kgo.SnappyCompression()
+	case config.CompressionLZ4:
+		return kgo.Lz4Compression()
+	case config.CompressionZstd:
+		return kgo.ZstdCompression()
+	}
+	return kgo.NoCompression()
+}
+
+// send implements transport. When ctx ends first, the record may still be written by the
+// client (an idempotent producer cannot take back a request it sent); the delivery is then made
+// again, with the same ce_id, after the one in flight.
+func (t *kafkaTransport) send(ctx context.Context, d *Delivery, body []byte) error {
+	cl, err := t.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	rec := &kgo.Record{Key: []byte(d.Key), Value: body, Headers: kafkaHeaders(d)}
+	done := make(chan error, 1)
+	cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	return t.classify(err, len(body))
+}
+
+// classify turns a produce's outcome into send's: a record too large for the topic is
+// rejected; everything else may succeed later (a topic created, an ACL granted, a broker back).
+func (t *kafkaTransport) classify(err error, size int) error {
+	topic := t.cfg.Topic
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+		return &rejectedError{fmt.Errorf("produce to %s: %w (%d bytes)", topic, err, size)}
+	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
+		return fmt.Errorf("topic %s does not exist (dynwatch does not create it): %w", topic, err)
+	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
+		return fmt.Errorf("not allowed to produce to %s: %w", topic, err)
+	}
+	return fmt.Errorf("produce to %s: %w", topic, err)
+}
+
+// kafkaHeaders are d's CloudEvents attributes as the Kafka protocol binding's binary mode
+// carries them: ce_<name> headers holding the values as they are (UTF-8), content-type, and
+// partitionkey, the record's key.
+func kafkaHeaders(d *Delivery) []kgo.RecordHeader {
+	attrs := cloudEvent(*d)
+	h := make([]kgo.RecordHeader, 0, len(attrs)+3)
+	for _, a := range attrs {
+		h = append(h, kgo.RecordHeader{Key: "ce_" + a.name, Value: []byte(a.value)})
+	}
+	return append(h,
+		kgo.RecordHeader{Key: "ce_partitionkey", Value: []byte(d.Key)},
+		kgo.RecordHeader{Key: "ce_resourceversion", Value: []byte(d.Event.Object.GetResourceVersion())},
+		kgo.RecordHeader{Key: "content-type", Value: []byte("application/json")})
+}
+
+// kgoLogger routes the client's warnings and errors into the sink's log, at most a line a
+// second: a broker that is down would otherwise log at every reconnection.
+type kgoLogger struct {
+	log   *slog.Logger
+	every *rate.Sometimes
+}
+
+func (kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	l.every.Do(func() {
+		args := append([]any{"detail", msg}, keyvals...)
+		if level == kgo.LogLevelError {
+			l.log.Error("kafka client", args...)
+			return
+		}
+		l.log.Warn("kafka client", args...)
+	})
+}
