@@ -1,22 +1,21 @@
-// Package webhook owns delivery of dynwatch's events to its sinks, HTTP webhooks and NATS
-// JetStream streams: filtering, queues, retries, signing and dead letters. It makes its events
-// durable through the journal, which alone opens, reads and closes the state store, and sees
-// leader election only through the Election interface it declares (package leader implements
-// it).
+// Package webhook owns delivery of dynwatch's events to its sinks, HTTP webhooks, NATS JetStream
+// streams and Kafka topics: filtering, queues, retries, signing and dead letters. It makes its
+// events durable through the journal, which alone opens, reads and closes the state store, and sees
+// leader election only through the Election interface it declares (package leader implements it).
 //
-// Vocabulary: a Sink is one configured sink of any kind: its filters, its Queue, its workers,
-// its transport and its dead-letter target. A transport makes one attempt to hand a delivery to
-// the destination: http.go POSTs it, jetstream.go publishes it and waits for the stream's
-// acknowledgement; everything else is the same for every kind. The Dispatcher is the
-// dynamicinformer.Subscriber that hands each event to every Sink whose filters select it,
-// through the journal, which makes it durable in the state store first. A Delivery is one event
-// queued for one sink, with its stable id (the CloudEvents ce-id and Standard Webhooks
-// webhook-id) and its ordering key, the object's resource, namespace and name.
+// Vocabulary: a Sink is one configured sink of any kind: its filters, its Queue, its workers, its
+// transport and its dead-letter target. A transport makes one attempt to hand a delivery to the
+// destination: http.go POSTs it, jetstream.go publishes it and waits for the stream's
+// acknowledgement, kafka.go produces it and waits for the cluster's; everything else is the same
+// for every kind. The Dispatcher is the dynamicinformer.Subscriber that hands each event to every
+// Sink whose filters select it, through the journal, which makes it durable in the state store
+// first. A Delivery is one event queued for one sink, with its stable id (the CloudEvents ce-id and
+// Standard Webhooks webhook-id) and its ordering key, the object's resource, namespace and name.
 //
 // Guarantees: deliveries with the same key are made in order, one at a time, so the DELETED of
 // an object precedes the ADDED of one re-created under its name; different keys are delivered
 // in parallel by the sink's workers. A delivery that fails with a network error, 408, 429 or
-// 5xx (for JetStream: anything but a message too large) waits in the queue's delay heap for its
+// 5xx (for JetStream and Kafka: anything but a message too large) waits in the queue's delay heap for its
 // next attempt (exponential backoff with jitter, or Retry-After, never sooner than
 // initialBackoff), holding back only its own key, until the deadline its first failure set
 // (maxElapsed later, kept across reloads and restarts). A 401 is tried once more if the

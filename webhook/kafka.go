@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -39,6 +40,9 @@ type kafkaTransport struct {
 
 	mu sync.Mutex
 	cl *kgo.Client
+	// solo is held for reading by every produce in flight, and for writing by one that must
+	// be alone in its batch.
+	solo sync.RWMutex
 }
 
 func newKafka(cfg *config.Kafka, log *slog.Logger, f Fence) *kafkaTransport {
@@ -173,22 +177,61 @@ func codec(c config.Compression) kgo.CompressionCodec {
 // send implements transport. When ctx ends first, the record may still be written by the
 // client (an idempotent producer cannot take back a request it sent); the delivery is then made
 // again, with the same ce_id, after the one in flight.
+//
+// A broker refuses a batch over the topic's max.message.bytes whole, failing every record in
+// it, so a record refused as too large is produced once more alone before it is rejected.
 func (t *kafkaTransport) send(ctx context.Context, d *Delivery, body []byte) error {
 	cl, err := t.client()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	attempt, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
 	rec := &kgo.Record{Key: []byte(d.Key), Value: body, Headers: kafkaHeaders(d)}
+	err = t.produce(attempt, cl, rec, false)
+	if errors.Is(err, kerr.MessageTooLarge) {
+		err = t.produce(attempt, cl, rec, true)
+	}
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		err = t.explain(ctx, cl, err)
+	}
+	return t.classify(err, len(body))
+}
+
+// explain returns why a produce timed out when the cluster can tell: the client keeps asking
+// for a topic that does not exist for longer than timeout. Otherwise it returns err.
+func (t *kafkaTransport) explain(ctx context.Context, cl *kgo.Client, err error) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	topics, lerr := kadm.NewClient(cl).ListTopics(ctx, t.cfg.Topic)
+	if lerr != nil {
+		return err
+	}
+	if terr := topics[t.cfg.Topic].Err; terr != nil {
+		return terr
+	}
+	return err
+}
+
+// produce hands rec to the client and waits for its acknowledgement or the end of ctx. Alone,
+// it waits until no other produce of this transport is in flight, and holds the others back
+// until it is done, so that its batch holds rec only.
+func (t *kafkaTransport) produce(ctx context.Context, cl *kgo.Client, rec *kgo.Record, alone bool) error {
+	if alone {
+		t.solo.Lock()
+		defer t.solo.Unlock()
+	} else {
+		t.solo.RLock()
+		defer t.solo.RUnlock()
+	}
 	done := make(chan error, 1)
 	cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
 	select {
-	case err = <-done:
+	case err := <-done:
+		return err
 	case <-ctx.Done():
-		err = ctx.Err()
+		return ctx.Err()
 	}
-	return t.classify(err, len(body))
 }
 
 // classify turns a produce's outcome into send's: a record too large for the topic is

@@ -41,8 +41,8 @@ func newMetrics(j *journal.Journal) *metrics {
 	}
 	m := &metrics{
 		enqueued:           counter("enqueued_total", "Events a sink's filters selected and its queue accepted."),
-		delivered:          counter("deliveries_total", "Events finished, by result: delivered (a 2xx, or acknowledged by the stream), superseded (a JetStream subject already held a newer version of the object) or dead_lettered.", "result"),
-		attempts:           counter("attempts_total", "Attempts to hand an event to a sink: HTTP requests, JetStream publishes."),
+		delivered:          counter("deliveries_total", "Events finished, by result: delivered (a 2xx, or acknowledged by the stream or the Kafka cluster), superseded (a JetStream subject already held a newer version of the object) or dead_lettered.", "result"),
+		attempts:           counter("attempts_total", "Attempts to hand an event to a sink: HTTP requests, JetStream publishes, Kafka records produced."),
 		retries:            counter("retries_total", "Attempts that repeated an earlier failed one."),
 		filterErrors:       counter("filter_errors_total", "Events the sink's CEL filter could not decide on (an error, a result not a bool, the cost limit); handled as its filterErrors says."),
 		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown, sink_removed.", "reason"),
