@@ -199,13 +199,14 @@ func (t *kafkaTransport) send(ctx context.Context, d *Delivery, body []byte) err
 }
 
 // explain returns why a produce timed out when the cluster can tell: the client keeps asking
-// for a topic that does not exist for longer than timeout. Otherwise it returns err.
+// for a topic that does not exist for longer than timeout. Otherwise it returns err, with why
+// the cluster could not be asked (no broker reachable, authentication failing).
 func (t *kafkaTransport) explain(ctx context.Context, cl *kgo.Client, err error) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	topics, lerr := kadm.NewClient(cl).ListTopics(ctx, t.cfg.Topic)
 	if lerr != nil {
-		return err
+		return fmt.Errorf("%w (no broker could say why: %w)", err, lerr)
 	}
 	if terr := topics[t.cfg.Topic].Err; terr != nil {
 		return terr

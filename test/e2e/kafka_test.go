@@ -191,20 +191,25 @@ metrics: {address: "127.0.0.1:0"}
 	checkTopic(t, k.brokers, topic, u)
 }
 
-func TestARecordTooLargeForTheTopicIsDeadLetteredAndAMissingTopicIsNamed(t *testing.T) {
+func TestATooLargeRecordIsDeadLetteredAMissingTopicNamedAndUnreachableBrokersHoldUpOnlyTheirSink(t *testing.T) {
 	ns := namespace(t)
 	k := startKafka(t)
 	small := "4096"
 	topic := "dynwatch-" + ns
 	k.createTopic(t, topic, 1, map[string]*string{"max.message.bytes": &small})
+	nowhere, err := testbed.FreePort() // nothing listens there
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
 kafka:
+- {name: unreachable, brokers: ['127.0.0.1:%[5]d'], topic: %[3]s, timeout: 1s, deadLetter: {file: %[4]s/unreachable.jsonl}, retry: {initialBackoff: 100ms, maxBackoff: 200ms, maxElapsed: 1s}}
 - {name: small, brokers: [%[2]s], topic: %[3]s, deadLetter: {file: %[4]s/small.jsonl}, retry: {initialBackoff: 100ms, maxBackoff: 200ms, maxElapsed: 1s}}
 - {name: missing, brokers: [%[2]s], topic: %[3]s-missing, deadLetter: {file: %[4]s/missing.jsonl}, retry: {initialBackoff: 100ms, maxBackoff: 200ms, maxElapsed: 1s}}
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
-`, ns, strings.Join(k.brokers, ", "), topic, dir))
+`, ns, strings.Join(k.brokers, ", "), topic, dir, nowhere))
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -234,6 +239,13 @@ metrics: {address: "127.0.0.1:0"}
 		dead := read(filepath.Join(dir, "missing.jsonl"))
 		if !strings.Contains(dead, `"reason":"retries_exhausted"`) || !strings.Contains(dead, "topic "+topic+"-missing does not exist") {
 			return fmt.Errorf("no dead letter naming the missing topic yet: %q", dead)
+		}
+		return nil
+	})
+	testbed.Eventually(t, 60*time.Second, func() error {
+		dead := read(filepath.Join(dir, "unreachable.jsonl"))
+		if !strings.Contains(dead, `"reason":"retries_exhausted"`) || !strings.Contains(dead, "no broker could say why") {
+			return fmt.Errorf("no dead letter of the unreachable sink yet: %q", dead)
 		}
 		return nil
 	})
