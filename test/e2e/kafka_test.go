@@ -13,8 +13,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
@@ -213,42 +211,10 @@ metrics: {address: "127.0.0.1:0"}
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	cs, _ := configMaps(ns)
-	for name, size := range map[string]int{"small": 100, "large": 8000} {
-		_, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Data: map[string]string{"v": strings.Repeat("x", size)}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	read := func(path string) string {
-		b, _ := os.ReadFile(path)
-		return string(b)
-	}
-	testbed.Eventually(t, 30*time.Second, func() error {
-		dead := read(filepath.Join(dir, "small.jsonl"))
-		if !strings.Contains(dead, `"reason":"rejected"`) || !strings.Contains(dead, `"name":"large"`) {
-			return fmt.Errorf("no dead letter of large with reason rejected yet: %q", dead)
-		}
-		if strings.Contains(dead, `"name":"small"`) {
-			return fmt.Errorf("the small object was dead-lettered too: %q", dead)
-		}
-		return nil
-	})
-	testbed.Eventually(t, 60*time.Second, func() error {
-		dead := read(filepath.Join(dir, "missing.jsonl"))
-		if !strings.Contains(dead, `"reason":"retries_exhausted"`) || !strings.Contains(dead, "topic "+topic+"-missing does not exist") {
-			return fmt.Errorf("no dead letter naming the missing topic yet: %q", dead)
-		}
-		return nil
-	})
-	testbed.Eventually(t, 60*time.Second, func() error {
-		dead := read(filepath.Join(dir, "unreachable.jsonl"))
-		if !strings.Contains(dead, `"reason":"retries_exhausted"`) || !strings.Contains(dead, "no broker could say why") {
-			return fmt.Errorf("no dead letter of the unreachable sink yet: %q", dead)
-		}
-		return nil
-	})
+	createSmallAndLarge(t, ns)
+	onlyLargeDeadLettered(t, filepath.Join(dir, "small.jsonl"))
+	waitDeadLetters(t, filepath.Join(dir, "missing.jsonl"), 60*time.Second, `"reason":"retries_exhausted"`, "topic "+topic+"-missing does not exist")
+	waitDeadLetters(t, filepath.Join(dir, "unreachable.jsonl"), 60*time.Second, `"reason":"retries_exhausted"`, "no broker could say why")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	testbed.Eventually(t, 30*time.Second, func() error {
