@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -166,9 +167,15 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 	msg.Header.Set("ce-datacontenttype", "application/json")
 	msg.Header.Set("ce-resourceversion", d.Event.Object.GetResourceVersion())
 	// A stale expected sequence is read again and the publish made once more, at most twice:
-	// more means another publisher writes the subject as fast as this one.
-	for range 3 {
-		seq, err := t.expect(ctx, js, subject, d)
+	// more means another publisher writes the subject as fast as this one. An ADDED event is
+	// first published expecting an empty subject, without reading it: its object is new, or
+	// new to the sink (an initial list, an initialState replay), so its subject usually is,
+	// and one round trip is saved; when it is not, the stream refuses the publish and the
+	// subject is read as for any other event.
+	guess := d.Event.Type == dynamicinformer.Added
+	for range 4 {
+		seq, err := t.expect(ctx, js, subject, d, guess)
+		guess = false
 		if errors.Is(err, errDelivered) {
 			return nil
 		}
@@ -205,13 +212,14 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 }
 
 // expect returns the sequence subject's last message has, 0 for none. Unless this transport
-// published that message, it reads it from the stream: when it is d itself, expect returns
-// errDelivered; when it is a newer version of d's object, errSuperseded.
-func (t *jetStreamTransport) expect(ctx context.Context, js jetstream.JetStream, subject string, d *Delivery) (uint64, error) {
+// published that message, or guess is set (0 is then expected, and the stream checks it), it
+// reads it from the stream: when it is d itself, expect returns errDelivered; when it is a
+// newer version of d's object, errSuperseded.
+func (t *jetStreamTransport) expect(ctx context.Context, js jetstream.JetStream, subject string, d *Delivery, guess bool) (uint64, error) {
 	t.mu.Lock()
 	seq, known := t.last[subject]
 	t.mu.Unlock()
-	if known {
+	if known || guess {
 		return seq, nil
 	}
 	stream, err := t.streamFor(ctx, js, subject)

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -156,5 +157,84 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 	}
 	if info.State.Msgs != 2 || last.Header.Get("ce-resourceversion") != "20" {
 		t.Fatalf("the stream holds %d messages ending with resourceVersion %s; want 2 ending with 20", info.State.Msgs, last.Header.Get("ce-resourceversion"))
+	}
+}
+
+// An ADDED event's first publish expects an empty subject rather than reading the subject
+// first: one request per new object, as an initial list or an initialState replay has; an
+// object created again under its name, whose subject is not empty, is still stored after what
+// the subject holds, and an ADDED event stored already is not stored twice.
+func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *testing.T) {
+	testbed.Need(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	bins, err := testbed.EnsureBinaries(ctx, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := testbed.StartNATS(ctx, bins, t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Stop()
+	conn, err := nats.Connect(nc.URLs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	js, err := jetstream.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"dw.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.JetStream{Sink: config.Sink{Name: "s", Timeout: 5 * time.Second}, Servers: nc.URLs(), SubjectPrefix: "dw", Stream: "S"}
+	tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
+	defer tr.close()
+	added := func(name, uid, rv string) *Delivery {
+		d := configMapAt(t, "default", name, rv)
+		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]any{"name": name, "namespace": "default", "uid": uid, "resourceVersion": rv}}}
+		d.Event.Object, d.Event.Type = dynamicinformer.NewObject(u), dynamicinformer.Added
+		d.ID = journal.EventID(d.Event)
+		return d
+	}
+	send := func(d *Delivery) {
+		t.Helper()
+		if err := tr.send(ctx, d, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	send(added("warm-up", "w", "1")) // connects, and finds the stream
+	before := tr.nc.Stats().OutMsgs
+	for i := range 50 {
+		send(added(fmt.Sprint("new-", i), fmt.Sprint("u", i), fmt.Sprint(10+i)))
+	}
+	if n := tr.nc.Stats().OutMsgs - before; n > 50 {
+		t.Errorf("50 ADDED events to new subjects took %d requests, want one each", n)
+	}
+
+	send(configMapAt(t, "default", "again", "100")) // MODIFIED, of the first object of the name
+	d := added("again", "second-uid", "200")
+	send(d)
+	other := newJetStream(cfg, slog.New(slog.DiscardHandler), always{}) // a successor, knowing nothing
+	defer other.close()
+	if err := other.send(ctx, d, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, "dw.configmaps._.default.again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 53 || last.Header.Get("ce-resourceversion") != "200" {
+		t.Fatalf("the stream holds %d messages, the object created again ending with resourceVersion %s; want 53, ending with 200",
+			info.State.Msgs, last.Header.Get("ce-resourceversion"))
 	}
 }
