@@ -3,12 +3,11 @@ package journal
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utiljson "k8s.io/apimachinery/pkg/util/json"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal/wal"
@@ -188,35 +187,22 @@ func decodeEntry(v []byte) (Entry, error) {
 		return d, err
 	}
 	d.Body = append([]byte(nil), rest...)
-	// The body is the request; of the event, only what names it is decoded: a queue refilled
-	// from the outbox would otherwise hold every object twice, in the body and as the event's.
-	var p struct {
-		Type     dynamicinformer.EventType `json:"type"`
-		Resource struct {
-			Group    string `json:"group"`
-			Version  string `json:"version"`
-			Resource string `json:"resource"`
-		} `json:"resource"`
-		Object struct {
-			Metadata struct {
-				Name            string `json:"name"`
-				Namespace       string `json:"namespace"`
-				UID             string `json:"uid"`
-				ResourceVersion string `json:"resourceVersion"`
-			} `json:"metadata"`
-		} `json:"object"`
+	// The body is the request; of the event, only what names it is read, in place: a queue
+	// refilled from the outbox would otherwise hold every object twice, in the body and as the
+	// event's, and a refill would decode every object whole (gjson stops at what it looks for,
+	// near each body's start).
+	f := gjson.GetManyBytes(d.Body, "type", "resource.group", "resource.version", "resource.resource",
+		"object.metadata.name", "object.metadata.namespace", "object.metadata.uid", "object.metadata.resourceVersion")
+	if !f[0].Exists() || !f[4].Exists() {
+		return d, errors.New("body: no type or object.metadata.name")
 	}
-	if err := utiljson.Unmarshal(d.Body, &p); err != nil {
-		return d, fmt.Errorf("body: %w", err)
-	}
-	m := p.Object.Metadata
-	meta := map[string]any{"name": m.Name, "uid": m.UID, "resourceVersion": m.ResourceVersion}
-	if m.Namespace != "" {
-		meta["namespace"] = m.Namespace
+	meta := map[string]any{"name": f[4].String(), "uid": f[6].String(), "resourceVersion": f[7].String()}
+	if ns := f[5].String(); ns != "" {
+		meta["namespace"] = ns
 	}
 	d.Event = dynamicinformer.Event{
-		Type:     p.Type,
-		Resource: schema.GroupVersionResource{Group: p.Resource.Group, Version: p.Resource.Version, Resource: p.Resource.Resource},
+		Type:     dynamicinformer.EventType(f[0].String()),
+		Resource: schema.GroupVersionResource{Group: f[1].String(), Version: f[2].String(), Resource: f[3].String()},
 		Object:   dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": meta}}),
 		Observed: observed,
 		Revision: d.Revision,
