@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 30m
 
-.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-metadata bench-wal bench-api bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-wal bench-api bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -51,6 +51,12 @@ bench: testbed
 ## initialState is replayed 10,000 objects, side by side in one run (about a minute)
 bench-initial-state: testbed
 	$(GO) run ./test/bench -initial-state -json-only -json bench-initial-state.json
+
+## bench-sinks: each kind of sink's throughput and dynwatch's CPU per event, a sink added by a reload
+## with initialState replaying 20,000 objects: webhook, JetStream (3 replicas), Kafka (kfake),
+## one dynwatch after the other (about 2 minutes)
+bench-sinks: testbed
+	$(GO) run ./test/bench -sinks -json-only -json bench-sinks.json
 
 ## bench-metadata: dynwatch's memory with cache: metadata against cache: full, the chart's default
 ## config over 5,000 configmaps, one process after the other (about 3 minutes)

@@ -46,7 +46,7 @@ func runInitialState(ctx context.Context, o options, b *bed, start time.Time) er
 	// The last object in list order, as the e2e test's "stamp": the new sink receives its
 	// changes only once the replay has passed it, at the end.
 	stamped := objectName(o.resource, o.objects-1)
-	sinks := []string{fmt.Sprintf(`{name: steady, url: %s, filter: 'object.metadata.name == "%s"'}`, steadyURL, stamped)}
+	sinks := sinkSet{webhooks: []string{fmt.Sprintf(`{name: steady, url: %s, filter: 'object.metadata.name == "%s"'}`, steadyURL, stamped)}}
 	dw, err := startDynwatch(ctx, b.dwBin, b.cluster, o, sinks)
 	if err != nil {
 		return err
@@ -69,7 +69,7 @@ func runInitialState(ctx context.Context, o options, b *bed, start time.Time) er
 	if err != nil {
 		return err
 	}
-	sinks = append(sinks, fmt.Sprintf("{name: late, url: %s, initialState: true, resources: [%s]}", lateURL, o.resource))
+	sinks.webhooks = append(sinks.webhooks, fmt.Sprintf("{name: late, url: %s, initialState: true, resources: [%s]}", lateURL, o.resource))
 	r, err := replay(ctx, o, b, dw, sinks, late)
 	if err != nil {
 		return err
@@ -143,20 +143,12 @@ type replayRun struct {
 
 // replay configures dynwatch with the sinks, one of them late with initialState, and waits
 // until late has received every object, profiling dynwatch meanwhile with -profile.
-func replay(ctx context.Context, o options, b *bed, dw *dwProc, sinks []string, late *receiver) (replayRun, error) {
+func replay(ctx context.Context, o options, b *bed, dw *dwProc, sinks sinkSet, late *receiver) (replayRun, error) {
 	r := replayRun{reload: measure(ctx, dw), load: loadAverage()}
-	if _, err := writeConfig(b.cluster, o, sinks); err != nil {
+	if err := reload(b, o, dw, sinks); err != nil {
 		return r, err
 	}
-	if err := dw.rp.Signal(syscall.SIGHUP); err != nil {
-		return r, err
-	}
-	profiled := make(chan error, 1)
-	if o.profile != "" {
-		go func() { profiled <- saveProfile(ctx, dw.metrics, o.profileSeconds, o.profile) }()
-	} else {
-		profiled <- nil
-	}
+	profiled := startProfile(ctx, dw.metrics, o.profileSeconds, o.profile)
 	replayed := func() float64 {
 		return counter(ctx, dw.metrics, `dynwatch_webhook_initial_state_objects_total{sink="late"}`)
 	}
@@ -185,6 +177,15 @@ func replay(ctx context.Context, o options, b *bed, dw *dwProc, sinks []string, 
 		logf("CPU profile of the first %ds after the reload in %s; the replay took %s", o.profileSeconds, o.profile, r.received.Sub(r.reload.at).Round(time.Millisecond))
 	}
 	return r, nil
+}
+
+// reload replaces dynwatch's configuration file with one of the sinks and sends it SIGHUP; it
+// does not wait for dynwatch to apply it.
+func reload(b *bed, o options, dw *dwProc, sinks sinkSet) error {
+	if _, err := writeConfig(b.cluster, o, sinks); err != nil {
+		return err
+	}
+	return dw.rp.Signal(syscall.SIGHUP)
 }
 
 // loadAverage is the machine's load averages over 1, 5 and 15 minutes.

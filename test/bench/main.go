@@ -9,7 +9,8 @@
 // Run it with `make bench`. With -initial-state it measures instead what a webhook added by a
 // reload with initialState costs another sink's latency while its replay runs (initialstate.go).
 // With -metadata-only it measures what resources[].cache: metadata saves against cache: full
-// (metadataonly.go).
+// (metadataonly.go). With -sinks it measures how fast each kind of sink is handed a backlog of
+// every object, and dynwatch's CPU per event (sinks.go).
 package main
 
 import (
@@ -51,7 +52,9 @@ type options struct {
 	env                                      []string
 	initialState                             bool
 	metadataOnly                             bool
-	profileSeconds                           int           // -initial-state: the profile's length
+	sinks                                    bool
+	sinkWorkers                              int           // -sinks: every sink's workers
+	profileSeconds                           int           // -initial-state, -sinks: the profile's length
 	beforeReload                             time.Duration // -initial-state: the steady sink measured alone
 }
 
@@ -63,7 +66,7 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 1000, "updates per second in the storm")
 	flag.IntVar(&o.queries, "queries", 200, "requests per query measurement")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
-	flag.StringVar(&o.profile, "profile", "", "write dynwatch's CPU profile during the storm to this file")
+	flag.StringVar(&o.profile, "profile", "", "write dynwatch's CPU profile during the storm to this file (-initial-state and -sinks: see there)")
 	flag.StringVar(&o.heapProfile, "heap-profile", "", "write dynwatch's heap profile, taken after the storm, to this file")
 	flag.Func("env", "KEY=VALUE added to dynwatch's environment (GOGC=50, for one); may be repeated", func(v string) error {
 		o.env = append(o.env, v)
@@ -73,10 +76,15 @@ func main() {
 	flag.BoolVar(&o.chart, "chart", false, "run dynwatch with the chart's default configuration: the resource cluster-wide, one indexer, no webhook; the storm's updates are received from a watch of its API")
 	flag.BoolVar(&o.race, "race", false, "build dynwatch with the race detector, as the e2e tests run it")
 	flag.BoolVar(&o.initialState, "initial-state", false, "measure instead a steady sink's latency before and while a sink added by a reload with initialState is replayed the objects (10,000 unless -objects is given); -profile then profiles the replay")
-	flag.IntVar(&o.profileSeconds, "profile-seconds", 5, "with -initial-state: the length of the replay's CPU profile, from the reload (10,000 configmaps take about 6 s on 2 cores)")
+	flag.IntVar(&o.profileSeconds, "profile-seconds", 5, "with -initial-state or -sinks: the length of the CPU profile, from the reload or the Lease's release (on 2 cores, -initial-state's 10,000 configmaps take about 6 s)")
 	flag.DurationVar(&o.beforeReload, "before", 20*time.Second, "with -initial-state: how long the steady sink's latency is measured before the reload")
 	flag.BoolVar(&o.metadataOnly, "metadata-only", false, "measure instead dynwatch's memory with the chart's default config and cache: metadata against cache: full, one process after the other (5,000 objects unless -objects is given; -json-only unless -json-only=false); -heap-profile heap.pprof then writes heap-full.pprof and heap-metadata.pprof")
+	flag.BoolVar(&o.sinks, "sinks", false, "measure instead each kind of sink's throughput (webhook, JetStream, Kafka): a backlog of every object, held in the outbox while another holds the Lease, delivered once it is let go, one dynwatch per kind; -profile sinks.pprof then writes sinks-webhook.pprof, sinks-jetstream.pprof and sinks-kafka.pprof")
+	flag.IntVar(&o.sinkWorkers, "sink-workers", 64, "with -sinks: the workers of every sink")
 	flag.Parse()
+	if o.sinks && !flagSet("objects") {
+		o.objects = sinksObjects
+	}
 	if o.initialState && !flagSet("objects") {
 		o.objects = initialStateObjects
 	}
@@ -86,8 +94,18 @@ func main() {
 	if o.metadataOnly && !flagSet("json-only") {
 		o.json = true
 	}
-	if o.initialState && o.metadataOnly {
-		fmt.Fprintln(os.Stderr, "bench: -initial-state and -metadata-only are two runs: give one")
+	modes := 0
+	for _, on := range []bool{o.initialState, o.metadataOnly, o.sinks} {
+		if on {
+			modes++
+		}
+	}
+	if modes > 1 {
+		fmt.Fprintln(os.Stderr, "bench: -initial-state, -metadata-only and -sinks are different runs: give one")
+		os.Exit(2)
+	}
+	if o.chart && (o.initialState || o.sinks) {
+		fmt.Fprintln(os.Stderr, "bench: -chart configures no sink, which -initial-state and -sinks measure")
 		os.Exit(2)
 	}
 	if o.resource != "configmaps" && o.resource != "pods" {
@@ -178,6 +196,9 @@ func run(ctx context.Context, o options) error {
 	if o.metadataOnly {
 		return runMetadataOnly(ctx, o, b, start)
 	}
+	if o.sinks {
+		return runSinks(ctx, o, b, start)
+	}
 	cluster, cs, objBytes, dwBin := b.cluster, b.cs, b.objBytes, b.dwBin
 
 	baselineBin := filepath.Join(cluster.Dir, "baseline")
@@ -223,7 +244,7 @@ func run(ctx context.Context, o options) error {
 		webhooks = append(webhooks, fmt.Sprintf("{name: bench, url: %s, workers: 4}", recv.serve()))
 		defer recv.close()
 	}
-	dw, err := startDynwatch(ctx, dwBin, cluster, o, webhooks)
+	dw, err := startDynwatch(ctx, dwBin, cluster, o, sinkSet{webhooks: webhooks})
 	if err != nil {
 		return err
 	}
@@ -257,13 +278,7 @@ func run(ctx context.Context, o options) error {
 	commits0 := counter(ctx, dw.metrics, "dynwatch_state_commits_total")
 	written0 := counter(ctx, dw.metrics, "dynwatch_state_written_bytes_total")
 	syncs0 := counter(ctx, dw.metrics, "dynwatch_state_syncs_total")
-	profiled := make(chan error, 1)
-	if o.profile != "" {
-		seconds := max(1, o.updates/o.rate)
-		go func() { profiled <- saveProfile(ctx, dw.metrics, seconds, o.profile) }()
-	} else {
-		profiled <- nil
-	}
+	profiled := startProfile(ctx, dw.metrics, max(1, o.updates/o.rate), o.profile)
 	written, err := storm(ctx, cs, o)
 	if err != nil {
 		return err
@@ -455,10 +470,10 @@ type dwProc struct {
 	metrics string
 }
 
-// startDynwatch starts dynwatch with the webhooks (with -chart: none; see dynwatchConfig), and
+// startDynwatch starts dynwatch with the sinks (with -chart: none; see dynwatchConfig), and
 // waits until it has synced, timing it from the start.
-func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o options, webhooks []string) (*dwProc, error) {
-	cfg, err := writeConfig(cluster, o, webhooks)
+func startDynwatch(ctx context.Context, bin string, cluster *testbed.Cluster, o options, sinks sinkSet) (*dwProc, error) {
+	cfg, err := writeConfig(cluster, o, sinks)
 	if err != nil {
 		return nil, err
 	}
@@ -488,20 +503,32 @@ func launch(ctx context.Context, ro runner.Options) (*dwProc, error) {
 	return &dwProc{proc: proc{pid: p.PID(), url: api, synced: synced, peak: residentMemory(p.PID()).peak, stop: stop}, rp: p, metrics: metrics}, nil
 }
 
-// writeConfig writes dynwatch's configuration file for the run with the webhooks, replacing
-// the file in one rename (dynwatch reloads it when it changes), and returns its path.
-func writeConfig(cluster *testbed.Cluster, o options, webhooks []string) (string, error) {
+// writeConfig writes dynwatch's configuration file for the run with the sinks, replacing the
+// file in one rename (dynwatch reloads it when it changes), and returns its path.
+func writeConfig(cluster *testbed.Cluster, o options, sinks sinkSet) (string, error) {
 	path := filepath.Join(cluster.Dir, "bench-dynwatch.yaml")
-	text := dynwatchConfig(o, webhooks, filepath.Join(cluster.Dir, "state", "bench-state.db"))
+	text := dynwatchConfig(o, sinks, statePath(cluster))
 	if err := os.WriteFile(path+".new", []byte(text), 0o600); err != nil {
 		return "", err
 	}
 	return path, os.Rename(path+".new", path)
 }
 
-// dynwatchConfig is dynwatch's configuration file for the run, with the webhooks (YAML flow
-// mappings). Both keep the state store in a directory of its own, as the chart does, and serve
-// the API and metrics on loopback.
+// statePath is the state store of the dynwatch writeConfig configures.
+func statePath(cluster *testbed.Cluster) string {
+	return filepath.Join(cluster.Dir, "state", "bench-state.db")
+}
+
+// sinkSet is the sinks of dynwatch's configuration, by kind, each one a YAML flow mapping, and
+// the leader election they deliver under, a flow mapping too ("" for none).
+type sinkSet struct {
+	webhooks, jetstream, kafka []string
+	election                   string
+}
+
+// dynwatchConfig is dynwatch's configuration file for the run, with the sinks (with -chart:
+// none). Both keep the state store in a directory of its own, as the chart does, and serve the
+// API and metrics on loopback.
 //
 // The API authenticates and authorizes every request with the apiserver (api.auth.mode
 // kubernetes: TokenReview and SubjectAccessReview, their answers cached for the default 10 s),
@@ -511,7 +538,7 @@ func writeConfig(cluster *testbed.Cluster, o options, webhooks []string) (string
 // cost a query some microseconds (httpapi's BenchmarkListPage/authorized). It serves no TLS,
 // which dynwatch allows on loopback: the rows compare answering queries, not transports,
 // though the apiserver, which serves only TLS, pays for encrypting its answers.
-func dynwatchConfig(o options, webhooks []string, state string) string {
+func dynwatchConfig(o options, sinks sinkSet, state string) string {
 	if o.chart {
 		return fmt.Sprintf(`# The chart's default config (charts/dynwatch/values.yaml), but with the API and metrics on
 # loopback, the API without TLS, and pprof on.
@@ -536,10 +563,20 @@ resources:
       - {name: byTeam, type: annotation, key: example.com/team}
       - {name: byOwner, type: owner}
 webhooks: [%s]
+jetstream: [%s]
+kafka: [%s]
 api: {address: "127.0.0.1:0", auth: {mode: kubernetes}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0", pprof: true}
 state: {path: %s}  # as the chart runs it: every event through the state store
-`, o.resource, namespace, strings.Join(webhooks, ", "), state)
+%s`, o.resource, namespace, strings.Join(sinks.webhooks, ", "), strings.Join(sinks.jetstream, ", "), strings.Join(sinks.kafka, ", "), state, election(sinks.election))
+}
+
+// election is the leaderElection line of a configuration, or nothing.
+func election(mapping string) string {
+	if mapping == "" {
+		return ""
+	}
+	return "leaderElection: " + mapping + "\n"
 }
 
 type write struct {
@@ -750,6 +787,18 @@ func liveHeap(ctx context.Context, base string) (uint64, error) {
 	return 0, fmt.Errorf("no HeapAlloc in %s/debug/pprof/heap", base)
 }
 
+// startProfile starts writing a CPU profile of the process over the next seconds to path, and
+// returns a channel that receives the result once it is written; with path "", nil at once.
+func startProfile(ctx context.Context, base string, seconds int, path string) <-chan error {
+	done := make(chan error, 1)
+	if path == "" {
+		done <- nil
+		return done
+	}
+	go func() { done <- saveProfile(ctx, base, seconds, path) }()
+	return done
+}
+
 // saveProfile writes a CPU profile of the process over the next seconds to path.
 func saveProfile(ctx context.Context, base string, seconds int, path string) error {
 	return saveURL(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), path)
@@ -916,14 +965,20 @@ func status(url string) int {
 	return resp.StatusCode
 }
 
+// waitFor polls cond every 10 ms until it holds or timeout has passed.
 func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	return waitEvery(ctx, timeout, 10*time.Millisecond, cond)
+}
+
+// waitEvery polls cond every interval until it holds or timeout has passed.
+func waitEvery(ctx context.Context, timeout, interval time.Duration, cond func() bool) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for !cond() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 	return nil

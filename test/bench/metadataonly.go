@@ -117,7 +117,7 @@ func metadataOnlyRows(o options, meta, full cacheRun) []result {
 
 // runCache runs dynwatch with the chart's default configuration and cache, measures it as
 // cacheRun tells, and stops it. With -heap-profile it writes the process's heap profile once
-// the state store has caught up, to the file named for the cache (heapProfileFor).
+// the state store has caught up, to the file named for the cache (fileFor).
 func runCache(ctx context.Context, o options, b *bed, cache string) (cacheRun, error) {
 	r := cacheRun{cache: cache}
 	dw, err := startCache(ctx, o, b, cache)
@@ -135,7 +135,7 @@ func runCache(ctx context.Context, o options, b *bed, cache string) (cacheRun, e
 		return r, err
 	}
 	if o.heapProfile != "" {
-		if err := saveURL(ctx, dw.metrics+"/debug/pprof/heap?gc=1", heapProfileFor(o.heapProfile, cache)); err != nil {
+		if err := saveURL(ctx, dw.metrics+"/debug/pprof/heap?gc=1", fileFor(o.heapProfile, cache)); err != nil {
 			return r, err
 		}
 	}
@@ -177,7 +177,7 @@ func startCache(ctx context.Context, o options, b *bed, cache string) (*dwProc, 
 func writeCacheConfig(b *bed, o options, cache string) (string, error) {
 	o.chart = true
 	const indexers = "\n    indexers:\n"
-	text := dynwatchConfig(o, nil, filepath.Join(b.cluster.Dir, "state-"+cache, "state.db"))
+	text := dynwatchConfig(o, sinkSet{}, filepath.Join(b.cluster.Dir, "state-"+cache, "state.db"))
 	if strings.Count(text, indexers) != 1 {
 		return "", fmt.Errorf("the chart's config has no single resource with indexers to set the cache of:\n%s", text)
 	}
@@ -244,11 +244,15 @@ func problems(log string) []string {
 	return out
 }
 
-// heapProfileFor is the heap profile file of the run with cache: path with "-" and the cache
-// before its extension (heap.pprof: heap-full.pprof and heap-metadata.pprof).
-func heapProfileFor(path, cache string) string {
+// fileFor is the file of one of a mode's runs, a profile of the run with cache full or of the
+// JetStream sink: path with "-" and the run's name before its extension (heap.pprof:
+// heap-full.pprof and heap-metadata.pprof); "" stays "".
+func fileFor(path, run string) string {
+	if path == "" {
+		return ""
+	}
 	ext := filepath.Ext(path)
-	return strings.TrimSuffix(path, ext) + "-" + cache + ext
+	return strings.TrimSuffix(path, ext) + "-" + run + ext
 }
 
 // goMemory is what the Go runtime of a process holds, after a forced GC: the live heap

@@ -128,6 +128,19 @@ func (c *NATS) URLs() []string {
 	return out
 }
 
+// PIDs are the running servers' process ids.
+func (c *NATS) PIDs() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for _, s := range c.servers {
+		if s.proc != nil && s.proc.exited() == nil {
+			out = append(out, s.proc.cmd.Process.Pid)
+		}
+	}
+	return out
+}
+
 // Kill sends server i SIGKILL and waits for it to exit.
 func (c *NATS) Kill(i int) {
 	c.mu.Lock()
