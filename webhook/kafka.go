@@ -187,10 +187,12 @@ func (t *kafkaTransport) send(ctx context.Context, d *Delivery, body []byte) err
 	}
 	attempt, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
-	rec := &kgo.Record{Key: []byte(d.Key), Value: body, Headers: kafkaHeaders(d)}
-	err = t.produce(attempt, cl, rec, false)
+	// A record handed back by a failed produce has fields the client set: each produce gets
+	// one of its own.
+	record := func() *kgo.Record { return &kgo.Record{Key: []byte(d.Key), Value: body, Headers: kafkaHeaders(d)} }
+	err = t.produce(attempt, cl, record(), false)
 	if errors.Is(err, kerr.MessageTooLarge) {
-		err = t.produce(attempt, cl, rec, true)
+		err = t.produce(attempt, cl, record(), true)
 	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = t.explain(ctx, cl, err)
