@@ -95,10 +95,10 @@ func version(t *testing.T, uid, rv string) *Delivery {
 	return d
 }
 
-// Two replicas' transports to one stream: what one publishes on a view of a subject the other
-// has moved past is refused, so a deposed leader's late publish never lands after its
-// successor's, whatever the fence did.
-func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *testing.T) {
+// streamS runs a nats-server until the test ends, with the stream S of the subjects dw.>, and
+// returns the stream and a sink's configuration publishing to it.
+func streamS(t *testing.T) (jetstream.Stream, *config.JetStream) {
+	t.Helper()
 	testbed.Need(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
@@ -110,12 +110,12 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Stop()
+	t.Cleanup(nc.Stop)
 	conn, err := nats.Connect(nc.URLs()[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(conn.Close)
 	js, err := jetstream.New(conn)
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +124,15 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.JetStream{Sink: config.Sink{Name: "s", Timeout: 5 * time.Second}, Servers: nc.URLs(), SubjectPrefix: "dw", Stream: "S"}
+	return stream, &config.JetStream{Sink: config.Sink{Name: "s", Timeout: 5 * time.Second}, Servers: nc.URLs(), SubjectPrefix: "dw", Stream: "S"}
+}
+
+// Two replicas' transports to one stream: what one publishes on a view of a subject the other
+// has moved past is refused, so a deposed leader's late publish never lands after its
+// successor's, whatever the fence did.
+func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *testing.T) {
+	ctx := t.Context()
+	stream, cfg := streamS(t)
 	transport := func() *jetStreamTransport {
 		tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
 		t.Cleanup(tr.close)
@@ -165,32 +173,8 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 // object created again under its name, whose subject is not empty, is still stored after what
 // the subject holds, and an ADDED event stored already is not stored twice.
 func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *testing.T) {
-	testbed.Need(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
-	defer cancel()
-	bins, err := testbed.EnsureBinaries(ctx, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := testbed.StartNATS(ctx, bins, t.TempDir(), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Stop()
-	conn, err := nats.Connect(nc.URLs()[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	js, err := jetstream.New(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"dw.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := &config.JetStream{Sink: config.Sink{Name: "s", Timeout: 5 * time.Second}, Servers: nc.URLs(), SubjectPrefix: "dw", Stream: "S"}
+	ctx := t.Context()
+	stream, cfg := streamS(t)
 	tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
 	defer tr.close()
 	added := func(name, uid, rv string) *Delivery {
