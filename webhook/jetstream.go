@@ -214,16 +214,17 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 // expect returns the sequence subject's last message has, 0 for none. Unless this transport
 // published that message, or guess is set (0 is then expected, and the stream checks it), it
 // reads it from the stream: when it is d itself, expect returns errDelivered; when it is a
-// newer version of d's object, errSuperseded.
+// newer version of d's object, errSuperseded. Either way the stream is found and checked
+// first, so that a missing one is named.
 func (t *jetStreamTransport) expect(ctx context.Context, js jetstream.JetStream, subject string, d *Delivery, guess bool) (uint64, error) {
 	t.mu.Lock()
 	seq, known := t.last[subject]
 	t.mu.Unlock()
-	if known || guess {
+	if known {
 		return seq, nil
 	}
-	stream, err := t.streamFor(ctx, js, subject)
-	if err != nil {
+	stream, err := t.streamFor(ctx, js, subject) // checked once, then kept
+	if err != nil || guess {
 		return 0, err
 	}
 	last, err := stream.GetLastMsgForSubject(ctx, subject)
