@@ -127,6 +127,20 @@ func streamS(t *testing.T) (jetstream.Stream, *config.JetStream) {
 	return stream, &config.JetStream{Sink: config.Sink{Name: "s", Timeout: 5 * time.Second}, Servers: nc.URLs(), SubjectPrefix: "dw", Stream: "S"}
 }
 
+// streamState is how many messages stream holds, and the resourceVersion of subject's last.
+func streamState(t *testing.T, stream jetstream.Stream, subject string) (uint64, string) {
+	t.Helper()
+	info, err := stream.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := stream.GetLastMsgForSubject(t.Context(), subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs, last.Header.Get("ce-resourceversion")
+}
+
 // Two replicas' transports to one stream: what one publishes on a view of a subject the other
 // has moved past is refused, so a deposed leader's late publish never lands after its
 // successor's, whatever the fence did.
@@ -155,16 +169,8 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 	if err := send(transport(), version(t, "u", "20")); err != nil {
 		t.Fatal(err)
 	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, err := stream.GetLastMsgForSubject(ctx, "dw.configmaps._.default.x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != 2 || last.Header.Get("ce-resourceversion") != "20" {
-		t.Fatalf("the stream holds %d messages ending with resourceVersion %s; want 2 ending with 20", info.State.Msgs, last.Header.Get("ce-resourceversion"))
+	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.x"); msgs != 2 || rv != "20" {
+		t.Fatalf("the stream holds %d messages ending with resourceVersion %s; want 2 ending with 20", msgs, rv)
 	}
 }
 
@@ -209,16 +215,7 @@ func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *
 	if err := other.send(ctx, d, []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, err := stream.GetLastMsgForSubject(ctx, "dw.configmaps._.default.again")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != 53 || last.Header.Get("ce-resourceversion") != "200" {
-		t.Fatalf("the stream holds %d messages, the object created again ending with resourceVersion %s; want 53, ending with 200",
-			info.State.Msgs, last.Header.Get("ce-resourceversion"))
+	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.again"); msgs != 53 || rv != "200" {
+		t.Fatalf("the stream holds %d messages, the object created again ending with resourceVersion %s; want 53, ending with 200", msgs, rv)
 	}
 }
