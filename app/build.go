@@ -37,6 +37,10 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
+	objects, err := dynamicinformer.NewJSONClient(informers)
+	if err != nil {
+		return nil, fmt.Errorf("JSON client: %w", err)
+	}
 	meta, err := metadata.NewForConfig(informers)
 	if err != nil {
 		return nil, fmt.Errorf("metadata client: %w", err)
@@ -76,7 +80,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	}()
 	watches := httpapi.NewHub(cfg.API.WatchHistory)
 	if s.informers, err = dynamicinformer.New(dynamicinformer.Options{
-		Logger: log, Dynamic: dyn, Metadata: meta, Discovery: disco, Registerer: reg,
+		Logger: log, JSON: objects, Dynamic: dyn, Metadata: meta, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
 		Subscribers: []dynamicinformer.Subscriber{watches, s.webhooks},
 	}); err != nil {

@@ -28,13 +28,18 @@
 // (Event.Since to Revision) rather than one, and are not in the watch's order; a resource's
 // SelectionRevision is the selection's revision whose changes have been emitted.
 //
-// Objects pass the resource's Transform, then are kept as Objects: their JSON, and a header
-// decoded once (namespace, name, uid, resourceVersion, labels, the values of the resource's
-// indexers). This happens in the informer's transform, as each object streams in, so neither
-// a list being received nor the cache holds the decoder's tree of maps; what needs an object
-// as a value decodes it on demand. Lists, watches and webhook bodies are written from the
-// kept JSON as it is. The transform is idempotent, as client-go requires. Objects handed out
-// by the cache and in Events are shared and read-only.
+// Whole objects are listed and watched as JSON (NewJSONClient), and each object, as it streams
+// in, is cut to what the cache keeps (the managedFields and the last-applied annotation, as the
+// transforms say) without being decoded: the cache keeps the apiserver's bytes less the cut
+// ones. A resource whose transforms need the object as a value (a secret's data, removeFields
+// paths, a jsonPath indexer), whose cache keeps metadata only, or whose namespaces a
+// namespaceSelector picks, is decoded into unstructured and passes the resource's Transform
+// there. Either way objects are kept as Objects: their JSON, and a header read once (namespace,
+// name, uid, resourceVersion, labels, the values of the resource's indexers). Neither a list
+// being received nor the cache holds a decoder's tree of maps; what needs an object as a value
+// decodes it on demand. Lists, watches and webhook bodies are written from the kept JSON as it
+// is. The transform is idempotent, as client-go requires. Objects handed out by the cache and
+// in Events are shared and read-only.
 //
 // Concurrency: Subscribers are called from the informers' processing goroutines, one goroutine
 // per list and watch, in the order it received the changes, each change's events once the

@@ -78,6 +78,7 @@ func startManager(t *testing.T, restConfig *rest.Config, yaml string, subs ...Su
 	reg := prometheus.NewRegistry()
 	m, err := New(Options{
 		Logger:      slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		JSON:        jsonClient(t, restConfig),
 		Dynamic:     dynamic.NewForConfigOrDie(restConfig),
 		Metadata:    metadata.NewForConfigOrDie(restConfig),
 		Discovery:   discovery.NewDiscoveryClientForConfigOrDie(restConfig),
@@ -216,4 +217,13 @@ func metricValue(t *testing.T, m started, name string, labels ...string) float64
 	}
 	t.Fatalf("no metric %s%v", name, labels)
 	return 0
+}
+
+func jsonClient(t *testing.T, c *rest.Config) rest.Interface {
+	t.Helper()
+	client, err := NewJSONClient(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }

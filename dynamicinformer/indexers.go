@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tidwall/gjson"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -14,6 +15,9 @@ import (
 type indexer struct {
 	name   string
 	values func(u *unstructured.Unstructured) []string
+	// fromJSON gives the same values read from the object's JSON, its metadata meta and the
+	// header o has so far; nil for a jsonPath indexer, which needs the object decoded (cutsOf).
+	fromJSON func(meta gjson.Result, o *Object) []string
 }
 
 // indexersOf are r's configured indexers, by name: the order of an Object's values and of the
@@ -23,14 +27,22 @@ func indexersOf(r *config.Resource) []indexer {
 	for i := range r.Indexers {
 		ix := &r.Indexers[i]
 		f := indexFunc(ix)
-		out = append(out, indexer{name: ix.Name, values: func(u *unstructured.Unstructured) []string {
+		x := indexer{name: ix.Name, values: func(u *unstructured.Unstructured) []string {
 			vs, err := f(u)
 			if err != nil {
 				return nil // an object the index function fails on is in none of its values
 			}
 			slices.Sort(vs)
 			return slices.Compact(vs)
-		}})
+		}}
+		if g := jsonIndexFunc(ix); g != nil {
+			x.fromJSON = func(meta gjson.Result, o *Object) []string {
+				vs := g(meta, o)
+				slices.Sort(vs)
+				return slices.Compact(vs)
+			}
+		}
+		out = append(out, x)
 	}
 	slices.SortFunc(out, func(a, b indexer) int { return strings.Compare(a.name, b.name) })
 	return out
@@ -64,6 +76,68 @@ func indexFunc(ix *config.Indexer) func(u *unstructured.Unstructured) ([]string,
 			return keys, nil
 		}
 	}
+}
+
+// jsonIndexFunc is indexFunc's function read from an object's metadata, meta, and the header o
+// has so far (its labels); nil for a jsonPath indexer.
+func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, o *Object) []string {
+	switch ix.Type {
+	case config.IndexLabel:
+		return func(_ gjson.Result, o *Object) []string {
+			if v, ok := o.Labels().Lookup(ix.Key); ok {
+				return []string{v}
+			}
+			return nil
+		}
+	case config.IndexAnnotation:
+		return func(meta gjson.Result, _ *Object) []string {
+			var vs []string
+			field(meta, "annotations").ForEach(func(k, v gjson.Result) bool {
+				if k.Str == ix.Key && v.Type == gjson.String {
+					vs = []string{v.Str}
+					return false
+				}
+				return true
+			})
+			return vs
+		}
+	case config.IndexOwner:
+		return func(meta gjson.Result, _ *Object) []string {
+			var keys []string
+			field(meta, "ownerReferences").ForEach(func(_, ref gjson.Result) bool {
+				var kind, name, uid string
+				ref.ForEach(func(k, v gjson.Result) bool {
+					switch k.Str {
+					case "kind":
+						kind = v.Str
+					case "name":
+						name = v.Str
+					case "uid":
+						uid = v.Str
+					}
+					return true
+				})
+				keys = append(keys, OwnerKey(kind, name), uid)
+				return true
+			})
+			return keys
+		}
+	default:
+		return nil
+	}
+}
+
+// field is the member of obj named key, read without gjson's path syntax (a key may hold dots).
+func field(obj gjson.Result, key string) gjson.Result {
+	var out gjson.Result
+	obj.ForEach(func(k, v gjson.Result) bool {
+		if k.Str == key {
+			out = v
+			return false
+		}
+		return true
+	})
+	return out
 }
 
 func mapValue(m map[string]string, key string) []string {

@@ -18,13 +18,18 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
 )
 
 // Options are a Manager's dependencies.
 type Options struct {
-	Logger  *slog.Logger
+	Logger *slog.Logger
+	// JSON lists and watches whole objects, which the caches keep as JSON (NewJSONClient).
+	JSON rest.Interface
+	// Dynamic serves the namespaces a namespaceSelector selects and the objects of resources
+	// that have one.
 	Dynamic dynamic.Interface
 	// Metadata serves the resources whose cache keeps metadata only.
 	Metadata    metadata.Interface
@@ -39,6 +44,7 @@ type Options struct {
 // Manager runs the informers of every configured resource.
 type Manager struct {
 	log         *slog.Logger
+	json        rest.Interface
 	dynamic     dynamic.Interface
 	metadata    metadata.Interface
 	discovery   discovery.DiscoveryInterface
@@ -61,11 +67,12 @@ type Manager struct {
 
 // New builds a Manager and registers its metrics. Nothing runs until Run.
 func New(o Options) (*Manager, error) {
-	if o.Dynamic == nil || o.Metadata == nil || o.Discovery == nil {
-		return nil, errors.New("the dynamic, metadata and discovery clients are all required")
+	if o.JSON == nil || o.Dynamic == nil || o.Metadata == nil || o.Discovery == nil {
+		return nil, errors.New("the JSON, dynamic, metadata and discovery clients are all required")
 	}
 	m := &Manager{
 		log:         o.Logger,
+		json:        o.JSON,
 		dynamic:     o.Dynamic,
 		metadata:    o.Metadata,
 		discovery:   o.Discovery,

@@ -1,8 +1,8 @@
 package dynamicinformer
 
 import (
+	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -13,10 +13,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
+
+	"github.com/tidwall/gjson"
 )
 
-// Object is one object as the cache keeps it: its JSON as the transforms left it (apiVersion
-// and kind set, map keys sorted, as appendJSON writes it), and a header decoded once when it
+// Object is one object as the cache keeps it: its JSON as the transforms left it, with
+// apiVersion and kind set (the apiserver's bytes less what was cut, or, for an object that was
+// decoded, with map keys sorted as appendJSON writes them), and a header read once when it
 // came in: namespace, name, uid, resourceVersion, labels, and the values of the resource's
 // configured indexers. No tree of maps stays behind it: what needs the whole object as a value
 // (a CEL filter, a table's columns) decodes it on demand with Decode, and a field selector
@@ -91,6 +94,9 @@ func (o *Object) doc() string { return unsafe.String(unsafe.SliceData(o.json), l
 // needed no escaping is there verbatim), so that keeping it costs no memory of its own; else a
 // copy of s, so that nothing of what the decoder built is kept.
 func within(doc, s string) string {
+	if p, d := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(unsafe.StringData(doc))); p >= d && p+uintptr(len(s)) <= d+uintptr(len(doc)) {
+		return s // read from doc in place
+	}
 	if i := strings.Index(doc, s); i >= 0 {
 		return doc[i : i+len(s)]
 	}
@@ -104,26 +110,63 @@ const maxScratch = 256 << 10
 // ObjectFromJSON keeps an object's JSON, as an Object's JSON returned it, as an Object; b is
 // kept, and must not be modified after.
 func ObjectFromJSON(b []byte) (*Object, error) {
-	var h struct {
-		Metadata struct {
-			Namespace       string            `json:"namespace"`
-			Name            string            `json:"name"`
-			UID             string            `json:"uid"`
-			ResourceVersion string            `json:"resourceVersion"`
-			Labels          map[string]string `json:"labels"`
-		} `json:"metadata"`
+	if !gjson.ValidBytes(b) {
+		return nil, errors.New("decode an object: not valid JSON")
 	}
-	if err := utiljson.Unmarshal(b, &h); err != nil {
-		return nil, fmt.Errorf("decode an object: %w", err)
-	}
-	m := h.Metadata
+	return objectOf(b, nil), nil
+}
+
+// objectOf keeps b, an object's JSON, as an Object with the values of the indexers ix, none of
+// which may need the object decoded (see cutsOf); b is kept, and must not be modified after.
+// Its header's strings are read from b in place.
+func objectOf(b []byte, ix []indexer) *Object {
 	o := &Object{json: b}
 	doc := o.doc()
-	o.namespace, o.name, o.uid, o.resourceVersion = within(doc, m.Namespace), within(doc, m.Name), within(doc, m.UID), within(doc, m.ResourceVersion)
-	for _, k := range slices.Sorted(maps.Keys(m.Labels)) {
-		o.labels = append(o.labels, within(doc, k), within(doc, m.Labels[k]))
+	var meta gjson.Result
+	gjson.Parse(doc).ForEach(func(k, v gjson.Result) bool {
+		if k.Str == "metadata" {
+			meta = v
+			return false
+		}
+		return true
+	})
+	meta.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "namespace":
+			o.namespace = within(doc, v.Str)
+		case "name":
+			o.name = within(doc, v.Str)
+		case "uid":
+			o.uid = within(doc, v.Str)
+		case "resourceVersion":
+			o.resourceVersion = within(doc, v.Str)
+		case "labels":
+			var pairs [][2]string
+			v.ForEach(func(k, v gjson.Result) bool {
+				if v.Type == gjson.String {
+					pairs = append(pairs, [2]string{within(doc, k.Str), within(doc, v.Str)})
+				}
+				return true
+			})
+			slices.SortFunc(pairs, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+			o.labels = make([]string, 0, 2*len(pairs))
+			for _, p := range pairs {
+				o.labels = append(o.labels, p[0], p[1])
+			}
+		}
+		return true
+	})
+	if len(ix) > 0 {
+		o.values = make([][]string, len(ix))
+		for i, x := range ix {
+			vs := x.fromJSON(meta, o)
+			for j := range vs {
+				vs[j] = within(doc, vs[j])
+			}
+			o.values[i] = vs
+		}
 	}
-	return o, nil
+	return o
 }
 
 // JSON is the object's JSON. It is shared: callers must not modify it.

@@ -35,7 +35,7 @@ resources:
 			"data": map[string]any{"password": "p", "user": "u", "n": "<&>"},
 		}}
 	}
-	ingested, err := ingest(NewTransform(&cfg), indexersOf(&cfg), schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"})(in())
+	ingested, err := ingest(&cfg, indexersOf(&cfg), schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"})(in())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ resources:
 	if !slices.EqualFunc(o.values, [][]string{{"web"}, {"storefront"}}, slices.Equal) {
 		t.Errorf("indexer values = %q, want [[web] [storefront]]", o.values)
 	}
-	if again, _ := ingest(NewTransform(&cfg), indexersOf(&cfg), schema.GroupVersionKind{})(o); again != o {
+	if again, _ := ingest(&cfg, indexersOf(&cfg), schema.GroupVersionKind{})(o); again != o {
 		t.Errorf("an Object ingested again came out as %v, want it unchanged", again)
 	}
 	u, err := o.Decode()

@@ -284,17 +284,22 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	if r.cfg.Namespaced != nil {
 		sel = newSelection()
 	}
+	unstructuredOnly := r.cfg.MetadataOnly() || sel != nil
+	var objectType runtime.Object = &wire{}
+	if unstructuredOnly {
+		objectType = &unstructured.Unstructured{}
+	}
 	for _, ns := range namespaces {
 		ni := namespaceInformer{namespace: ns, health: &health{}, moves: &moves{}}
 		ni.controller = cache.New(&cache.Config{
 			Queue: cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
-				Transformer:           ingest(NewTransform(r.cfg), ix, gvk),
+				Transformer:           ingest(r.cfg, ix, gvk),
 				AtomicEvents:          true,
 				UnlockWhileProcessing: true,
 				EmitDeltaTypeBookmark: true,
 			}),
-			ListerWatcher:                r.listWatch(src, ns, tweak, ni.health, sel, ni.moves),
-			ObjectType:                   &unstructured.Unstructured{},
+			ListerWatcher:                r.listWatch(r.objectsOf(gvr, gvk, src, ns, unstructuredOnly), src, tweak, ni.health, sel, ni.moves),
+			ObjectType:                   objectType,
 			FullResyncPeriod:             r.cfg.Resync,
 			WatchErrorHandlerWithContext: r.onWatchError,
 			Process:                      r.process(gvr, ns, ni.moves, st),
@@ -340,11 +345,11 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	return nil
 }
 
-// listWatch lists and watches the resource in namespace, as client-go's dynamic informer does.
-// Every list and watch call's outcome goes to h. With sel, only the objects of the namespaces
-// it selects are passed on, and its changes are brought in as they happen (see selectWatch).
-func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.ListOptions), h *health, sel *selection, mv *moves) *cache.ListWatch {
-	client := src.Namespace(namespace)
+// listWatch lists and watches the resource in one namespace through client, as client-go's
+// dynamic informer does. Every list and watch call's outcome goes to h. With sel, only the
+// objects of the namespaces it selects are passed on, and its changes are brought in as they
+// happen, listed through src (see selectWatch).
+func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.ListOptions), h *health, sel *selection, mv *moves) *cache.ListWatch {
 	selected := &applied{}
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -394,8 +399,8 @@ func (r *Resource) listWatch(src source, namespace string, tweak func(*metav1.Li
 			}
 			if err == nil && len(r.cfg.ExcludedGlobs) > 0 {
 				w = watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-					u, ok := e.Object.(*unstructured.Unstructured)
-					return e, !ok || !r.cfg.Excludes(u.GetNamespace())
+					o, ok := e.Object.(interface{ GetNamespace() string })
+					return e, !ok || e.Type == watch.Bookmark || !r.cfg.Excludes(o.GetNamespace())
 				})
 			}
 			return w, err
@@ -410,7 +415,7 @@ const selectionWait = 10 * time.Second
 // dropExcluded removes from a list the objects of the namespaces the resource's
 // excludeNamespaces globs match (the apiserver has left out the named ones already) and, with
 // sel, of the namespaces not in the selection the list started with.
-func (r *Resource) dropExcluded(list *unstructured.UnstructuredList, sel *selection, selected *applied) {
+func (r *Resource) dropExcluded(list runtime.Object, sel *selection, selected *applied) {
 	if len(r.cfg.ExcludedGlobs) == 0 && sel == nil {
 		return
 	}
@@ -418,12 +423,18 @@ func (r *Resource) dropExcluded(list *unstructured.UnstructuredList, sel *select
 	if sel != nil {
 		names = selected.get().names
 	}
-	list.Items = slices.DeleteFunc(list.Items, func(u unstructured.Unstructured) bool {
-		if _, ok := names[u.GetNamespace()]; sel != nil && !ok {
+	drop := func(namespace string) bool {
+		if _, ok := names[namespace]; sel != nil && !ok {
 			return true
 		}
-		return r.cfg.Excludes(u.GetNamespace())
-	})
+		return r.cfg.Excludes(namespace)
+	}
+	switch list := list.(type) {
+	case *unstructured.UnstructuredList:
+		list.Items = slices.DeleteFunc(list.Items, func(u unstructured.Unstructured) bool { return drop(u.GetNamespace()) })
+	case *wireList:
+		list.Items = slices.DeleteFunc(list.Items, func(w *wire) bool { return drop(w.Namespace) })
+	}
 }
 
 // stopInformers stops the informers, waits for them, and drops their caches.

@@ -21,7 +21,34 @@ type source interface {
 	Namespace(namespace string) lister
 }
 
-// lister lists and watches one namespace, or all.
+// objects lists and watches one namespace, or all, for an informer: lists of unstructured or,
+// from a jsonSource, of wire objects.
+type objects interface {
+	List(ctx context.Context, o metav1.ListOptions) (runtime.Object, error)
+	Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error)
+}
+
+// objectsOf is what the informer of r's objects of kind gvk in namespace reads: whole objects
+// as JSON, or, for a resource whose cache keeps metadata only or whose namespaces a
+// namespaceSelector picks (whose selectWatch works on unstructured), src's unstructured.
+func (r *Resource) objectsOf(gvr schema.GroupVersionResource, gvk schema.GroupVersionKind, src source, namespace string, unstructuredOnly bool) objects {
+	if unstructuredOnly {
+		return unstructuredObjects{src.Namespace(namespace)}
+	}
+	return jsonLister{r.m.json, gvr, namespace, reader{cutsOf(r.cfg), gvk.GroupVersion().String(), gvk.Kind}}
+}
+
+type unstructuredObjects struct{ lister }
+
+func (o unstructuredObjects) List(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	list, err := o.lister.List(ctx, opts)
+	if err != nil {
+		return nil, err // not a typed nil
+	}
+	return list, nil
+}
+
+// lister lists and watches one namespace, or all, as unstructured.
 type lister interface {
 	List(ctx context.Context, o metav1.ListOptions) (*unstructured.UnstructuredList, error)
 	Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error)

@@ -154,14 +154,40 @@ func (s *store) thaw() { s.frozen = nil }
 func (s *store) setLocked(u *Object) *Object {
 	e := entry{namespace: u.GetNamespace(), name: u.GetName(), obj: u}
 	old, had := s.t.ReplaceOrInsert(e)
-	if had {
-		s.unindex(old)
-	}
-	s.index(e)
 	if !had {
+		s.index(e)
 		return nil
 	}
+	s.reindex(old, e)
 	return old.obj
+}
+
+// reindex moves old's place in the indexes to e, the same object changed: a value both have is
+// replaced where it is, in one step rather than a delete and an insert.
+func (s *store) reindex(old, e entry) {
+	for i, name := range s.indexes {
+		var was, is []string // each sorted, without repeats
+		if i < len(old.obj.values) {
+			was = old.obj.values[i]
+		}
+		if i < len(e.obj.values) {
+			is = e.obj.values[i]
+		}
+		ix := s.idx[name]
+		for len(was) > 0 || len(is) > 0 {
+			switch {
+			case len(is) == 0 || (len(was) > 0 && was[0] < is[0]):
+				ix.Delete(indexed{value: was[0], entry: old})
+				was = was[1:]
+			case len(was) == 0 || is[0] < was[0]:
+				ix.ReplaceOrInsert(indexed{value: is[0], entry: e})
+				is = is[1:]
+			default:
+				ix.ReplaceOrInsert(indexed{value: is[0], entry: e})
+				was, is = was[1:], is[1:]
+			}
+		}
+	}
 }
 
 func (s *store) removeLocked(u *Object) *Object {

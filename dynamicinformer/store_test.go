@@ -279,3 +279,39 @@ func TestAStoreKeepsARevisionPerStream(t *testing.T) {
 		t.Errorf("ns1's empty relist deleted %d objects and left %v; want 1 and ns2/y@9", len(gone), got)
 	}
 }
+
+// TestAnUpdateMovesAnObjectBetweenItsIndexValues: an object changed from the values a, b to b,
+// c is found under b and c, as its new version, and no longer under a; deleted, under none.
+func TestAnUpdateMovesAnObjectBetweenItsIndexValues(t *testing.T) {
+	s := newStore([]indexer{{name: "byTag"}})
+	tagged := func(rv int, tags ...string) *Object {
+		o := cached("ns", "a", rv)
+		o.values = [][]string{tags}
+		return o
+	}
+	lookup := func(value string) []string {
+		snap, ok := s.snapshot().ByIndex("byTag", value)
+		if !ok {
+			t.Fatalf("no index byTag")
+		}
+		return keysAt(snap)
+	}
+	check := func(step string, want map[string][]string) {
+		t.Helper()
+		for value, keys := range want {
+			if got := lookup(value); !slices.Equal(got, keys) {
+				t.Errorf("%s: byTag=%s holds %v, want %v", step, value, got, keys)
+			}
+		}
+	}
+	s.set("", tagged(1, "a", "b"), 1)
+	check("added", map[string][]string{"a": {"ns/a@1"}, "b": {"ns/a@1"}, "c": nil})
+	s.set("", tagged(2, "b", "c"), 2)
+	check("updated", map[string][]string{"a": nil, "b": {"ns/a@2"}, "c": {"ns/a@2"}})
+	s.set("", tagged(3), 3)
+	check("updated to no values", map[string][]string{"a": nil, "b": nil, "c": nil})
+	s.set("", tagged(4, "a", "c", "d"), 4)
+	check("updated to three", map[string][]string{"a": {"ns/a@4"}, "b": nil, "c": {"ns/a@4"}, "d": {"ns/a@4"}})
+	s.remove("", tagged(4, "a", "c", "d"), 5)
+	check("deleted", map[string][]string{"a": nil, "c": nil, "d": nil})
+}

@@ -254,7 +254,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("state store commits: %w", err)
 		}
 	} else if err := waitFor(ctx, 5*time.Minute, func() bool { return recv.count() >= o.objects }); err != nil {
-		return fmt.Errorf("initial-list deliveries: %d of %d: %w", recv.count(), o.objects, err)
+		return fmt.Errorf("initial-list deliveries: %d of %d: %w\n%s", recv.count(), o.objects, err, dw.rp.Log())
 	}
 	dwHeap, err := liveHeap(ctx, dw.metrics)
 	if err != nil {
