@@ -90,16 +90,20 @@ func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, o *Object) []stri
 			return nil
 		}
 	case config.IndexAnnotation:
-		return func(meta gjson.Result, _ *Object) []string {
-			var vs []string
-			field(meta, "annotations").ForEach(func(k, v gjson.Result) bool {
-				if k.Str == ix.Key && v.Type == gjson.String {
-					vs = []string{v.Str}
-					return false
-				}
-				return true
-			})
-			return vs
+		return func(meta gjson.Result, o *Object) []string {
+			a := field(meta, "annotations")
+			if !a.IsObject() || a.Index == 0 {
+				return nil
+			}
+			// Read without gjson's ForEach, which would unescape every value (the last-applied
+			// one where it is kept) to find one.
+			var buf [16]jsonMember
+			ms := objectMembers(o.json, a.Index, buf[:0])
+			i := find(o.json, ms, ix.Key)
+			if i < 0 || o.json[ms[i].value] != '"' {
+				return nil
+			}
+			return []string{gjson.Parse(docOf(o.json[ms[i].value:ms[i].end])).Str}
 		}
 	case config.IndexOwner:
 		return func(meta gjson.Result, _ *Object) []string {

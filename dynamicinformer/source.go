@@ -35,7 +35,14 @@ func (r *Resource) objectsOf(gvr schema.GroupVersionResource, gvk schema.GroupVe
 	if unstructuredOnly {
 		return unstructuredObjects{src.Namespace(namespace)}
 	}
-	return jsonLister{r.m.json, gvr, namespace, reader{cutsOf(r.cfg), gvk.GroupVersion().String(), gvk.Kind}}
+	l := jsonLister{client: r.m.json, gvr: gvr, namespace: namespace, read: reader{cutsOf(r.cfg), typeMembers(gvk.GroupVersion().String(), gvk.Kind)}}
+	for _, s := range r.m.subscribers {
+		if from, ok := s.(Resumer); ok {
+			l.resume = &resume{from: from, stream: namespace, selection: selectionOf(r.cfg)}
+			break
+		}
+	}
+	return l
 }
 
 type unstructuredObjects struct{ lister }

@@ -80,6 +80,7 @@ type jsonLister struct {
 	gvr       schema.GroupVersionResource
 	namespace string
 	read      reader
+	resume    *resume // nil: nothing to resume from
 }
 
 // reader reads an object's JSON, as received, into a wire object of its own: cut to what the
@@ -87,15 +88,15 @@ type jsonLister struct {
 // where the object has none), else copied whole for the transform to decode. Either way nothing
 // of the list's body or the watch's buffer is kept.
 type reader struct {
-	cuts             *cuts
-	apiVersion, kind string
+	cuts  *cuts
+	typed string // see typeMembers
 }
 
 func (r reader) read(raw []byte, bookmark bool) (*wire, error) {
 	if r.cuts == nil || bookmark {
 		return newWire(bytes.Clone(raw), bookmark)
 	}
-	w, err := newWire(r.cuts.apply(raw, r.apiVersion, r.kind), false)
+	w, err := newWire(r.cuts.apply(raw, r.typed), false)
 	if w != nil {
 		w.cut = true
 	}
@@ -112,6 +113,15 @@ func (l jsonLister) request(o metav1.ListOptions) *rest.Request {
 }
 
 func (l jsonLister) List(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+	if o.Continue == "" {
+		objs, rev, ok, err := l.resume.take(ctx, l.gvr)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return l.resumeList(objs, rev)
+		}
+	}
 	result := l.request(o).Do(ctx)
 	if err := result.Error(); err != nil {
 		return nil, err // the apiserver's Status, as an API error (Raw returns it undecoded)
@@ -121,6 +131,24 @@ func (l jsonLister) List(ctx context.Context, o metav1.ListOptions) (runtime.Obj
 }
 
 func (l jsonLister) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	if o.SendInitialEvents != nil && *o.SendInitialEvents {
+		objs, rev, ok, err := l.resume.take(ctx, l.gvr)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			list, err := l.resumeList(objs, rev)
+			if err != nil {
+				return nil, err
+			}
+			return l.resumeWatch(ctx, o, list), nil
+		}
+	}
+	return l.watch(ctx, o)
+}
+
+// watch watches the apiserver.
+func (l jsonLister) watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 	o.Watch = true
 	body, err := l.request(o).Stream(ctx)
 	if err != nil {

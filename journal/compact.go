@@ -33,6 +33,7 @@ type compaction struct {
 	objects []snapObject
 	entries []snapEntry
 	records map[string][]byte
+	revs    map[string]map[string]revision
 	seq     uint64
 	err     error
 	started time.Time
@@ -69,7 +70,10 @@ func (j *Journal) maybeCompact() {
 		j.log.Warn("state store: could not begin a compaction", "path", j.store.Path, "err", err, "retryIn", j.compactionBackoff)
 		return
 	}
-	c := compaction{id: id, records: maps.Clone(j.store.records), seq: j.seq, started: time.Now()}
+	c := compaction{id: id, records: maps.Clone(j.store.records), revs: map[string]map[string]revision{}, seq: j.seq, started: time.Now()}
+	for res, m := range j.store.revisions {
+		c.revs[res] = maps.Clone(m)
+	}
 	for res, objs := range j.store.objects {
 		for key, st := range objs {
 			c.objects = append(c.objects, snapObject{res: res, key: key, st: st})
@@ -107,6 +111,11 @@ func (s *store) writeSnapshot(c *compaction) error {
 			}
 			buf, pending = buf[:0], pending[:0]
 			return nil
+		}
+		for res, m := range c.revs {
+			for stream, r := range m {
+				buf = appendRevision(buf, res, stream, r)
+			}
 		}
 		for sink, v := range c.records {
 			buf = append(buf, recSinkRecord)

@@ -25,10 +25,12 @@
 //     then made durable by one fdatasync; the state of an object is committed with the entries
 //     it produced, in the same frame, never ahead of them. So what a crash of the machine
 //     loses, at most the commits of the last syncEvery, it loses whole: entries and states
-//     together. What a crash cuts short is derived again at the next start, by comparing the
-//     initial list with the stored state: a changed object is recorded as MODIFIED (or as
-//     DELETED and ADDED when its uid changed), an object gone as DELETED, under the ids the
-//     lost entries had.
+//     together, with the revision its stream was recorded through. What a crash cuts short is
+//     derived again at the next start: the stream resumes (Resume) from the revision the last
+//     surviving commit recorded, and its watch sends the lost events again, under the same
+//     ids; where it cannot resume, by comparing the initial list with the stored state: a
+//     changed object is recorded as MODIFIED (or as DELETED and ADDED when its uid changed),
+//     an object gone as DELETED, under the ids the lost entries had.
 //   - An entry leaves its outbox only when it is acknowledged: by Ack (delivered or
 //     dead-lettered), or by a checkpoint at or past its revision (Trim). An acknowledgement
 //     commits with the next commit events start, or alone within ackDelay: a crash

@@ -48,9 +48,12 @@ type Journal struct {
 	// Owned by the goroutine that flushes.
 	seq   uint64
 	lists map[schema.GroupVersionResource]*listing
-	floor Checkpoints            // the checkpoints Trim was given: what they cover is not recorded
-	sinks map[string]*sinkReplay // every target seen, by name: where its initialState replay stands
-	first bool                   // no batch has been applied yet
+	// selections are, per resource name and stream, the selection its informer resumed with
+	// (see Resume): the revisions of its events are recorded under it.
+	selections map[string]map[string]string
+	floor      Checkpoints            // the checkpoints Trim was given: what they cover is not recorded
+	sinks      map[string]*sinkReplay // every target seen, by name: where its initialState replay stands
+	first      bool                   // no batch has been applied yet
 	// compacting is true while a snapshot is being written; compacted receives it. After a
 	// compaction fails, none begins before retryCompaction, compactionBackoff later.
 	compacting        bool
@@ -125,6 +128,7 @@ const (
 	opTrim       // checkpoints: remove the outbox entries they acknowledge
 	opReplay     // a page of current objects for one target's initialState
 	opReplayStatus
+	opResume // an informer's stream starts: what is recorded of it, to resume from
 )
 
 type op struct {
@@ -144,14 +148,18 @@ type op struct {
 	complete bool                      // opReplay: the resource's last page
 	replayed chan<- int                // opReplay: how many entries, once committed
 	status   chan<- ReplayStatus       // opReplayStatus
+	stream   string                    // opResume
+	sel      string                    // opResume: the stream's selection
+	resumed  chan<- resumption         // opResume
 }
 
 // listing is a resource's initial list being compared with the stored state.
 type listing struct {
-	run   uint64
-	fresh bool                // nothing was stored for the resource
-	seen  map[string]struct{} // keys listed so far
-	count struct{ unchanged, modified, added, deleted int }
+	run     uint64
+	streams []string
+	fresh   bool                // nothing was stored for the resource
+	seen    map[string]struct{} // keys listed so far
+	count   struct{ unchanged, modified, added, deleted int }
 }
 
 // queued is an entry to queue once its transaction has committed.
@@ -204,7 +212,7 @@ func New(o Options) (*Journal, error) {
 		return nil, err
 	}
 	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, m: newMetrics(st),
-		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, floor: Checkpoints{},
+		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, selections: map[string]map[string]string{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
 		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords,
 		order: map[string][]uint64{}, compacted: make(chan compaction, 1)}
@@ -634,10 +642,10 @@ func (j *Journal) flushBatch() error {
 	j.sinks = cloneSinks(sinks)
 	var b batch
 	var tx *txn
-	if j.store != nil {
-		tx = j.store.begin()
-	}
 	targets := j.targets()
+	if j.store != nil {
+		tx = j.store.begin(commitSize(ops, len(targets)))
+	}
 	j.see(tx, targets, &b)
 	for _, o := range ops {
 		if err := j.apply(tx, targets, o, &b); err != nil {
@@ -692,6 +700,20 @@ func (j *Journal) flushBatch() error {
 	return nil
 }
 
+// commitSize is about what a commit of ops writes with n sinks: each event's object, and for
+// each sink an entry with the object and its old one, so that the commit's buffer is allocated
+// once rather than grown.
+func commitSize(ops []op, n int) int {
+	size := 0
+	for _, o := range ops {
+		if o.kind == opEvent {
+			obj := len(o.event.Object.JSON())
+			size += 128 + obj + n*(512+2*obj)
+		}
+	}
+	return size
+}
+
 func (o op) String() string {
 	switch o.kind {
 	case opEvent:
@@ -702,6 +724,8 @@ func (o op) String() string {
 		return "trim to checkpoints"
 	case opReplay, opReplayStatus:
 		return fmt.Sprintf("initialState of %s: %s", o.target.Name(), object.ResourceName(o.gvr))
+	case opResume:
+		return fmt.Sprintf("resume %s stream %q", object.ResourceName(o.gvr), o.stream)
 	default:
 		return fmt.Sprintf("outbox %s entry %d", o.sink, o.seq)
 	}
@@ -718,7 +742,7 @@ func (j *Journal) apply(tx *txn, targets []Target, o op, b *batch) error {
 		err = j.applyEvent(tx, targets, o.event, o.pre, b)
 		b.advance(o.event)
 	case opListStarted:
-		j.listStarted(tx, o.gvr, o.run)
+		j.listStarted(tx, o.gvr, o.run, o.streams)
 		b.progress = append(b.progress, step{gvr: o.gvr, run: o.run, streams: o.streams})
 	case opListSynced:
 		err = j.listSynced(tx, targets, o.gvr, o.run, o.revision, b)
@@ -747,6 +771,11 @@ func (j *Journal) apply(tx *txn, targets []Target, o op, b *batch) error {
 	case opReplayStatus:
 		st := j.status(o.target)
 		b.replies = append(b.replies, func() { o.status <- st })
+	case opResume:
+		inner(j.selections, object.ResourceName(o.gvr))[o.stream] = o.sel
+		// Once committed: the stream's state as of its revision, with nothing of the batch
+		// half applied.
+		b.replies = append(b.replies, func() { o.resumed <- j.resumption(o.gvr, o.stream, o.sel) })
 	}
 	return err
 }
@@ -766,6 +795,15 @@ func (j *Journal) applyEvent(tx *txn, targets []Target, e dynamicinformer.Event,
 	var prev *stored
 	if st, ok := tx.get(res, key); ok {
 		prev = &st
+	}
+	if e.InOrder && e.Revision != 0 {
+		if sel, ok := j.selections[res][e.Stream]; ok {
+			tx.revision(res, e.Stream, sel, e.Revision)
+		}
+		if prev != nil && stale(e, *prev) {
+			j.m.suppressed.Inc()
+			return nil
+		}
 	}
 	l := j.lists[e.Resource]
 	if e.Type == dynamicinformer.Deleted {
@@ -871,20 +909,31 @@ func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, old
 		if tx != nil {
 			j.seq++
 			d.Seq = j.seq
-			enc := encodeEntry(d)
-			off := tx.entry(t.Name(), d.Seq, enc)
-			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since, n: len(enc)}, off})
+			off, n := tx.entry(t.Name(), d.Seq, d)
+			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since, n: n}, off})
 		}
 		bt.out = append(bt.out, queued{t, d})
 	}
 }
 
+// stale reports whether e, a watch's event, is older than prev, the state recorded of its
+// object: as a watch resumed from a revision before the object's last recorded change (see
+// Resume) may send it. A watch sends an object's versions in order, and its deletion as the
+// last version of the incarnation recorded, so such an event was recorded already (or passed
+// over by a relist) and is never delivered after the newer state.
+func stale(e dynamicinformer.Event, prev stored) bool {
+	if object.Revision(e.Object.GetResourceVersion()) < object.Revision(prev.rv) {
+		return true
+	}
+	return e.Type == dynamicinformer.Deleted && prev.uid != string(e.Object.GetUID()) // an earlier incarnation's
+}
+
 // listStarted begins comparing a resource's initial list with what is stored.
-func (j *Journal) listStarted(tx *txn, gvr schema.GroupVersionResource, run uint64) {
+func (j *Journal) listStarted(tx *txn, gvr schema.GroupVersionResource, run uint64, streams []string) {
 	if tx == nil {
 		return
 	}
-	j.lists[gvr] = &listing{run: run, fresh: !tx.holds(object.ResourceName(gvr)), seen: map[string]struct{}{}}
+	j.lists[gvr] = &listing{run: run, streams: streams, fresh: !tx.holds(object.ResourceName(gvr)), seen: map[string]struct{}{}}
 }
 
 // listSynced ends the comparison: every stored object the initial list did not have was deleted
@@ -897,6 +946,13 @@ func (j *Journal) listSynced(tx *txn, targets []Target, gvr schema.GroupVersionR
 	}
 	bt.finished = append(bt.finished, gvr)
 	res := object.ResourceName(gvr)
+	if len(l.streams) == 1 {
+		// The states now hold every change through the list's revision (with several streams,
+		// revision is the latest of their lists', and each stream waits for an event of its own).
+		if sel, ok := j.selections[res][l.streams[0]]; ok {
+			tx.revision(res, l.streams[0], sel, revision)
+		}
+	}
 	var gone []string
 	tx.each(res, func(key string, _ stored) {
 		if _, ok := l.seen[key]; !ok {

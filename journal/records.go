@@ -28,11 +28,16 @@ const (
 	recDropSink                   // sink: its (empty) outbox is gone
 	recSinkRecord                 // sink, replayRecord's JSON (empty: none): where its initialState replay stands
 	recSeq                        // seq: the highest outbox sequence used
+	recRevision                   // resource, stream, selection, revision: the stream's objects' states hold every change through revision (see Journal.Resume)
 )
 
 // logFormat is the log's format. 7 follows the bbolt store's 6 (see legacyFormat), whose
 // records it keeps: outbox entries are encoded as format 6 encoded them.
-const logFormat = "7"
+// 8 adds recRevision; a log of format 7 is read, and written on as 8.
+const logFormat = "8"
+
+// priorFormat is the log format before logFormat, which this release reads and writes on.
+const priorFormat = "7"
 
 func appendBytes(buf, b []byte) []byte {
 	buf = binary.AppendUvarint(buf, uint64(len(b)))
@@ -106,17 +111,32 @@ const (
 	formatFourHeader = 4 * 8
 )
 
-func encodeEntry(d Entry) []byte {
-	buf := make([]byte, entryHeader, entryHeader+3*binary.MaxVarintLen64+len(d.ID)+len(d.Key)+len(d.FilterError)+len(d.Body))
-	binary.BigEndian.PutUint64(buf[0:], uint64(unixNano(d.Deadline)))
-	binary.BigEndian.PutUint64(buf[8:], uint64(unixNano(d.Enqueued)))
-	binary.BigEndian.PutUint64(buf[16:], uint64(unixNano(d.Event.Observed)))
-	binary.BigEndian.PutUint64(buf[24:], d.Revision)
-	binary.BigEndian.PutUint64(buf[32:], d.Since)
+// appendEntry appends d's encoding, of encodedSize(d) bytes, to buf.
+func appendEntry(buf []byte, d Entry) []byte {
+	buf = binary.BigEndian.AppendUint64(buf, uint64(unixNano(d.Deadline)))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(unixNano(d.Enqueued)))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(unixNano(d.Event.Observed)))
+	buf = binary.BigEndian.AppendUint64(buf, d.Revision)
+	buf = binary.BigEndian.AppendUint64(buf, d.Since)
 	buf = appendString(buf, d.ID)
 	buf = appendString(buf, d.Key)
 	buf = appendString(buf, d.FilterError)
 	return append(buf, d.Body...)
+}
+
+// encodedSize is the length of d's encoding.
+func encodedSize(d Entry) int {
+	return entryHeader + stringSize(d.ID) + stringSize(d.Key) + stringSize(d.FilterError) + len(d.Body)
+}
+
+func stringSize(s string) int { return uvarintSize(uint64(len(s))) + len(s) }
+
+func uvarintSize(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
 }
 
 // setEntryDeadline rewrites the deadline of an encoded entry.

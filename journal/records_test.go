@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -19,8 +20,12 @@ func TestAnEntryReadsBackItsEventFromItsBody(t *testing.T) {
 			"ADDED", "namespaces", "", "team-a", "u2", "7"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			in := Entry{ID: "id", Key: "k", Body: []byte(c.body), Revision: 42, Enqueued: time.Unix(1, 0)}
-			out, err := decodeEntry(encodeEntry(in))
+			in := Entry{ID: "id", Key: "k", Body: []byte(c.body), Revision: 42, Enqueued: time.Unix(1, 0), FilterError: strings.Repeat("e", 200)}
+			enc := appendEntry(nil, in)
+			if len(enc) != encodedSize(in) {
+				t.Errorf("encoded in %d bytes; encodedSize says %d", len(enc), encodedSize(in))
+			}
+			out, err := decodeEntry(enc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -33,7 +38,7 @@ func TestAnEntryReadsBackItsEventFromItsBody(t *testing.T) {
 			}
 		})
 	}
-	if _, err := decodeEntry(encodeEntry(Entry{ID: "id", Key: "k", Body: []byte(`{"resource":{}}`)})); err == nil {
+	if _, err := decodeEntry(appendEntry(nil, Entry{ID: "id", Key: "k", Body: []byte(`{"resource":{}}`)})); err == nil {
 		t.Error("a body without a type or an object decoded")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -37,11 +38,14 @@ type store struct {
 	Converted string
 
 	objects map[string]map[string]stored // resource name → cache key → state
-	records map[string][]byte            // sink → replayRecord's JSON
-	outbox  map[string]map[uint64]indexed
-	seq     uint64 // the highest outbox sequence used
-	size    atomic.Int64
-	written atomic.Int64 // bytes appended
+	// revisions are, per resource name and stream, the revision through which the objects'
+	// states hold every change of the stream, as the informer of a selection saw it.
+	revisions map[string]map[string]revision
+	records   map[string][]byte // sink → replayRecord's JSON
+	outbox    map[string]map[uint64]indexed
+	seq       uint64 // the highest outbox sequence used
+	size      atomic.Int64
+	written   atomic.Int64 // bytes appended
 	// held is the size of the state: what a snapshot of it would hold (see heldSize).
 	held atomic.Int64
 	// corruptAtOpen counts the commits read back at open whose records did not all decode.
@@ -58,6 +62,13 @@ type stored struct {
 	n       int
 }
 
+// revision is a stream's revision through which its objects' states hold every change, as the
+// informer of selection (see dynamicinformer.Resumer) saw them.
+type revision struct {
+	selection string
+	rev       uint64
+}
+
 // errLocked is another process holding the store.
 var errLocked = errors.New("another process has the store open")
 
@@ -69,7 +80,7 @@ func openStore(path string) (*store, error) {
 	if err := finishConversion(path); err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
-	s := &store{Path: path, objects: map[string]map[string]stored{}, records: map[string][]byte{}, outbox: map[string]map[uint64]indexed{}, Fresh: true}
+	s := &store{Path: path, objects: map[string]map[string]stored{}, revisions: map[string]map[string]revision{}, records: map[string][]byte{}, outbox: map[string]map[uint64]indexed{}, Fresh: true}
 	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
 		c, err := convertLegacy(path)
 		if err != nil {
@@ -91,7 +102,7 @@ func openStore(path string) (*store, error) {
 	if errors.Is(err, wal.ErrLocked) {
 		err = errLocked
 	}
-	if err == nil && format != "" && format != logFormat {
+	if err == nil && format != "" && format != logFormat && format != priorFormat {
 		err = errors.Join(fmt.Errorf("the store's format %q is not one this dynwatch reads (%s or earlier): it was written by a later release", format, logFormat), l.Close())
 	}
 	if err != nil {
@@ -101,7 +112,7 @@ func openStore(path string) (*store, error) {
 	if rec.Damaged != "" {
 		s.Damaged, s.DamageErr = rec.Damaged, rec.DamageErr
 	}
-	if s.Fresh {
+	if s.Fresh || format == priorFormat {
 		if _, err := l.Append(append([]byte{recFormat}, appendString(nil, logFormat)...)); err != nil {
 			return nil, fmt.Errorf("state.path %s: %w", path, errors.Join(err, l.Close()))
 		}
@@ -172,6 +183,11 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 			}
 		case recSeq:
 			s.seq = max(s.seq, r.uvarint())
+		case recRevision:
+			res, stream, selection, rev := r.string(), r.string(), r.string(), r.uvarint()
+			if r.err == nil {
+				inner(s.revisions, res)[stream] = revision{selection, rev}
+			}
 		default:
 			r.err = fmt.Errorf("a record of kind %d: not one this dynwatch writes", k)
 		}
@@ -252,6 +268,7 @@ type txn struct {
 	objects map[string]map[string]*staged // nil: deleted
 	records map[string][]byte             // nil: removed
 	acked   map[string]map[uint64]bool
+	revs    map[string]map[string]revision
 }
 
 // staged is an object's new state in a transaction, and where its JSON is in the payload.
@@ -260,8 +277,8 @@ type staged struct {
 	off int
 }
 
-func (s *store) begin() *txn {
-	return &txn{s: s, buf: make([]byte, 0, 4096)}
+func (s *store) begin(size int) *txn {
+	return &txn{s: s, buf: make([]byte, 0, max(size, 4096))}
 }
 
 // get is an object's state.
@@ -286,6 +303,35 @@ func (t *txn) put(res, key string, obj *dynamicinformer.Object) {
 	t.buf = appendString(t.buf, rv)
 	t.buf = appendBytes(t.buf, j)
 	t.stage(res, key, &staged{st: stored{uid: uid, rv: rv, obj: obj, n: len(j)}, off: len(t.buf) - len(j)})
+}
+
+// revision notes that stream's objects' states hold every change through rev, as the informer
+// of selection saw them; the record is written once per commit, with the last revision.
+func (t *txn) revision(res, stream, selection string, rev uint64) {
+	if r, ok := t.revs[res][stream]; ok && r.selection == selection && r.rev >= rev {
+		return
+	}
+	if t.revs == nil {
+		t.revs = map[string]map[string]revision{}
+	}
+	inner(t.revs, res)[stream] = revision{selection, rev}
+}
+
+// writeRevisions appends the revisions noted to the commit.
+func (t *txn) writeRevisions() {
+	for res, m := range t.revs {
+		for stream, r := range m {
+			t.buf = appendRevision(t.buf, res, stream, r)
+		}
+	}
+}
+
+func appendRevision(buf []byte, res, stream string, r revision) []byte {
+	buf = append(buf, recRevision)
+	buf = appendString(buf, res)
+	buf = appendString(buf, stream)
+	buf = appendString(buf, r.selection)
+	return binary.AppendUvarint(buf, r.rev)
 }
 
 // del removes the state of the object at key.
@@ -353,12 +399,15 @@ func (t *txn) resources() []string {
 }
 
 // entry appends an outbox entry, and returns where it begins in the payload.
-func (t *txn) entry(sink string, seq uint64, e []byte) int {
+func (t *txn) entry(sink string, seq uint64, d Entry) (off, n int) {
 	t.buf = append(t.buf, recEntry)
 	t.buf = appendString(t.buf, sink)
 	t.buf = binary.AppendUvarint(t.buf, seq)
-	t.buf = appendBytes(t.buf, e)
-	return len(t.buf) - len(e)
+	n = encodedSize(d)
+	t.buf = binary.AppendUvarint(t.buf, uint64(n))
+	off = len(t.buf)
+	t.buf = appendEntry(t.buf, d)
+	return off, n
 }
 
 // has reports whether sink's outbox holds committed entry seq, not acknowledged in t.
@@ -449,6 +498,7 @@ func (t *txn) sinkRecords() []string {
 // see Journal.sync), and puts its changes into effect in the store. It returns where the
 // payload lies, to place the entries it holds.
 func (t *txn) commit() (wal.Pos, error) {
+	t.writeRevisions()
 	if len(t.buf) == 0 {
 		return wal.Pos{}, nil
 	}
@@ -476,6 +526,9 @@ func (t *txn) commit() (wal.Pos, error) {
 		} else {
 			t.s.records[sink] = v
 		}
+	}
+	for res, m := range t.revs {
+		maps.Copy(inner(t.s.revisions, res), m)
 	}
 	t.s.noteSize()
 	return p, nil

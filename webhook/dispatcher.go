@@ -145,6 +145,12 @@ func (d *Dispatcher) ListSynced(gvr schema.GroupVersionResource, run uint64, rev
 	d.journal.ListSynced(gvr, run, revision)
 }
 
+// Resume implements dynamicinformer.Resumer: with a store, an informer's stream resumes from
+// what the journal recorded of it (see journal.Journal.Resume).
+func (d *Dispatcher) Resume(ctx context.Context, gvr schema.GroupVersionResource, stream, selection string) ([][]byte, uint64, bool, error) {
+	return d.journal.Resume(ctx, gvr, stream, selection)
+}
+
 // Run delivers until ctx ends. With a store it first queues the outboxes left by the previous
 // run, ahead of any new event, and dead-letters those of webhooks no longer configured; at the
 // end what is undelivered stays in the outboxes. Without a store, what is undelivered at the

@@ -26,6 +26,7 @@ type gapFixture struct {
 	p       *runner.Process
 	client  *kubernetes.Clientset
 	ns      string
+	config  string // dynwatch's configuration file
 }
 
 func startGapFixture(t *testing.T) gapFixture {
@@ -52,21 +53,29 @@ state: {path: %s}
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f.p, err = runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: cfg, Kubeconfig: c.Kubeconfig})
+	f.config = cfg
+	f.start(t)
+	return f
+}
+
+// start starts dynwatch on the fixture's configuration and state, and waits until it is ready.
+func (f *gapFixture) start(t *testing.T) {
+	t.Helper()
+	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: f.config, Kubeconfig: f.cluster.Kubeconfig})
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.p = p
 	t.Cleanup(func() {
-		_ = f.p.Signal(syscall.SIGCONT)
-		_ = f.p.Stop(10 * time.Second)
+		_ = p.Signal(syscall.SIGCONT)
+		_ = p.Stop(10 * time.Second)
 		if t.Failed() {
-			t.Logf("dynwatch log:\n%s", f.p.Log())
+			t.Logf("dynwatch log:\n%s", p.Log())
 		}
 	})
-	if err := f.p.WaitReady(t.Context()); err != nil {
+	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	return f
 }
 
 func (f gapFixture) create(t *testing.T, name, v string) {

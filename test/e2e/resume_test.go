@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dynwatch/dynwatch/test/testbed"
+)
+
+// TestEveryVersionMadeWhileDynwatchWasStoppedArrivesInOrder stops dynwatch, changes an object
+// three times, deletes one and creates another, and starts dynwatch again on its state: the
+// stream resumes from the revision it recorded, so the receiver gets every version, each
+// object's in the order they were made, each with the one before as its old object, and
+// nothing else.
+func TestEveryVersionMadeWhileDynwatchWasStoppedArrivesInOrder(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	cs, create := configMaps(ns)
+	for _, name := range []string{"a", "b", "c"} {
+		if err := create(t.Context(), name, "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc := newReceiver(t, nil, false)
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	writeFile(t, configPath, plainConfig(ns, fmt.Sprintf("webhooks: [{name: r, url: %s, workers: 1}]\nstate: {path: %s}", rc.URL, filepath.Join(dir, "state"))))
+
+	p := startProcess(t, configPath)
+	rc.waitFor(t, 3, 90*time.Second)
+	_, metrics, _ := p.WaitListening(t.Context())
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 1 {
+			return fmt.Errorf("full replays = %v, want 1 once the initial list is recorded", v)
+		}
+		return nil
+	})
+	if err := p.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	first := len(rc.got())
+
+	cms := cs.CoreV1().ConfigMaps(ns)
+	patch := func(name, v string) {
+		t.Helper()
+		if _, err := cms.Patch(t.Context(), name, "application/merge-patch+json", []byte(`{"data":{"v":"`+v+`"}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, v := range []string{"2", "3", "4"} {
+		patch("a", v)
+	}
+	if err := cms.Delete(t.Context(), "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := create(t.Context(), "d", "1"); err != nil {
+		t.Fatal(err)
+	}
+
+	p = startProcess(t, configPath)
+	want := []string{"MODIFIED a v=2 old=1", "MODIFIED a v=3 old=2", "MODIFIED a v=4 old=3", "DELETED b v=1", "ADDED d v=1"}
+	waitSummary(t, rc, want...)
+	_, metrics, _ = p.WaitListening(t.Context())
+	// Deliveries keep each object's order; different objects' may pass each other.
+	got := summary(rc)[first:]
+	if a := slices.DeleteFunc(slices.Clone(got), func(s string) bool { return !strings.Contains(s, " a ") }); len(got) != len(want) || !slices.Equal(a, want[:3]) {
+		t.Errorf("after the restart the receiver got:\n%s\nwant exactly, a's in this order:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 0 {
+		t.Errorf("full replays = %v after a restart on the same state, want 0", v)
+	}
+}
+
+// TestAResumeFromACompactedRevisionComparesAListInstead: with dynwatch stopped, an object is
+// changed twice and etcd's history compacted past the revision dynwatch recorded (the test's
+// apiserver has no watch cache, which would otherwise still hold it): the watch from it fails
+// with "too old", and dynwatch lists and compares, as without a recorded revision: the last
+// version arrives once, with the one it recorded as the old object.
+func TestAResumeFromACompactedRevisionComparesAListInstead(t *testing.T) {
+	t.Parallel()
+	f := startGapFixture(t)
+	f.create(t, "x", "1")
+	f.waitEvents(t, []string{"ADDED x v=1"})
+	_, metrics, _ := f.p.WaitListening(t.Context())
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 1 {
+			return fmt.Errorf("full replays = %v, want 1 once the initial list is recorded", v)
+		}
+		return nil
+	})
+	if err := f.p.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	f.patch(t, "x", "2")
+	f.patch(t, "x", "3")
+	if err := f.cluster.CompactEtcd(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	f.start(t)
+	f.waitEvents(t, []string{"MODIFIED x v=3 old=1"})
+	if got := f.events(); !slices.Equal(got, []string{"ADDED x v=1", "MODIFIED x v=3 old=1"}) {
+		t.Errorf("the receiver got:\n%s\nwant the ADDED and one MODIFIED to v=3", strings.Join(got, "\n"))
+	}
+}
