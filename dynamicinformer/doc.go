@@ -41,6 +41,11 @@
 // is. The transform is idempotent, as client-go requires. Objects handed out by the cache and
 // in Events are shared and read-only.
 //
+// A subscriber that records every event of a stream in order (a Resumer: the journal) holds
+// the stream's objects as of a revision; an informer of whole objects starts its stream from
+// there, the recorded objects as its initial list and its watch from that revision, so that
+// what changed while dynwatch was not running arrives version by version, in order.
+//
 // Concurrency: Subscribers are called from the informers' processing goroutines, one goroutine
 // per list and watch, in the order it received the changes, each change's events once the
 // store shows it, and for a retired member from the Manager's goroutine once its informers

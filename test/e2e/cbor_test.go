@@ -40,10 +40,12 @@ const sampleSpec = `{"int": 7, "big": 9007199254740993, "neg": -3, "float": 1.5,
  "yes": true, "no": false, "none": null, "text": "héllo ✓ \u0000 \"quoted\"", "list": [1, "a", {"b": false}, []], "empty": {}}`
 
 // TestCBORFromTheApiserverGivesWhatJSONGives runs dynwatch against an apiserver that serves
-// CBOR (its CBORServingAndStorage gate on), and checks that it reads CBOR, and that what its
-// query API answers and its webhook delivers is what the apiserver's JSON says, number for
-// number. Every other test runs against an apiserver without the gate: dynwatch asks for CBOR
-// first there too, and reads the JSON it gets.
+// CBOR (its CBORServingAndStorage gate on), and checks that it reads CBOR where it decodes
+// objects (a resource with a namespaceSelector, and the Namespaces it follows), JSON for a cache
+// of whole objects (which keeps the bytes), and that what its query API answers and its webhook
+// delivers of the decoded resource is what the apiserver's JSON says, number for number. Every
+// other test runs against an apiserver without the gate: dynwatch asks for CBOR first there too,
+// and reads the JSON it gets.
 func TestCBORFromTheApiserverGivesWhatJSONGives(t *testing.T) {
 	t.Parallel()
 	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir(), CBOR: true})
@@ -75,7 +77,7 @@ func TestCBORFromTheApiserverGivesWhatJSONGives(t *testing.T) {
 	rc := newReceiver(t, nil, false)
 	p := start(t, c.Kubeconfig, fmt.Sprintf(`
 resources:
-  - {group: cbor.example.com, version: v1, resource: samples}
+  - {group: cbor.example.com, version: v1, resource: samples, namespaceSelector: "kubernetes.io/metadata.name=default"}
   - {version: v1, resource: configmaps, namespaces: [default]}
 webhooks: [{name: cbor, url: %s}]
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
@@ -87,6 +89,9 @@ metrics: {address: "127.0.0.1:0"}
 	api, metrics, _ := p.WaitListening(t.Context())
 	if n := metricValue(t, metrics, `dynwatch_apiserver_responses_total{encoding="cbor"}`); n == 0 {
 		t.Errorf("the apiserver sent dynwatch no CBOR")
+	}
+	if n := metricValue(t, metrics, `dynwatch_apiserver_responses_total{encoding="json"}`); n == 0 {
+		t.Errorf("the apiserver sent dynwatch no JSON: the cache of whole configmaps reads JSON")
 	}
 
 	// The apiserver's JSON, without what dynwatch strips by default.

@@ -10,6 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -28,19 +29,10 @@ func TestEveryVersionMadeWhileDynwatchWasStoppedArrivesInOrder(t *testing.T) {
 		}
 	}
 	rc := newReceiver(t, nil, false)
-	dir := t.TempDir()
-	configPath := filepath.Join(dir, "config.yaml")
-	writeFile(t, configPath, plainConfig(ns, fmt.Sprintf("webhooks: [{name: r, url: %s, workers: 1}]\nstate: {path: %s}", rc.URL, filepath.Join(dir, "state"))))
-
-	p := startProcess(t, configPath)
+	p, configPath := startWithState(t, ns, rc)
 	rc.waitFor(t, 3, 90*time.Second)
 	_, metrics, _ := p.WaitListening(t.Context())
-	testbed.Eventually(t, 30*time.Second, func() error {
-		if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 1 {
-			return fmt.Errorf("full replays = %v, want 1 once the initial list is recorded", v)
-		}
-		return nil
-	})
+	waitListRecorded(t, metrics)
 	if err := p.Stop(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -88,12 +80,7 @@ func TestAResumeFromACompactedRevisionComparesAListInstead(t *testing.T) {
 	f.create(t, "x", "1")
 	f.waitEvents(t, []string{"ADDED x v=1"})
 	_, metrics, _ := f.p.WaitListening(t.Context())
-	testbed.Eventually(t, 30*time.Second, func() error {
-		if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 1 {
-			return fmt.Errorf("full replays = %v, want 1 once the initial list is recorded", v)
-		}
-		return nil
-	})
+	waitListRecorded(t, metrics)
 	if err := f.p.Stop(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -107,4 +94,26 @@ func TestAResumeFromACompactedRevisionComparesAListInstead(t *testing.T) {
 	if got := f.events(); !slices.Equal(got, []string{"ADDED x v=1", "MODIFIED x v=3 old=1"}) {
 		t.Errorf("the receiver got:\n%s\nwant the ADDED and one MODIFIED to v=3", strings.Join(got, "\n"))
 	}
+}
+
+// waitListRecorded waits until a first start's initial list is recorded, with the revision a
+// restart resumes from.
+func waitListRecorded(t *testing.T, metrics string) {
+	t.Helper()
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 1 {
+			return fmt.Errorf("full replays = %v, want 1 once the initial list is recorded", v)
+		}
+		return nil
+	})
+}
+
+// startWithState starts dynwatch on namespace ns's configmaps with a state store and one
+// webhook of one worker to rc; it returns the process and its configuration file.
+func startWithState(t *testing.T, ns string, rc *receiver) (*runner.Process, string) {
+	t.Helper()
+	dir := t.TempDir()
+	configPath := filepath.Join(dir, "config.yaml")
+	writeFile(t, configPath, plainConfig(ns, fmt.Sprintf("webhooks: [{name: r, url: %s, workers: 1}]\nstate: {path: %s}", rc.URL, filepath.Join(dir, "state"))))
+	return startProcess(t, configPath), configPath
 }

@@ -102,11 +102,7 @@ func TestARestartDeliversExactlyWhatChangedWhileDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := newReceiver(t, nil, false)
-	dir := t.TempDir()
-	configPath := filepath.Join(dir, "config.yaml")
-	writeFile(t, configPath, plainConfig(ns, fmt.Sprintf("webhooks: [{name: r, url: %s, workers: 1}]\nstate: {path: %s}", rc.URL, filepath.Join(dir, "state.db"))))
-
-	p := startProcess(t, configPath)
+	p, configPath := startWithState(t, ns, rc)
 	rc.waitFor(t, objects, 90*time.Second)
 	_, metrics, _ := p.WaitListening(t.Context())
 	if v := metricValue(t, metrics, "dynwatch_state_full_replays_total"); v != 1 {
