@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -244,7 +245,9 @@ func replace(t *testing.T, rs []*replica, r *replica, kind string) {
 		<-r.proc().Done()
 		waitLeader(t, rs, r)
 	case graceful:
-		if err := r.proc().Stop(10 * time.Second); err != nil {
+		// dynwatch may take its shutdownTimeout (25 s by default) to stop gracefully; on a
+		// loaded machine a stop has taken over 10 s.
+		if err := r.proc().Stop(config.DefaultShutdownTimeout + 5*time.Second); err != nil {
 			t.Errorf("stop %s: %v", r.name, err)
 		}
 	}
