@@ -157,7 +157,8 @@ func observeList(ctx context.Context, w watch.Interface, h *health) watch.Interf
 }
 
 // relay is a watch that passes on, from its own goroutine, what it makes of the watch under
-// it: that goroutine sends to out until stop.
+// it (in; nil when that goroutine opens and stops the watch itself): that goroutine sends to
+// out until stop.
 type relay struct {
 	in   watch.Interface
 	out  chan watch.Event
@@ -174,7 +175,9 @@ func (o *relay) ResultChan() <-chan watch.Event { return o.out }
 func (o *relay) Stop() {
 	o.once.Do(func() {
 		close(o.stop)
-		o.in.Stop()
+		if o.in != nil {
+			o.in.Stop()
+		}
 	})
 }
 

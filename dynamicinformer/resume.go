@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -76,31 +75,31 @@ func (l jsonLister) resumeList(objs [][]byte, rev uint64) (*wireList, error) {
 // from that revision, with o's selectors. A revision the apiserver no longer holds ends it with
 // the apiserver's error, as a watch-list's would.
 func (l jsonLister) resumeWatch(ctx context.Context, o metav1.ListOptions, list *wireList) watch.Interface {
-	w := &resumed{out: make(chan watch.Event), stop: make(chan struct{})}
+	w := newRelay(nil) // the apiserver's watch is opened, and stopped, by the goroutine
 	go func() {
 		defer close(w.out)
 		for _, obj := range list.Items {
-			if !w.send(ctx, watch.Event{Type: watch.Added, Object: obj}) {
+			if !w.send(watch.Event{Type: watch.Added, Object: obj}) {
 				return
 			}
 		}
 		end := &wire{}
 		end.ResourceVersion = list.ResourceVersion
 		end.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
-		if !w.send(ctx, watch.Event{Type: watch.Bookmark, Object: end}) {
+		if !w.send(watch.Event{Type: watch.Bookmark, Object: end}) {
 			return
 		}
 		o.ResourceVersion, o.ResourceVersionMatch, o.SendInitialEvents, o.AllowWatchBookmarks = list.ResourceVersion, "", nil, true
 		in, err := l.watch(ctx, o)
 		if err != nil {
-			w.send(ctx, watch.Event{Type: watch.Error, Object: statusOf(err)})
+			w.send(watch.Event{Type: watch.Error, Object: statusOf(err)})
 			return
 		}
 		defer in.Stop()
 		for {
 			select {
 			case e, ok := <-in.ResultChan():
-				if !ok || !w.send(ctx, e) {
+				if !ok || !w.send(e) {
 					return
 				}
 			case <-w.stop:
@@ -118,26 +117,4 @@ func statusOf(err error) *metav1.Status {
 		return &st
 	}
 	return &apierrors.NewInternalError(err).ErrStatus
-}
-
-// resumed is the watch resumeWatch returns.
-type resumed struct {
-	out  chan watch.Event
-	stop chan struct{}
-	once sync.Once
-}
-
-func (w *resumed) ResultChan() <-chan watch.Event { return w.out }
-
-func (w *resumed) Stop() { w.once.Do(func() { close(w.stop) }) }
-
-func (w *resumed) send(ctx context.Context, e watch.Event) bool {
-	select {
-	case w.out <- e:
-		return true
-	case <-w.stop:
-		return false
-	case <-ctx.Done():
-		return false
-	}
 }
