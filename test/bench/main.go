@@ -49,6 +49,8 @@ type options struct {
 	objects, updates, rate, queries          int
 	resource, jsonPath, profile, heapProfile string
 	json, chart, race                        bool
+	small                                    bool // configmaps of about 1 KB, created without server-side apply
+	alone, baselines                         bool // -alone: each watcher alone, no storm; -baselines=false: no B0 or B1
 	env                                      []string
 	initialState                             bool
 	metadataOnly                             bool
@@ -74,6 +76,9 @@ func main() {
 	})
 	flag.BoolVar(&o.json, "json-only", false, "run the apiserver without CBOR (its CBORServingAndStorage feature gate off), so that dynwatch reads JSON as B0 does")
 	flag.BoolVar(&o.chart, "chart", false, "run dynwatch with the chart's default configuration: the resource cluster-wide, one indexer, no webhook; the storm's updates are received from a watch of its API")
+	flag.BoolVar(&o.small, "small", false, "with -resource configmaps: configmaps of about 1 KB, created without server-side apply (the million-object run)")
+	flag.BoolVar(&o.alone, "alone", false, "measure memory with each watcher alone, B0, B1 and dynwatch one after the other, each stopped once measured, then dynwatch's queries; no storm (for runs in which B0 and B1 held beside dynwatch would not fit in memory)")
+	flag.BoolVar(&o.baselines, "baselines", true, "with -alone: run B0 and B1 (false: dynwatch alone, when no baseline fits in memory)")
 	flag.BoolVar(&o.race, "race", false, "build dynwatch with the race detector, as the e2e tests run it")
 	flag.BoolVar(&o.initialState, "initial-state", false, "measure instead a steady sink's latency before and while a sink added by a reload with initialState is replayed the objects (10,000 unless -objects is given); -profile then profiles the replay")
 	flag.IntVar(&o.profileSeconds, "profile-seconds", 5, "with -initial-state or -sinks: the length of the CPU profile, from the reload or the Lease's release (on 2 cores, -initial-state's 10,000 configmaps take about 6 s)")
@@ -106,6 +111,18 @@ func main() {
 	}
 	if o.chart && (o.initialState || o.sinks) {
 		fmt.Fprintln(os.Stderr, "bench: -chart configures no sink, which -initial-state and -sinks measure")
+		os.Exit(2)
+	}
+	if o.alone && (modes > 0 || o.chart) {
+		fmt.Fprintln(os.Stderr, "bench: -alone measures the default configuration's memory: give it without -initial-state, -metadata-only, -sinks and -chart")
+		os.Exit(2)
+	}
+	if !o.baselines && !o.alone {
+		fmt.Fprintln(os.Stderr, "bench: -baselines=false goes with -alone (the storm compares dynwatch with B0)")
+		os.Exit(2)
+	}
+	if o.small && o.resource != "configmaps" {
+		fmt.Fprintln(os.Stderr, "bench: -small goes with -resource configmaps")
 		os.Exit(2)
 	}
 	if o.resource != "configmaps" && o.resource != "pods" {
@@ -169,7 +186,7 @@ func setUp(ctx context.Context, o options) (*bed, error) {
 	fast := rest.CopyConfig(cluster.Config)
 	fast.QPS, fast.Burst = -1, 0
 	b.cs = kubernetes.NewForConfigOrDie(fast)
-	if b.objBytes, err = load(ctx, b.cs, o.resource, o.objects); err == nil {
+	if b.objBytes, err = load(ctx, b.cs, o); err == nil {
 		logf("created %d %s of %d bytes each (with managedFields) in %s", o.objects, o.resource, b.objBytes, time.Since(start).Round(time.Second))
 		err = grantReads(ctx, b.cs, o.resource)
 	}
@@ -199,70 +216,41 @@ func run(ctx context.Context, o options) error {
 	if o.sinks {
 		return runSinks(ctx, o, b, start)
 	}
-	cluster, cs, objBytes, dwBin := b.cluster, b.cs, b.objBytes, b.dwBin
-
-	baselineBin := filepath.Join(cluster.Dir, "baseline")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", baselineBin, "./test/bench/baseline").CombinedOutput(); err != nil {
-		return fmt.Errorf("build baseline: %w\n%s", err, out)
+	if o.alone {
+		return runAlone(ctx, o, b, start)
 	}
+	cluster, cs, objBytes := b.cluster, b.cs, b.objBytes
 
-	// B0 first, alone: time to synced and heap.
+	baselineBin, err := buildBaseline(ctx, cluster)
+	if err != nil {
+		return err
+	}
+	// B0 first, alone: time to synced and heap. It stays for the storm.
 	b0, err := startBaseline(ctx, baselineBin, cluster.Kubeconfig, o.resource)
 	if err != nil {
 		return err
 	}
 	defer b0.stop()
-	b0Synced := b0.synced
-	b0Heap, err := liveHeap(ctx, b0.url)
+	b0M, err := measureSynced(ctx, "B0", b0, b0.url)
 	if err != nil {
 		return err
 	}
-	b0RSS := residentMemory(b0.pid)
-	logf("B0 synced in %s, live heap %d MB, resident %d MB (peak %d MB)", b0Synced.Round(time.Millisecond), b0Heap>>20, b0RSS.now>>20, b0.peak>>20)
-
 	// B1 next, alone in the same way: the bare informer with the transform a careful client-go
 	// user would set. What it answers, the memory stripping alone saves, is known once it has
 	// synced, so it is stopped before dynwatch starts and the two never compete.
-	b1, err := startBaseline(ctx, baselineBin, cluster.Kubeconfig, o.resource, "-strip")
-	if err != nil {
-		return fmt.Errorf("B1: %w", err)
-	}
-	b1Heap, err := liveHeap(ctx, b1.url)
-	b1RSS := residentMemory(b1.pid)
-	b1.stop()
+	b1M, err := measureBaseline(ctx, "B1", baselineBin, cluster.Kubeconfig, o.resource, "-strip")
 	if err != nil {
 		return err
 	}
-	logf("B1 synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed (peak %d MB)", b1.synced.Round(time.Millisecond), b1Heap>>20, b1RSS.now>>20, b1RSS.file>>20, b1.peak>>20)
-
 	// dynwatch, alone: time to synced, then the initial-list deliveries drain (without a
 	// webhook: the state store stops committing), then heap.
 	recv := newReceiver()
-	var webhooks []string
-	if !o.chart {
-		// The default queue: what it cannot hold waits in the outbox.
-		webhooks = append(webhooks, fmt.Sprintf("{name: bench, url: %s, workers: 4}", recv.serve()))
-		defer recv.close()
-	}
-	dw, err := startDynwatch(ctx, dwBin, cluster, o, sinkSet{webhooks: webhooks})
+	defer recv.close()
+	dw, dwM, err := startMeasuredDynwatch(ctx, o, b, recv)
 	if err != nil {
 		return err
 	}
 	defer dw.stop()
-	if o.chart {
-		if err := waitSteady(ctx, 5*time.Minute, func() float64 { return counter(ctx, dw.metrics, "dynwatch_state_commits_total") }); err != nil {
-			return fmt.Errorf("state store commits: %w", err)
-		}
-	} else if err := waitFor(ctx, 5*time.Minute, func() bool { return recv.count() >= o.objects }); err != nil {
-		return fmt.Errorf("initial-list deliveries: %d of %d: %w\n%s", recv.count(), o.objects, err, dw.rp.Log())
-	}
-	dwHeap, err := liveHeap(ctx, dw.metrics)
-	if err != nil {
-		return err
-	}
-	dwRSS := residentMemory(dw.pid)
-	logf("dynwatch synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed (peak %d MB to synced, %d MB with the initial deliveries), %d initial events delivered",
-		dw.synced.Round(time.Millisecond), dwHeap>>20, dwRSS.now>>20, dwRSS.file>>20, dw.peak>>20, dwRSS.peak>>20, recv.count())
 
 	// The storm, both running: CPU per update and event latency.
 	api, _, _ := dw.rp.WaitListening(ctx)
@@ -315,40 +303,14 @@ func run(ctx context.Context, o options) error {
 	b0Lat, dwLat := latencies(written, b0Arrivals), latencies(written, recv.arrivals())
 	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs; %.0f state store commits", len(written), b0CPU, dwCPU, commits)
 
-	// Queries for the same label selector: dynwatch (indexed) against the apiserver's LIST.
-	path := collection + "?labelSelector=app%3Dapp-07"
-	if o.chart {
-		path = collection + "?labelSelector=app.kubernetes.io%2Fname%3Dapp-07" // the chart's indexer
-	}
-	// A client that trusts the apiserver's CA and has no credentials of its own: each request
-	// carries reader's token, as each to dynwatch does.
-	apiClient, err := rest.HTTPClientFor(rest.AnonymousClientConfig(cluster.Config))
-	if err != nil {
-		return err
-	}
-	var rows []result
-	perObj := func(b uint64) float64 { return float64(b) / float64(o.objects) / 1024 }
 	mb := func(b uint64) float64 { return float64(b) / (1 << 20) }
 	n := float64(len(written))
 	always := func(float64) bool { return true }
-	drained, delivery, receipt := "initial deliveries done", "incl. webhook delivery", "webhook"
+	delivery, receipt := "incl. webhook delivery", "webhook"
 	if o.chart {
-		drained, delivery, receipt = "state store caught up", "incl. serving one API watch", "API watch"
+		delivery, receipt = "incl. serving one API watch", "API watch"
 	}
-	rows = append(rows,
-		row("time to synced", "s", dw.synced.Seconds(), b0Synced.Seconds(), "B0", "≤ 1.1x", func(r float64) bool { return r <= 1.1 }),
-		row("resident memory (VmRSS) after sync", "MB", mb(dwRSS.now), mb(b0RSS.now), "B0", "≤ 0.5x", func(r float64) bool { return r <= 0.5 }),
-		row("resident memory after sync: anonymous (RssAnon)", "MB", mb(dwRSS.anon), mb(b0RSS.anon), "B0", "≤ 0.5x", func(r float64) bool { return r <= 0.5 }),
-		row("resident memory after sync: file-backed (RssFile)", "MB", mb(dwRSS.file), mb(b0RSS.file), "B0", "", always),
-		row("peak resident memory (VmHWM), start → synced", "MB", mb(dw.peak), mb(b0.peak), "B0", "≤ 0.5x", func(r float64) bool { return r <= 0.5 }),
-		row("peak resident memory, start → "+drained, "MB", mb(dwRSS.peak), mb(b0.peak), "B0", "≤ 0.5x", func(r float64) bool { return r <= 0.5 }),
-		row("live heap after sync and GC", "MB", mb(dwHeap), mb(b0Heap), "B0", "", always),
-		row("resident memory per object after sync", "KiB", perObj(dwRSS.now), perObj(b0RSS.now), "B0", "", always),
-		row("time to synced", "s", dw.synced.Seconds(), b1.synced.Seconds(), "B1", "", always),
-		row("resident memory (VmRSS) after sync", "MB", mb(dwRSS.now), mb(b1RSS.now), "B1", "≤ 0.7x", func(r float64) bool { return r <= 0.7 }),
-		row("resident memory after sync: anonymous (RssAnon)", "MB", mb(dwRSS.anon), mb(b1RSS.anon), "B1", "", always),
-		row("peak resident memory (VmHWM), start → synced", "MB", mb(dw.peak), mb(b1.peak), "B1", "", always),
-		row("live heap after sync and GC", "MB", mb(dwHeap), mb(b1Heap), "B1", "", always),
+	rows := append(memoryRows(o, dwM, &b0M, &b1M),
 		row("CPU per update (dynwatch "+delivery+")", "µs", dwCPU/n*1e6, b0CPU/n*1e6, "B0", "≤ 1.15x", func(r float64) bool { return r <= 1.15 }),
 		row("state store commits per update", "", commits/n, 0, "", "", always),
 		row("state store fdatasyncs per update", "", fsyncs/n, 0, "", "", always),
@@ -358,52 +320,11 @@ func run(ctx context.Context, o options) error {
 		// Delivery does not wait for the commit's fdatasync (journal.syncEvery).
 		row("update → receipt p99 (dynwatch: "+receipt+"; B0: handler)", "ms", pct(dwLat, 99), pct(b0Lat, 99), "B0", "≤ B0 + 1 ms", func(float64) bool { return pct(dwLat, 99) <= pct(b0Lat, 99)+1 }),
 	)
-	unindexed := collection + "?labelSelector=tier%3Dcache&limit=1"
-	// The query with authorization on (as every query here is: see dynwatchConfig):
-	// the indexed label and an unindexed one. Every app-07 object is in tier(7) (4 divides the
-	// 20 apps), so the index's objects all match and each is checked against the second label.
-	twoLabels := path + "%2Ctier%3D" + tier(7) + "&limit=100"
-	// A row's first request to dynwatch waits for a SubjectAccessReview, and perhaps a
-	// TokenReview, as an install's caller's would: the selector is in the review, so decisions
-	// are cached per selector, and a row's is new or, after the apiserver's 200, older than the
-	// caches' 10 s. A row takes well under 10 s, so only that request waits, and p99, the
-	// second slowest of 200, is not moved by one.
-	for _, q := range []struct{ name, query, target string }{
-		{"query, full result", path, "≤ 0.1x (10x faster)"},
-		{"query, page of 100", path + "&limit=100", "≤ 0.1x (10x faster)"},
-		{"query, page of 100, two labels (one indexed)", twoLabels, "≤ 0.1x (10x faster)"},
-		{"query, one-item page, unindexed label", unindexed, "dynwatch ≤ 5 ms"},
-	} {
-		dwQ, apiQ, err := timeRequests(ctx, o.queries,
-			target{http.DefaultClient, api + q.query, token}, target{apiClient, cluster.URL() + q.query, token})
-		if err != nil {
-			return err
-		}
-		met := func(r float64) bool { return r <= 0.1 }
-		if q.query == unindexed {
-			met = func(float64) bool { return pct(dwQ, 99) <= 5 }
-		}
-		rows = append(rows,
-			row(q.name+" p50", "ms", pct(dwQ, 50), pct(apiQ, 50), "apiserver LIST", "", always),
-			row(q.name+" p99", "ms", pct(dwQ, 99), pct(apiQ, 99), "apiserver LIST", q.target, met),
-		)
-	}
-	// A watch's initial events: from the request to the first event, every object sent. The
-	// first of dynwatch's watches asks for a decision no query asked for (verb watch): its
-	// SubjectAccessReview is in the first event's p99 of 10, the slowest.
-	watch := collection + "?watch=1&resourceVersion=0"
-	dwW, err := timeFirstEvents(ctx, http.DefaultClient, api+watch, token, o.objects, 10)
+	queries, err := queryRows(ctx, o, cluster, api, token)
 	if err != nil {
 		return err
 	}
-	apiW, err := timeFirstEvents(ctx, apiClient, cluster.URL()+watch, token, o.objects, 10)
-	if err != nil {
-		return err
-	}
-	rows = append(rows,
-		row("watch from 0, request → first event p99", "ms", pct(dwW.first, 99), pct(apiW.first, 99), "apiserver watch", "dynwatch ≤ 50 ms", func(float64) bool { return pct(dwW.first, 99) <= 50 }),
-		row("watch from 0, request → all initial events p50", "ms", pct(dwW.all, 50), pct(apiW.all, 50), "apiserver watch", "≤ 0.3x", func(r float64) bool { return r <= 0.3 }),
-	)
+	rows = append(rows, queries...)
 	// Steady: after the storm and the queries, both processes idle.
 	b0End, dwEnd := residentMemory(b0.pid), residentMemory(dw.pid)
 	rows = append(rows,
@@ -417,16 +338,7 @@ func run(ctx context.Context, o options) error {
 	)
 	logf("at the end: dynwatch resident %d MB of which %d MB file-backed; B0 %d MB", dwEnd.now>>20, dwEnd.file>>20, b0End.now>>20)
 	printTable(title(o, objBytes, time.Since(start)), [2]string{"dynwatch", "baseline"}, rows)
-	if o.jsonPath != "" {
-		b, _ := json.MarshalIndent(map[string]any{
-			"machine": machine(), "cbor": !o.json, "chart": o.chart, "resource": o.resource, "objects": o.objects, "objectBytes": objBytes,
-			"updates": len(written), "rate": o.rate, "apiAuth": "kubernetes", "queriesAs": reader, "results": rows,
-		}, "", "  ")
-		if err := os.WriteFile(o.jsonPath, b, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return saveResults(o, objBytes, rows, map[string]any{"updates": len(written), "rate": o.rate})
 }
 
 type proc struct {
@@ -455,13 +367,91 @@ func startBaseline(ctx context.Context, bin, kubeconfig, resource string, flags 
 		return nil, fmt.Errorf("baseline: %w", err)
 	}
 	p.url = "http://" + strings.TrimSpace(strings.TrimPrefix(line, "listening "))
-	if err := waitFor(ctx, 5*time.Minute, func() bool { return status(p.url+"/readyz") == http.StatusOK }); err != nil {
+	if err := waitFor(ctx, syncWait, func() bool { return status(p.url+"/readyz") == http.StatusOK }); err != nil {
 		p.stop()
 		return nil, fmt.Errorf("baseline did not sync: %w", err)
 	}
 	p.synced = time.Since(t0)
 	p.peak = residentMemory(p.pid).peak
 	return p, nil
+}
+
+// syncWait bounds every wait for a watcher to sync or for dynwatch's initial deliveries to
+// drain: 100,000 pods take B1 over 6 minutes to list, a million configmaps dynwatch longer.
+const syncWait = 30 * time.Minute
+
+// buildBaseline builds B0 and B1's binary into the cluster's directory.
+func buildBaseline(ctx context.Context, cluster *testbed.Cluster) (string, error) {
+	bin := filepath.Join(cluster.Dir, "baseline")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./test/bench/baseline").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build baseline: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// measured is what a watcher's memory rows are read from, once it has synced (dynwatch: once
+// its initial-list deliveries have drained, or with -chart its state store has caught up).
+type measured struct {
+	synced time.Duration
+	peak   uint64   // VmHWM at synced: the peak from the start to synced
+	rss    resident // then (its peak: from the start to then)
+	heap   uint64   // live heap then, after a forced GC
+}
+
+// measureSynced reads a synced process's live heap from heapURL's /debug/pprof/heap, then its
+// resident memory, and logs them under name.
+func measureSynced(ctx context.Context, name string, p *proc, heapURL string) (measured, error) {
+	heap, err := liveHeap(ctx, heapURL)
+	if err != nil {
+		return measured{}, fmt.Errorf("%s: %w", name, err)
+	}
+	m := measured{synced: p.synced, peak: p.peak, rss: residentMemory(p.pid), heap: heap}
+	logf("%s synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed (peak %d MB to synced, %d MB to now)",
+		name, m.synced.Round(time.Millisecond), m.heap>>20, m.rss.now>>20, m.rss.file>>20, m.peak>>20, m.rss.peak>>20)
+	return m, nil
+}
+
+// measureBaseline starts the baseline with flags (none: B0; -strip: B1), measures it once it
+// has synced, and stops it.
+func measureBaseline(ctx context.Context, name, bin, kubeconfig, resource string, flags ...string) (measured, error) {
+	p, err := startBaseline(ctx, bin, kubeconfig, resource, flags...)
+	if err != nil {
+		return measured{}, fmt.Errorf("%s: %w", name, err)
+	}
+	defer p.stop()
+	return measureSynced(ctx, name, p, p.url)
+}
+
+// startMeasuredDynwatch starts dynwatch with one webhook to recv (with -chart: none, as the
+// chart configures), waits until its initial-list deliveries have reached recv (with -chart:
+// until its state store has stopped committing the initial list), and measures it.
+func startMeasuredDynwatch(ctx context.Context, o options, b *bed, recv *receiver) (*dwProc, measured, error) {
+	var webhooks []string
+	if !o.chart {
+		// The default queue: what it cannot hold waits in the outbox.
+		webhooks = append(webhooks, fmt.Sprintf("{name: bench, url: %s, workers: 4}", recv.serve()))
+	}
+	dw, err := startDynwatch(ctx, b.dwBin, b.cluster, o, sinkSet{webhooks: webhooks})
+	if err != nil {
+		return nil, measured{}, err
+	}
+	if o.chart {
+		err = waitSteady(ctx, syncWait, func() float64 { return counter(ctx, dw.metrics, "dynwatch_state_commits_total") })
+		if err != nil {
+			err = fmt.Errorf("state store commits: %w", err)
+		}
+	} else if err = waitFor(ctx, syncWait, func() bool { return recv.count() >= o.objects }); err != nil {
+		err = fmt.Errorf("initial-list deliveries: %d of %d: %w\n%s", recv.count(), o.objects, err, dw.rp.Log())
+	}
+	var m measured
+	if err == nil {
+		m, err = measureSynced(ctx, "dynwatch", &dw.proc, dw.metrics)
+	}
+	if err != nil {
+		dw.stop()
+		return nil, measured{}, err
+	}
+	return dw, m, nil
 }
 
 type dwProc struct {
@@ -493,7 +483,7 @@ func launch(ctx context.Context, ro runner.Options) (*dwProc, error) {
 	defer cancel()
 	api, metrics, err := p.WaitListening(listenCtx)
 	if err == nil {
-		err = waitFor(ctx, 5*time.Minute, func() bool { return status(metrics+"/readyz") == http.StatusOK })
+		err = waitFor(ctx, syncWait, func() bool { return status(metrics+"/readyz") == http.StatusOK })
 	}
 	if err != nil {
 		stop()
@@ -660,7 +650,12 @@ func (r *receiver) serve() string {
 	return "http://" + ln.Addr().String() + "/events"
 }
 
-func (r *receiver) close() { _ = r.srv.Close() }
+// close stops the receiver, if it was served.
+func (r *receiver) close() {
+	if r.srv != nil {
+		_ = r.srv.Close()
+	}
+}
 
 // watch watches the collection at url from its current resourceVersion until ctx ends, noting
 // each event's resourceVersion; its requests carry the bearer token.
@@ -1017,16 +1012,12 @@ func machine() string {
 
 // title is the default run's first line.
 func title(o options, objBytes int, took time.Duration) string {
-	served := "CBOR to dynwatch (CBORServingAndStorage on), JSON to B0 and B1"
-	if o.json {
-		served = "JSON to all three (CBORServingAndStorage off)"
-	}
 	config := "3 indexers, one webhook"
 	if o.chart {
 		config = "the chart's default config: cluster-wide, 1 indexer, no webhook"
 	}
 	return fmt.Sprintf("dynwatch benchmark: %d %s of %d bytes, %d updates at %d/s, %d requests per query; dynwatch with %s, its API authorizing every request (TokenReview, SubjectAccessReview) without TLS; queries and watches made as %s, a reader of the namespace, to both; apiserver serving %s; %s; took %s",
-		o.objects, o.resource, objBytes, o.updates, o.rate, o.queries, config, reader, served, machine(), took.Round(time.Second))
+		o.objects, o.resource, objBytes, o.updates, o.rate, o.queries, config, reader, served(o), machine(), took.Round(time.Second))
 }
 
 // printTable prints the title and the rows, the measured value and its baseline in the columns

@@ -22,15 +22,19 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// load creates n objects of the resource in the namespace, 16 at a time, and returns the
-// size in bytes of the first as the apiserver serves it in JSON.
-func load(ctx context.Context, cs kubernetes.Interface, resource string, n int) (int, error) {
+// load creates o.objects objects of o.resource in the namespace, 16 at a time, and returns
+// the size in bytes of the first as the apiserver serves it in JSON.
+func load(ctx context.Context, cs kubernetes.Interface, o options) (int, error) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		return 0, err
 	}
+	resource, n := o.resource, o.objects
 	create := applyConfigMap
-	if resource == "pods" {
+	switch {
+	case resource == "pods":
 		create = applyPod
+	case o.small:
+		create = createSmallConfigMap
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -142,6 +146,22 @@ func applyConfigMap(ctx context.Context, cs kubernetes.Interface, i int) error {
 		}
 	}
 	return nil
+}
+
+// createSmallConfigMap creates the i-th configmap of about 1 KB, as one client creates it
+// (no server-side apply, no last-applied annotation): labelled and annotated as applyConfigMap's,
+// so the same indexers and queries apply.
+func createSmallConfigMap(ctx context.Context, cs kubernetes.Interface, i int) error {
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: objectName("configmaps", i), Namespace: namespace,
+			Labels:      map[string]string{"app": app(i), "app.kubernetes.io/name": app(i), "tier": tier(i)},
+			Annotations: map[string]string{"example.com/team": team(i)},
+		},
+		Data: map[string]string{"config.json": randomHex(500)},
+	}
+	_, err := cs.CoreV1().ConfigMaps(namespace).Create(ctx, cm, metav1.CreateOptions{FieldManager: "deployer"})
+	return err
 }
 
 func app(i int) string  { return fmt.Sprintf("app-%02d", i%20) }

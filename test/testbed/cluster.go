@@ -179,7 +179,9 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 		"--name=testbed", "--data-dir="+filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls="+c.etcdURL, "--advertise-client-urls="+c.etcdURL,
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
-		"--initial-cluster=testbed="+peer, "--unsafe-no-fsync", "--log-level=warn")
+		"--initial-cluster=testbed="+peer, "--unsafe-no-fsync", "--log-level=warn",
+		// etcd's 2 GiB default does not hold the benchmark's million objects and their history.
+		"--quota-backend-bytes=8589934592")
 	if err != nil {
 		return err
 	}
