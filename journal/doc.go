@@ -22,7 +22,7 @@
 // Guarantees:
 //   - An entry is queued only once its commit is written to the log (the kernel has it: the
 //     process may die at once and lose nothing), and the commits written within syncEvery are
-//     then made durable by one fdatasync; the state of an object is committed with the entries
+//     then made durable by one fdatasync, sooner once they hold syncBytes; the state of an object is committed with the entries
 //     it produced, in the same frame, never ahead of them. So what a crash of the machine
 //     loses, at most the commits of the last syncEvery, it loses whole: entries and states
 //     together, with the revision its stream was recorded through. What a crash cuts short is

@@ -73,7 +73,7 @@ func TestAStoreWrittenByTheLastBboltReleaseIsConvertedWithNothingLost(t *testing
 		t.Fatalf("the outboxes after the conversion:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	reply := make(chan ReplayStatus, 1)
-	j.submit(op{kind: opReplayStatus, target: b, status: reply})
+	j.submit(op{kind: opReplayStatus, control: &control{target: b, status: reply}})
 	flush(t, j)
 	if st := <-reply; st.Done || st.Resource != configmaps || st.After != "ns/cm-1" {
 		t.Errorf("b's replay after the conversion: %+v; want configmaps after ns/cm-1", st)

@@ -230,7 +230,7 @@ type sinkView struct {
 // or ctx.
 func (j *Journal) ReplayStatus(ctx context.Context, t Target) (ReplayStatus, error) {
 	reply := make(chan ReplayStatus, 1)
-	j.submit(op{kind: opReplayStatus, target: t, status: reply})
+	j.submit(op{kind: opReplayStatus, control: &control{target: t, status: reply}})
 	select {
 	case st := <-reply:
 		return st, nil
@@ -251,7 +251,7 @@ func (j *Journal) ReplayPage(t Target, gvr schema.GroupVersionResource, objs []*
 		j.pre.drain()
 	}
 	done := make(chan int, 1)
-	j.submit(op{kind: opReplay, target: t, gvr: gvr, objects: objs, complete: complete, replayed: done})
+	j.submit(op{kind: opReplay, control: &control{target: t, gvr: gvr, objects: objs, complete: complete, replayed: done}})
 	return done
 }
 

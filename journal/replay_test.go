@@ -87,7 +87,7 @@ func (c *cluster) list(run uint64) {
 func (c *cluster) status(tg Target) ReplayStatus {
 	c.t.Helper()
 	reply := make(chan ReplayStatus, 1)
-	c.j.submit(op{kind: opReplayStatus, target: tg, status: reply})
+	c.j.submit(op{kind: opReplayStatus, control: &control{target: tg, status: reply}})
 	flush(c.t, c.j)
 	return <-reply
 }

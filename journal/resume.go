@@ -40,7 +40,7 @@ func (j *Journal) Resume(ctx context.Context, gvr schema.GroupVersionResource, s
 		j.pre.drain()
 	}
 	reply := make(chan resumption, 1)
-	j.submit(op{kind: opResume, gvr: gvr, stream: stream, sel: selection, resumed: reply})
+	j.submit(op{kind: opResume, control: &control{gvr: gvr, stream: stream, sel: selection, resumed: reply}})
 	select {
 	case r := <-reply:
 		return r.objects, r.revision, r.ok, nil

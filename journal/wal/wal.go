@@ -481,6 +481,10 @@ func dropWritten(f *os.File, off, end int64) {
 // Unsynced reports whether something written is not yet durable.
 func (l *Log) Unsynced() bool { return l.synced != l.curSize || l.syncFailed }
 
+// UnsyncedBytes is how much has been written since the last Sync: the frames the log holds in
+// memory until then, and whose pages the kernel holds dirty.
+func (l *Log) UnsyncedBytes() int64 { return l.curSize - l.synced }
+
 // rewrite writes again, after a failed Sync, the frames that Sync was to make durable.
 func (l *Log) rewrite() error {
 	if !l.syncFailed {
