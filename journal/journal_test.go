@@ -191,7 +191,6 @@ func TestAFlushedEventIsNotKeptAliveByThePendingOperations(t *testing.T) {
 		prev = e.Object
 		j.Record(e)
 	}
-	prev = nil
 	if err := j.flush(); err != nil {
 		t.Fatal(err)
 	}
