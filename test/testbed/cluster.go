@@ -131,7 +131,7 @@ func FreePort() (int, error) {
 
 // Start builds the binaries if needed, starts etcd and kube-apiserver, and returns once the
 // apiserver's /readyz answers 200. On error everything started is stopped.
-func Start(ctx context.Context, o Options) (c *Cluster, err error) {
+func Start(ctx context.Context, o Options) (*Cluster, error) {
 	out := o.Out
 	if out == nil {
 		out = os.Stderr
@@ -140,26 +140,22 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &Cluster{Dir: o.Dir, Binaries: bins}
+	c := &Cluster{Dir: o.Dir, Binaries: bins}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "dynwatch-testbed-"); err != nil {
 			return nil, err
 		}
 		c.ownDir = true
 	}
-	defer func() {
-		if err != nil {
-			c.Stop()
+	for _, start := range []func() error{
+		func() error { return c.startEtcd(ctx) },
+		func() error { return c.prepareAPIServer(o) },
+		func() error { return c.startAPIServer(ctx) },
+	} {
+		if err := start(); err != nil {
+			c.Stop() // what started so far, and a temporary Dir
+			return nil, err
 		}
-	}()
-	if err := c.startEtcd(ctx); err != nil {
-		return nil, err
-	}
-	if err := c.prepareAPIServer(o); err != nil {
-		return nil, err
-	}
-	if err := c.startAPIServer(ctx); err != nil {
-		return nil, err
 	}
 	return c, nil
 }
