@@ -139,11 +139,9 @@ func uvarintSize(v uint64) int {
 	return n
 }
 
-// setEntryDeadline rewrites the deadline of an encoded entry.
-func setEntryDeadline(v []byte, deadline time.Time) []byte {
-	out := append([]byte(nil), v...)
-	binary.BigEndian.PutUint64(out, uint64(unixNano(deadline)))
-	return out
+// putEntryDeadline rewrites the deadline of v, an encoded entry, in place.
+func putEntryDeadline(v []byte, deadline time.Time) {
+	binary.BigEndian.PutUint64(v, uint64(unixNano(deadline)))
 }
 
 // indexed is what the journal keeps in memory of an outbox entry: enough to compute
