@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,15 @@ func addedAt(name string, rev uint64) dynamicinformer.Event {
 	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": name, "uid": "uid-" + name, "resourceVersion": strconv.FormatUint(rev, 10)}}}
 	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), Revision: rev, InOrder: true}
+}
+
+// addedWithData is addedAt with a data value of size bytes.
+func addedWithData(name string, rev uint64, size int) dynamicinformer.Event {
+	e := addedAt(name, rev)
+	u, _ := e.Object.Decode()
+	u.Object["data"] = map[string]any{"v": strings.Repeat("x", size)}
+	e.Object = dynamicinformer.NewObject(u)
+	return e
 }
 
 func flush(t *testing.T, j *Journal) {

@@ -3,7 +3,6 @@ package journal
 import (
 	"fmt"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -144,13 +143,8 @@ func TestALargeFlushHoldsAtMostSyncBytesUnsynced(t *testing.T) {
 	tg := &unsyncedWatcher{j: j}
 	j.targets = func() []Target { return []Target{tg} }
 	const objects = 10000 // of about 2 KB: each commit of maxBatch writes about 4 MB
-	data := strings.Repeat("x", 2000)
 	for i := range objects {
-		e := addedAt(fmt.Sprintf("cm-%05d", i), uint64(10+i))
-		u, _ := e.Object.Decode()
-		u.Object["data"] = map[string]any{"v": data}
-		e.Object = dynamicinformer.NewObject(u)
-		j.Record(e)
+		j.Record(addedWithData(fmt.Sprintf("cm-%05d", i), uint64(10+i), 2000))
 	}
 	if err := j.flush(); err != nil {
 		t.Fatal(err)

@@ -300,14 +300,9 @@ func oldStore(t *testing.T, testdata string) string {
 // garbage as large as the outboxes (400 MB in one compaction at a million objects).
 func TestASnapshotCopiesOutboxEntriesWithoutABufferEach(t *testing.T) {
 	j, tg := newJournal(t)
-	big := strings.Repeat("x", 8192)
 	const n = 4000 // 32 MB of entries, against a frame buffer grown once to snapshotFrame
 	for i := range n {
-		e := addedAt(fmt.Sprintf("cm-%04d", i), uint64(10+i))
-		u, _ := e.Object.Decode()
-		u.Object["data"] = map[string]any{"v": big}
-		e.Object = dynamicinformer.NewObject(u)
-		j.Record(e)
+		j.Record(addedWithData(fmt.Sprintf("cm-%04d", i), uint64(10+i), 8192))
 	}
 	flush(t, j)
 	j.SetDeadline("sink", tg.entries[0].Seq, time.Unix(1700000600, 0))
