@@ -261,16 +261,28 @@ func (p *Process) PID() int { return p.cmd.Process.Pid }
 // Signal sends sig to the process.
 func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
 
-// Stop sends SIGTERM and waits up to timeout for the process to exit; it kills it after that.
-// It returns the exit error (nil for exit code 0) or an error saying it had to kill it.
+// Stop sends SIGTERM and waits up to timeout for the process to exit. After that it sends
+// SIGQUIT, and kills it if it is still running 10 s later. It returns the exit error (nil for
+// exit code 0), or an error saying it did not stop, with the goroutines SIGQUIT printed.
 func (p *Process) Stop(timeout time.Duration) error {
 	_ = p.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 		return p.ExitErr()
 	case <-time.After(timeout):
+	}
+	// The Go runtime answers SIGQUIT by printing every goroutine's stack and exiting: what the
+	// stop was waiting for.
+	_ = p.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		return fmt.Errorf("dynwatch did not exit within %s of SIGTERM; killed", timeout)
 	}
+	log := p.Log()
+	if i := strings.Index(log, "SIGQUIT: quit"); i >= 0 {
+		return fmt.Errorf("dynwatch did not exit within %s of SIGTERM; its goroutines on SIGQUIT:\n%s", timeout, log[i:])
+	}
+	return fmt.Errorf("dynwatch did not exit within %s of SIGTERM; killed", timeout)
 }
