@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"maps"
-	"slices"
 	"time"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -43,7 +42,8 @@ type compaction struct {
 type snapObject struct {
 	res, key string
 	st       stored
-	to       wal.Pos
+	to       wal.Pos // where its JSON lies in the snapshot
+	n        int     // and its length there: the cache's object's, which st.n may not be
 }
 
 type snapEntry struct {
@@ -53,16 +53,17 @@ type snapEntry struct {
 	to   wal.Pos
 }
 
-// maybeCompact begins a compaction when the store's files have grown past 1.5 times the state
-// they hold (and minCompact), and no compaction is under way. A snapshot holds about the state,
-// so each is written for at least half its size of commits; and the files stay within about
-// 1.5 times the state, whether the log grew or the state shrank (an outbox emptied).
+// maybeCompact begins a compaction when the store's files have grown past twice the state they
+// hold (and minCompact), and no compaction is under way. A snapshot holds about the state, so
+// each is written for at least its size of commits (writing the snapshot costs about what the
+// commits did); and the files stay within about twice the state, whether the log grew or the
+// state shrank (an outbox emptied).
 func (j *Journal) maybeCompact() {
 	if j.store == nil || j.compacting || j.now().Before(j.retryCompaction) {
 		return
 	}
 	snap, segs := j.store.log.Sizes()
-	if segs == 0 || snap+segs < max(j.store.held.Load()*3/2, minCompact) {
+	if segs == 0 || snap+segs < max(j.store.held.Load()*2, minCompact) {
 		return
 	}
 	id, err := j.store.log.Rotate()
@@ -85,11 +86,21 @@ func (j *Journal) compaction(id uint64) compaction {
 	for res, m := range j.store.revisions {
 		c.revs[res] = maps.Clone(m)
 	}
+	n := 0
+	for _, objs := range j.store.objects {
+		n += len(objs)
+	}
+	c.objects = make([]snapObject, 0, n)
 	for res, objs := range j.store.objects {
 		for key, st := range objs {
 			c.objects = append(c.objects, snapObject{res: res, key: key, st: st})
 		}
 	}
+	n = 0
+	for _, entries := range j.outbox {
+		n += len(entries)
+	}
+	c.entries = make([]snapEntry, 0, n)
 	for sink, entries := range j.outbox {
 		for seq, x := range entries {
 			c.entries = append(c.entries, snapEntry{sink: sink, seq: seq, x: x})
@@ -104,7 +115,9 @@ func (s *store) writeSnapshot(c *compaction) error {
 		buf := append([]byte{recFormat}, appendString(nil, logFormat)...)
 		buf = append(buf, recSeq)
 		buf = binary.AppendUvarint(buf, c.seq)
-		var pending []func(wal.Pos) // where the buffer's things lie, once it is added
+		// The entries and objects whose records the buffer holds, each with its bytes' offset
+		// in it: where they lie is known once the buffer is added.
+		var placed []placement
 		flush := func(force bool) error {
 			if len(buf) == 0 || !force && len(buf) < snapshotFrame {
 				return nil
@@ -113,10 +126,14 @@ func (s *store) writeSnapshot(c *compaction) error {
 			if err != nil {
 				return err
 			}
-			for _, f := range pending {
-				f(p)
+			for _, pl := range placed {
+				if pl.object {
+					c.objects[pl.i].to = at(p, pl.off)
+				} else {
+					c.entries[pl.i].to = at(p, pl.off)
+				}
 			}
-			buf, pending = buf[:0], pending[:0]
+			buf, placed = buf[:0], placed[:0]
 			return nil
 		}
 		for res, m := range c.revs {
@@ -134,42 +151,45 @@ func (s *store) writeSnapshot(c *compaction) error {
 			buf = append(buf, recEntry)
 			buf = appendString(buf, e.sink)
 			buf = binary.AppendUvarint(buf, e.seq)
-			buf = binary.AppendUvarint(buf, uint64(e.x.n))
-			// Read straight into the frame, as appendBytes would have copied it: a buffer per
-			// entry was 400 MB of garbage in one compaction at a million objects.
-			off := len(buf)
-			buf = slices.Grow(buf, e.x.n)[:off+e.x.n]
-			if err := s.log.ReadAt(e.x.at, buf[off:]); err != nil {
+			var err error
+			if buf, err = s.appendRead(buf, e.x.at, e.x.n); err != nil {
 				return fmt.Errorf("outbox %s entry %d: %w", e.sink, e.seq, err)
 			}
+			off := len(buf) - e.x.n
 			if e.x.deadline != 0 {
 				putEntryDeadline(buf[off:], fromUnixNano(e.x.deadline))
 			}
-			pending = append(pending, func(p wal.Pos) { e.to = at(p, off) })
+			placed = append(placed, placement{i: i, off: off})
 			if err := flush(false); err != nil {
 				return err
 			}
 		}
 		for i := range c.objects {
 			o := &c.objects[i]
-			b, err := s.json(o.st)
-			if err != nil {
-				return fmt.Errorf("object %s %s: %w", o.res, o.key, err)
-			}
 			buf = append(buf, recObject)
 			buf = appendString(buf, o.res)
 			buf = appendString(buf, o.key)
 			buf = appendString(buf, o.st.uid)
 			buf = appendString(buf, o.st.rv)
-			buf = appendBytes(buf, b)
-			off := len(buf) - len(b)
-			pending = append(pending, func(p wal.Pos) { o.to = at(p, off) })
+			var err error
+			if buf, o.n, err = s.appendJSON(buf, o.st); err != nil {
+				return fmt.Errorf("object %s %s: %w", o.res, o.key, err)
+			}
+			placed = append(placed, placement{object: true, i: i, off: len(buf) - o.n})
 			if err := flush(false); err != nil {
 				return err
 			}
 		}
 		return flush(true)
 	})
+}
+
+// placement is a snapshot's entry (or object, c.entries[i] or c.objects[i]) whose bytes begin
+// at off in the frame being filled.
+type placement struct {
+	object bool
+	i      int
+	off    int
 }
 
 // finishCompaction points what the journal keeps at the snapshot c wrote, and removes the
@@ -194,7 +214,7 @@ func (j *Journal) finishCompaction(c compaction) {
 	j.idx.Unlock()
 	for _, o := range c.objects {
 		if st, ok := j.store.objects[o.res][o.key]; ok && st.at == o.st.at {
-			st.at = o.to
+			st.at, st.n = o.to, o.n
 			j.store.objects[o.res][o.key] = st
 		}
 	}
