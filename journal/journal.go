@@ -573,6 +573,7 @@ func (j *Journal) sync() error {
 		j.failed(err)
 		return err
 	}
+	j.store.synced()
 	j.m.syncs.Inc()
 	j.recovered()
 	return nil

@@ -159,6 +159,31 @@ func TestALargeFlushHoldsAtMostSyncBytesUnsynced(t *testing.T) {
 	}
 }
 
+// TestACommitUsesABufferAgainOnceItsFrameIsSynced: the log holds each commit's buffer until
+// its fdatasync, then lets it go; a commit made after that takes one of those buffers rather
+// than a new one, so that the store's writes do not, by themselves, drive the collector.
+func TestACommitUsesABufferAgainOnceItsFrameIsSynced(t *testing.T) {
+	j, _ := newJournal(t)
+	j.targets = func() []Target { return nil } // each commit holds an object's state alone
+	const commits, size = 200, 8192
+	events := make([]dynamicinformer.Event, commits)
+	for i := range events {
+		events[i] = addedWithData(fmt.Sprintf("cm-%03d", i), uint64(10+i), size)
+	}
+	j.Record(addedWithData("first", 1, size))
+	flush(t, j)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for _, e := range events {
+		j.Record(e)
+		flush(t, j)
+	}
+	runtime.ReadMemStats(&after)
+	if per := int64(after.TotalAlloc-before.TotalAlloc) / commits; per > size/2 {
+		t.Errorf("each commit of an object's state of %d KB, synced, allocated %d bytes; want well under the state's size", size>>10, per)
+	}
+}
+
 // discarding selects everything and keeps nothing it is handed.
 type discarding struct{}
 
