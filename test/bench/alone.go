@@ -41,7 +41,7 @@ func runAlone(ctx context.Context, o options, b *bed, start time.Time) error {
 	if err != nil {
 		return err
 	}
-	queries, err := queryRows(ctx, o, b.cluster, api, b.cluster.Token(reader))
+	queries, err := queryRows(ctx, o, b.cluster, api, dw.metrics, b.cluster.Token(reader))
 	if err != nil {
 		return err
 	}

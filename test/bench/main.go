@@ -48,6 +48,8 @@ const namespace = "bench"
 type options struct {
 	objects, updates, rate, queries          int
 	resource, jsonPath, profile, heapProfile string
+	queryTrace                               string // -query-trace: dynwatch's execution trace through a query row
+	allocProfile                             string // -alloc-profile: what dynwatch allocated during the storm
 	json, chart, race                        bool
 	small                                    bool // configmaps of about 1 KB, created without server-side apply
 	alone, baselines                         bool // -alone: each watcher alone, no storm; -baselines=false: no B0 or B1
@@ -70,6 +72,8 @@ func main() {
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
 	flag.StringVar(&o.profile, "profile", "", "write dynwatch's CPU profile during the storm to this file (-initial-state and -sinks: see there)")
 	flag.StringVar(&o.heapProfile, "heap-profile", "", "write dynwatch's heap profile, taken after the storm, to this file")
+	flag.StringVar(&o.allocProfile, "alloc-profile", "", "write what dynwatch allocated during the storm, as a heap profile, to this file (go tool pprof -sample_index=alloc_space)")
+	flag.StringVar(&o.queryTrace, "query-trace", "", "write dynwatch's execution trace while it answers the two-label page's requests to this file (go tool trace)")
 	flag.Func("env", "KEY=VALUE added to dynwatch's environment (GOGC=50, for one); may be repeated", func(v string) error {
 		o.env = append(o.env, v)
 		return nil
@@ -266,7 +270,9 @@ func run(ctx context.Context, o options) error {
 	commits0 := counter(ctx, dw.metrics, "dynwatch_state_commits_total")
 	written0 := counter(ctx, dw.metrics, "dynwatch_state_written_bytes_total")
 	syncs0 := counter(ctx, dw.metrics, "dynwatch_state_syncs_total")
-	profiled := startProfile(ctx, dw.metrics, max(1, o.updates/o.rate), o.profile)
+	stormSeconds := max(1, o.updates/o.rate)
+	profiled := startProfile(ctx, dw.metrics, stormSeconds, o.profile)
+	allocs := startAllocProfile(ctx, dw.metrics, stormSeconds, o.allocProfile)
 	written, err := storm(ctx, cs, o)
 	if err != nil {
 		return err
@@ -292,7 +298,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := <-profiled; err != nil {
+	if err := errors.Join(<-profiled, <-allocs); err != nil {
 		return err
 	}
 	if o.heapProfile != "" {
@@ -320,7 +326,7 @@ func run(ctx context.Context, o options) error {
 		// Delivery does not wait for the commit's fdatasync (journal.syncEvery).
 		row("update → receipt p99 (dynwatch: "+receipt+"; B0: handler)", "ms", pct(dwLat, 99), pct(b0Lat, 99), "B0", "≤ B0 + 1 ms", func(float64) bool { return pct(dwLat, 99) <= pct(b0Lat, 99)+1 }),
 	)
-	queries, err := queryRows(ctx, o, cluster, api, token)
+	queries, err := queryRows(ctx, o, cluster, api, dw.metrics, token)
 	if err != nil {
 		return err
 	}
@@ -785,18 +791,24 @@ func liveHeap(ctx context.Context, base string) (uint64, error) {
 // startProfile starts writing a CPU profile of the process over the next seconds to path, and
 // returns a channel that receives the result once it is written; with path "", nil at once.
 func startProfile(ctx context.Context, base string, seconds int, path string) <-chan error {
+	return startSaving(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), path)
+}
+
+// startAllocProfile is startProfile for what the process allocates over the next seconds.
+func startAllocProfile(ctx context.Context, base string, seconds int, path string) <-chan error {
+	return startSaving(ctx, fmt.Sprintf("%s/debug/pprof/allocs?seconds=%d", base, seconds), path)
+}
+
+// startSaving starts writing what url answers to path, and returns a channel that receives
+// the result once it is written; with path "", nil at once.
+func startSaving(ctx context.Context, url, path string) <-chan error {
 	done := make(chan error, 1)
 	if path == "" {
 		done <- nil
 		return done
 	}
-	go func() { done <- saveProfile(ctx, base, seconds, path) }()
+	go func() { done <- saveURL(ctx, url, path) }()
 	return done
-}
-
-// saveProfile writes a CPU profile of the process over the next seconds to path.
-func saveProfile(ctx context.Context, base string, seconds int, path string) error {
-	return saveURL(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), path)
 }
 
 // saveURL writes what url answers to path.

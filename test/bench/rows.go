@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"time"
 
 	"k8s.io/client-go/rest"
 
@@ -61,8 +63,9 @@ func memoryRows(o options, dw measured, b0, b1 *measured) []result {
 // queryRows times the same queries to dynwatch's API at api and to the apiserver's LIST, and
 // watches from resourceVersion 0 on both, every request made with token: a label selector
 // dynwatch has indexed, whole and as a page of 100; a page of 100 by two labels, one indexed;
-// a one-item page of an unindexed label.
-func queryRows(ctx context.Context, o options, cluster *testbed.Cluster, api, token string) ([]result, error) {
+// a one-item page of an unindexed label. With -query-trace, dynwatch's execution trace
+// (from its metrics server) covers its answers to the two-label page.
+func queryRows(ctx context.Context, o options, cluster *testbed.Cluster, api, metrics, token string) ([]result, error) {
 	collection := "/api/v1/namespaces/" + namespace + "/" + o.resource
 	path := collection + "?labelSelector=app%3Dapp-07"
 	if o.chart {
@@ -92,9 +95,14 @@ func queryRows(ctx context.Context, o options, cluster *testbed.Cluster, api, to
 		{"query, page of 100, two labels (one indexed)", twoLabels, "≤ 0.1x (10x faster)"},
 		{"query, one-item page, unindexed label", unindexed, "dynwatch ≤ 5 ms"},
 	} {
+		tracePath := ""
+		if q.query == twoLabels {
+			tracePath = o.queryTrace
+		}
+		traced := traceRequests(ctx, metrics, tracePath)
 		dwQ, apiQ, err := timeRequests(ctx, o.queries,
 			target{http.DefaultClient, api + q.query, token}, target{apiClient, cluster.URL() + q.query, token})
-		if err != nil {
+		if err = errors.Join(err, <-traced); err != nil {
 			return nil, err
 		}
 		met := func(r float64) bool { return r <= 0.1 }
@@ -129,3 +137,14 @@ func queryRows(ctx context.Context, o options, cluster *testbed.Cluster, api, to
 // fewer when fewer queries are asked for (a watch of a million objects takes the apiserver
 // over a minute).
 func watches(o options) int { return min(10, o.queries) }
+
+// traceRequests starts an execution trace of dynwatch, from its metrics server at base, long
+// enough for a row's requests to it, and returns once it has begun; the channel receives the
+// result once the trace is written to path. With path "" it traces nothing.
+func traceRequests(ctx context.Context, base, path string) <-chan error {
+	done := startSaving(ctx, base+"/debug/pprof/trace?seconds=5", path)
+	if path != "" {
+		time.Sleep(200 * time.Millisecond) // the handler starts the trace as the request arrives
+	}
+	return done
+}
