@@ -1,6 +1,7 @@
 package dynamicinformer
 
 import (
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -15,6 +16,19 @@ const (
 	Modified EventType = "MODIFIED"
 	Deleted  EventType = "DELETED"
 )
+
+// Lower is the type in lower case ("added"), as event ids and CloudEvents types spell it.
+func (t EventType) Lower() string {
+	switch t {
+	case Added:
+		return "added"
+	case Modified:
+		return "modified"
+	case Deleted:
+		return "deleted"
+	}
+	return strings.ToLower(string(t))
+}
 
 // EventTypes lists every EventType, in a stable order.
 var EventTypes = []EventType{Added, Modified, Deleted}

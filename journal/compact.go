@@ -112,7 +112,11 @@ func (j *Journal) compaction(id uint64) compaction {
 // writeSnapshot writes c's state as snapshot c.id, and notes where each thing now lies.
 func (s *store) writeSnapshot(c *compaction) error {
 	return s.log.WriteSnapshot(c.id, func(add func([]byte) (wal.Pos, error)) error {
-		buf := append([]byte{recFormat}, appendString(nil, logFormat)...)
+		// Sized once for a frame and a record past it: grown from nothing, 1.25 times at a
+		// time, it was 5 MB of garbage a snapshot.
+		buf := make([]byte, 0, snapshotFrame+64<<10)
+		buf = append(buf, recFormat)
+		buf = appendString(buf, logFormat)
 		buf = append(buf, recSeq)
 		buf = binary.AppendUvarint(buf, c.seq)
 		// The entries and objects whose records the buffer holds, each with its bytes' offset

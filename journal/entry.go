@@ -1,8 +1,6 @@
 package journal
 
 import (
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -44,7 +42,7 @@ type Entry struct {
 // It is the same on every redelivery, on a replay of the same change after a restart, and on
 // every replica that records the change.
 func EventID(e dynamicinformer.Event) string {
-	return fmt.Sprintf("%s.%s.%s", e.Object.GetUID(), e.Object.GetResourceVersion(), strings.ToLower(string(e.Type)))
+	return string(e.Object.GetUID()) + "." + e.Object.GetResourceVersion() + "." + e.Type.Lower()
 }
 
 // Payload is the request body for an event:

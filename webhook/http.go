@@ -170,21 +170,42 @@ func (t *httpTransport) setHeaders(h http.Header, creds *credentials, d Delivery
 	for _, x := range t.cfg.Headers {
 		h.Set(x.Name, x.Value)
 	}
+	// Keys spelled as http.Header keeps them, which Set then need not make anew each time.
 	h.Set("Content-Type", "application/json")
 	h.Set("User-Agent", "dynwatch")
 	if len(creds.token) > 0 {
 		h.Set("Authorization", "Bearer "+string(creds.token))
 	}
 	for _, a := range cloudEvent(d) {
-		h.Set("ce-"+a.name, ceString(a.value))
+		h.Set(ceHeader(a.name), ceString(a.value))
 	}
-	h.Set("webhook-id", d.ID)
-	h.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
+	h.Set("Webhook-Id", d.ID)
+	h.Set("Webhook-Timestamp", strconv.FormatInt(now.Unix(), 10))
 	if creds.signer != nil {
 		if sig, err := creds.signer.Sign(d.ID, now, body); err == nil {
-			h.Set("webhook-signature", sig)
+			h.Set("Webhook-Signature", sig)
 		}
 	}
+}
+
+// ceHeader is the HTTP binding's header of a CloudEvents attribute: ce- and its name, spelled
+// as http.Header keeps it.
+func ceHeader(name string) string {
+	switch name {
+	case "specversion":
+		return "Ce-Specversion"
+	case "id":
+		return "Ce-Id"
+	case "source":
+		return "Ce-Source"
+	case "type":
+		return "Ce-Type"
+	case "subject":
+		return "Ce-Subject"
+	case "time":
+		return "Ce-Time"
+	}
+	return http.CanonicalHeaderKey("ce-" + name)
 }
 
 // attribute is a CloudEvents context attribute as a binary-mode header carries it.
@@ -202,7 +223,7 @@ func cloudEvent(d Delivery) []attribute {
 		{"specversion", "1.0"},
 		{"id", d.ID},
 		{"source", resourcePath(e.Resource)},
-		{"type", "io.dynwatch.resource." + strings.ToLower(string(e.Type))},
+		{"type", "io.dynwatch.resource." + e.Type.Lower()},
 		{"subject", subject},
 		{"time", e.Observed.UTC().Format(time.RFC3339Nano)},
 	}
@@ -216,6 +237,9 @@ func cloudEvent(d Delivery) []attribute {
 // ceString is a CloudEvents string attribute as the HTTP binding carries it in a header: space,
 // '"', '%' and anything outside printable ASCII percent-encoded (UTF-8 bytes).
 func ceString(v string) string {
+	if !strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == '"' || r == '%' }) {
+		return v
+	}
 	var b strings.Builder
 	for i := 0; i < len(v); i++ {
 		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
