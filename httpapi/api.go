@@ -77,7 +77,8 @@ type api struct {
 	rejected *prometheus.CounterVec
 	// watchInitial counts the cached objects read to open watches.
 	watchInitial prometheus.Counter
-	pins         *pins // the snapshots of paged lists
+	pins         *pins  // the snapshots of paged lists
+	chunks       chunks // the buffers lists are written through
 }
 
 // routes are the values of the route label.
@@ -96,6 +97,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 		APIOptions: o,
 		gate:       newGate(o.Authenticator, o.Authorizer, o.Limits),
 		pins:       newPins(time.Now),
+		chunks:     newChunks(8),
 		crds:       newCRDs(o.Dynamic, o.Logger),
 		openAPI:    newOpenAPI(o.Kubernetes),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -272,7 +274,7 @@ func (a *api) serve(c *gin.Context) {
 		writeStatus(w, apierrors.NewServiceUnavailable(res.Name()+" has not synced yet"))
 		return
 	}
-	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd)}
+	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd), chunks: a.chunks}
 	if res.Config().MetadataOnly() {
 		// The cache holds what the apiserver sends metadata informers, and says so: a client
 		// that reads the kind's fields finds none, rather than empty ones.

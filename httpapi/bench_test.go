@@ -103,8 +103,12 @@ func newBenchFixture(n int) (*benchFixture, error) {
 	}
 	log := slog.New(slog.DiscardHandler)
 	hub := NewHub(1000)
+	objects, err := dynamicinformer.NewJSONClient(fast)
+	if err != nil {
+		return nil, err
+	}
 	mgr, err := dynamicinformer.New(dynamicinformer.Options{
-		Logger: log, Dynamic: dynamic.NewForConfigOrDie(fast), Metadata: metadata.NewForConfigOrDie(fast), Discovery: discovery.NewDiscoveryClientForConfigOrDie(fast),
+		Logger: log, JSON: objects, Dynamic: dynamic.NewForConfigOrDie(fast), Metadata: metadata.NewForConfigOrDie(fast), Discovery: discovery.NewDiscoveryClientForConfigOrDie(fast),
 		Registerer: prometheus.NewRegistry(), Resources: cfg.Resources, Interval: time.Second,
 		Subscribers: []dynamicinformer.Subscriber{hub},
 	})

@@ -26,7 +26,7 @@ func (a *api) eventsFromAPIServer(c *gin.Context, t target) bool {
 		return false
 	}
 	a.deadline(c, a.RequestTimeout)
-	out := responder{gvk: eventsGVR.GroupVersion().WithKind("Event"), table: wantsTable(c.Request), include: includeObject(c.Request), printer: builtinPrinters[schema.GroupKind{Kind: "Event"}]}
+	out := responder{gvk: eventsGVR.GroupVersion().WithKind("Event"), table: wantsTable(c.Request), include: includeObject(c.Request), printer: builtinPrinters[schema.GroupKind{Kind: "Event"}], chunks: a.chunks}
 	list := &corev1.EventList{}
 	if a.Kubernetes != nil && a.EventsFromAPIServer {
 		v := c.Request.URL.Query()

@@ -20,6 +20,41 @@ type responder struct {
 	table   bool
 	include metav1.IncludeObjectPolicy
 	printer printer
+	chunks  chunks
+}
+
+// listChunk is the size past which a list's buffer is written out: a large list is never held
+// in memory whole.
+const listChunk = 64 << 10
+
+// chunks are the buffers lists are written through, kept to be used again by the next list: a
+// page of 100 made 72 KB of garbage otherwise, and at 20,000 configmaps a collection every 200
+// requests whose mark assists the request that started it paid for in milliseconds. (Not a
+// sync.Pool: it lets its buffers go at every collection, and under the race detector at random.)
+type chunks chan *[]byte
+
+// newChunks keeps up to n buffers: as many lists as are written at once use them again.
+func newChunks(n int) chunks { return make(chunks, n) }
+
+func (c chunks) get() *[]byte {
+	select {
+	case b := <-c:
+		return b
+	default:
+		b := make([]byte, 0, listChunk+8<<10)
+		return &b
+	}
+}
+
+func (c chunks) put(b *[]byte) {
+	if cap(*b) > 2*listChunk {
+		return // grown for one large object: not kept
+	}
+	*b = (*b)[:0]
+	select {
+	case c <- b:
+	default:
+	}
 }
 
 // wantsTable reports whether the Accept header asks for a Table (as=Table;g=meta.k8s.io).
@@ -99,9 +134,9 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 	metaJSON, _ := json.Marshal(&meta)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	// Written in chunks of about 64 KiB: a large list is never held in memory whole.
-	const chunk = 64 << 10
-	buf := make([]byte, 0, min(1024*(len(p.items)+1), chunk+8<<10))
+	chunk := o.chunks.get()
+	buf := *chunk
+	defer func() { *chunk = buf; o.chunks.put(chunk) }() // grown, perhaps
 	buf = append(buf, `{"apiVersion":`...)
 	buf = dynamicinformer.AppendString(buf, o.gvk.GroupVersion().String())
 	buf = append(buf, `,"kind":`...)
@@ -114,7 +149,7 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 			buf = append(buf, ',')
 		}
 		buf = append(buf, obj.JSON()...)
-		if len(buf) >= chunk {
+		if len(buf) >= listChunk {
 			if _, err := w.Write(buf); err != nil {
 				return
 			}
