@@ -184,6 +184,27 @@ func TestACommitUsesABufferAgainOnceItsFrameIsSynced(t *testing.T) {
 	}
 }
 
+// TestABatchOfAllThatIsPendingIsTakenWithoutACopy: under a steady stream each batch is
+// everything pending; it is taken as it lies, and the next operations are appended into the
+// array of the batch before, cleared once applied, rather than into a new one.
+func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
+	j, _ := newJournal(t)
+	cycle := func() {
+		j.Ack("sink", 1)
+		j.Ack("sink", 2)
+		ops := j.takeBatch()
+		if len(ops) != 2 {
+			t.Fatalf("took %d operations; want 2", len(ops))
+		}
+		j.batchDone(ops)
+	}
+	cycle()
+	cycle()
+	if n := testing.AllocsPerRun(100, cycle); n > 0 {
+		t.Errorf("taking a batch of what was pending allocated %.1f times; want none", n)
+	}
+}
+
 // discarding selects everything and keeps nothing it is handed.
 type discarding struct{}
 
