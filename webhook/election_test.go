@@ -2,12 +2,19 @@ package webhook
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/dynwatch/dynwatch/config"
 )
 
 // TestALapsedFenceWritesNothing: a worker paused after it checked the fence, and resumed
@@ -55,3 +62,39 @@ func (f *testFence) Bound(ctx context.Context) (context.Context, context.CancelF
 func (f *testFence) Lapsed() bool { return f.lapsed.Load() }
 
 func (f *testFence) Wait(ctx context.Context) { <-ctx.Done() }
+
+// TestWorkersStopWhenLeadershipEndsWithTheFenceLapsedAndEventsQueued: on losing the Lease the
+// fence is revoked, then the leadership's context ends and the workers are stopped. A worker
+// that took an event just then found the fence lapsed and put it back; waiting for the fence
+// returned at once (the context had ended) and the queue handed the same event again: it spun
+// until killed, and the graceful stop that lost the Lease never ended.
+func TestWorkersStopWhenLeadershipEndsWithTheFenceLapsedAndEventsQueued(t *testing.T) {
+	cfg := config.Webhook{Sink: config.Sink{Name: "hook", Labels: labels.Everything()}, Endpoint: &url.URL{Scheme: "http", Host: "127.0.0.1:1"}}
+	cfg.Timeout, cfg.Workers, cfg.QueueSize = time.Second, 2, 10
+	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: []config.SinkConfig{&cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := d.current()[0]
+	f := &testFence{}
+	f.lapsed.Store(true)
+	s.fence = f
+	for _, key := range []string{"a", "b", "c"} {
+		if err := s.queue.Push(delivery(key, key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // the leadership is over: the workers are started only to be stopped
+	s.startWorkers(ctx)
+	stopped := make(chan struct{})
+	go func() { s.stopWorkers(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the workers did not stop within 10 s: they spin, taking and returning a queued event")
+	}
+	if n := s.queue.Len(); n != 3 {
+		t.Errorf("%d events queued after the workers stopped; want the 3 queued before", n)
+	}
+}

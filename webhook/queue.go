@@ -71,9 +71,14 @@ func (q *Queue) Push(d Delivery) error {
 }
 
 // Pop waits for the oldest ready delivery, and blocks its key until Done, Retry or Return.
-// It fails only when ctx ends.
+// It fails only when ctx ends, and then at once, even with deliveries ready: a worker whose
+// context has ended and that puts back what it took (the fence lapsed) must not be handed it
+// again.
 func (q *Queue) Pop(ctx context.Context) (Delivery, error) {
 	for {
+		if err := ctx.Err(); err != nil {
+			return Delivery{}, err
+		}
 		q.mu.Lock()
 		now := time.Now()
 		for len(q.delayed) > 0 && !q.delayed[0].at.After(now) {
@@ -112,9 +117,6 @@ func (q *Queue) Pop(ctx context.Context) (Delivery, error) {
 		}
 		if timer != nil {
 			timer.Stop()
-		}
-		if ctx.Err() != nil {
-			return Delivery{}, ctx.Err()
 		}
 	}
 }

@@ -81,3 +81,16 @@ func TestQueueRetryHoldsItsKeyNotAWorker(t *testing.T) {
 		t.Fatalf("Len = %d with b1 and a2 in progress, want 2", n)
 	}
 }
+
+func TestQueuePopFailsOnceItsContextHasEndedEvenWithDeliveriesReady(t *testing.T) {
+	q := NewQueue(10)
+	_ = q.Push(delivery("a", "1"))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if d, err := q.Pop(ctx); err == nil {
+		t.Fatalf("Pop handed %q to a worker whose context has ended; want an error", d.ID)
+	}
+	if q.Len() != 1 {
+		t.Errorf("%d deliveries queued; want the one pushed", q.Len())
+	}
+}
