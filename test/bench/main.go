@@ -50,6 +50,7 @@ type options struct {
 	resource, jsonPath, profile, heapProfile string
 	queryTrace                               string // -query-trace: dynwatch's execution trace through a query row
 	allocProfile                             string // -alloc-profile: what dynwatch allocated during the storm
+	stormTrace                               string // -storm-trace: dynwatch's execution trace of the storm
 	json, chart, race                        bool
 	small                                    bool // configmaps of about 1 KB, created without server-side apply
 	alone, baselines                         bool // -alone: each watcher alone, no storm; -baselines=false: no B0 or B1
@@ -73,6 +74,7 @@ func main() {
 	flag.StringVar(&o.profile, "profile", "", "write dynwatch's CPU profile during the storm to this file (-initial-state and -sinks: see there)")
 	flag.StringVar(&o.heapProfile, "heap-profile", "", "write dynwatch's heap profile, taken after the storm, to this file")
 	flag.StringVar(&o.allocProfile, "alloc-profile", "", "write what dynwatch allocated during the storm, as a heap profile, to this file (go tool pprof -sample_index=alloc_space)")
+	flag.StringVar(&o.stormTrace, "storm-trace", "", "write dynwatch's execution trace of the storm to this file (go tool trace; it slows the storm's rows)")
 	flag.StringVar(&o.queryTrace, "query-trace", "", "write dynwatch's execution trace while it answers the two-label page's requests to this file (go tool trace)")
 	flag.Func("env", "KEY=VALUE added to dynwatch's environment (GOGC=50, for one); may be repeated", func(v string) error {
 		o.env = append(o.env, v)
@@ -273,6 +275,7 @@ func run(ctx context.Context, o options) error {
 	stormSeconds := max(1, o.updates/o.rate)
 	profiled := startProfile(ctx, dw.metrics, stormSeconds, o.profile)
 	allocs := startAllocProfile(ctx, dw.metrics, stormSeconds, o.allocProfile)
+	traced := startSaving(ctx, fmt.Sprintf("%s/debug/pprof/trace?seconds=%d", dw.metrics, stormSeconds), o.stormTrace)
 	written, err := storm(ctx, cs, o)
 	if err != nil {
 		return err
@@ -298,7 +301,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := errors.Join(<-profiled, <-allocs); err != nil {
+	if err := errors.Join(<-profiled, <-allocs, <-traced); err != nil {
 		return err
 	}
 	if o.heapProfile != "" {
