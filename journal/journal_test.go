@@ -184,6 +184,23 @@ func TestACommitUsesABufferAgainOnceItsFrameIsSynced(t *testing.T) {
 	}
 }
 
+// TestOnlyACommitBufferThatMayBeKeptIsRoundedUp: a small commit's buffer is sized to a power of
+// two, so that later commits can take it again once it is synced; an initial list's commit of
+// megabytes is sized as estimated, not up to twice that.
+func TestOnlyACommitBufferThatMayBeKeptIsRoundedUp(t *testing.T) {
+	j, _ := newJournal(t)
+	for _, tt := range []struct{ size, want int }{
+		{100, minCommitBuffer},
+		{10 << 10, 16 << 10},
+		{maxSpareBuffer, maxSpareBuffer},
+		{3<<20 + 1, 3<<20 + 1},
+	} {
+		if got := cap(j.store.begin(tt.size).buf); got != tt.want {
+			t.Errorf("a commit estimated at %d bytes has a buffer of %d; want %d", tt.size, got, tt.want)
+		}
+	}
+}
+
 // TestABatchOfAllThatIsPendingIsTakenWithoutACopy: under a steady stream each batch is
 // everything pending; it is taken as it lies, and the next operations are appended into the
 // array of the batch before, cleared once applied, rather than into a new one.

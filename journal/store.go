@@ -56,9 +56,11 @@ type store struct {
 	unsynced, spare [][]byte
 }
 
-// Commit buffers are allocated in sizes of a power of two from minCommitBuffer, and at most
-// maxSpare of those no larger than maxSpareBuffer are kept for use again once synced: under a
-// steady stream of changes each commit then takes one (1 MiB kept at most).
+// Commit buffers up to maxSpareBuffer are allocated in sizes of a power of two from
+// minCommitBuffer, larger ones as commitSize estimates them (an initial list's commits, of
+// megabytes, would otherwise be up to twice as large), and at most maxSpare of those no larger
+// than maxSpareBuffer are kept for use again once synced: under a steady stream of changes each
+// commit then takes one (1 MiB kept at most).
 const (
 	minCommitBuffer = 8 << 10
 	maxSpareBuffer  = 64 << 10
@@ -323,7 +325,11 @@ func (s *store) begin(size int) *txn {
 			return &txn{s: s, buf: b}
 		}
 	}
-	return &txn{s: s, buf: make([]byte, 0, 1<<bits.Len(uint(max(size, minCommitBuffer)-1)))}
+	n := max(size, minCommitBuffer)
+	if n <= maxSpareBuffer {
+		n = 1 << bits.Len(uint(n-1)) // a size a later commit can take again; a larger one is not kept
+	}
+	return &txn{s: s, buf: make([]byte, 0, n)}
 }
 
 // synced notes that the log has synced every commit written: their buffers are free.
