@@ -275,7 +275,7 @@ func run(ctx context.Context, o options) error {
 	stormSeconds := max(1, o.updates/o.rate)
 	profiled := startProfile(ctx, dw.metrics, stormSeconds, o.profile)
 	allocs := startAllocProfile(ctx, dw.metrics, stormSeconds, o.allocProfile)
-	traced := startSaving(ctx, fmt.Sprintf("%s/debug/pprof/trace?seconds=%d", dw.metrics, stormSeconds), o.stormTrace)
+	traced := startTrace(ctx, dw.metrics, stormSeconds, o.stormTrace)
 	written, err := storm(ctx, cs, o)
 	if err != nil {
 		return err
@@ -800,6 +800,11 @@ func startProfile(ctx context.Context, base string, seconds int, path string) <-
 // startAllocProfile is startProfile for what the process allocates over the next seconds.
 func startAllocProfile(ctx context.Context, base string, seconds int, path string) <-chan error {
 	return startSaving(ctx, fmt.Sprintf("%s/debug/pprof/allocs?seconds=%d", base, seconds), path)
+}
+
+// startTrace is startProfile for an execution trace of the process over the next seconds.
+func startTrace(ctx context.Context, base string, seconds int, path string) <-chan error {
+	return startSaving(ctx, fmt.Sprintf("%s/debug/pprof/trace?seconds=%d", base, seconds), path)
 }
 
 // startSaving starts writing what url answers to path, and returns a channel that receives

@@ -142,7 +142,7 @@ func watches(o options) int { return min(10, o.queries) }
 // enough for a row's requests to it, and returns once it has begun; the channel receives the
 // result once the trace is written to path. With path "" it traces nothing.
 func traceRequests(ctx context.Context, base, path string) <-chan error {
-	done := startSaving(ctx, base+"/debug/pprof/trace?seconds=5", path)
+	done := startTrace(ctx, base, 5, path)
 	if path != "" {
 		time.Sleep(200 * time.Millisecond) // the handler starts the trace as the request arrives
 	}
