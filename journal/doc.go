@@ -22,9 +22,11 @@
 // Guarantees:
 //   - An entry is queued only once its commit is written to the log (the kernel has it: the
 //     process may die at once and lose nothing), and the commits written within syncEvery are
-//     then made durable by one fdatasync, sooner once they hold syncBytes; the state of an object is committed with the entries
-//     it produced, in the same frame, never ahead of them. So what a crash of the machine
-//     loses, at most the commits of the last syncEvery, it loses whole: entries and states
+//     then made durable by one fdatasync, sooner once they hold syncBytes. The fdatasync runs
+//     on a goroutine of its own: commits go on while it runs, and the next sync covers them.
+//     The state of an object is committed with the entries it produced, in the same frame,
+//     never ahead of them. So what a crash of the machine loses, at most the commits of the
+//     last syncEvery and of the fdatasync in flight, it loses whole: entries and states
 //     together, with the revision its stream was recorded through. What a crash cuts short is
 //     derived again at the next start: the stream resumes (Resume) from the revision the last
 //     surviving commit recorded, and its watch sends the lost events again, under the same

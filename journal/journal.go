@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -114,6 +115,10 @@ type Options struct {
 	// leaving) have been handed to the journal; false for a resource without any. It is called
 	// before the outboxes are read.
 	Bound func(schema.GroupVersionResource) (uint64, bool)
+
+	// datasync is what makes the store's log durable; nil is fdatasync(2). A test makes it
+	// slow or fail.
+	datasync func(*os.File) error
 }
 
 type opKind int
@@ -216,7 +221,7 @@ func New(o Options) (*Journal, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	st, err := open(o.Logger, o.Path)
+	st, err := open(o.Logger, o.Path, o.datasync)
 	if err != nil {
 		return nil, err
 	}
@@ -243,12 +248,12 @@ func New(o Options) (*Journal, error) {
 
 // open opens the state store at path, logging what an operator should know of its state, or
 // returns nil when path is empty.
-func open(log *slog.Logger, path string) (*store, error) {
+func open(log *slog.Logger, path string, datasync func(*os.File) error) (*store, error) {
 	if path == "" {
 		log.Warn("state.path is not set: events queued at shutdown are dead-lettered, and a restart delivers every object as ADDED again")
 		return nil, nil
 	}
-	st, err := openStore(path)
+	st, err := openStore(path, datasync)
 	if err != nil {
 		return nil, err
 	}
@@ -486,7 +491,8 @@ func (j *Journal) Healthy() error {
 // Run flushes whenever something is pending that should commit now, and acknowledgements
 // within ackDelay, until ctx ends; then it flushes and syncs once more. What a flush writes is
 // handed to the sinks at once and synced within syncEvery, one fdatasync for every commit
-// written meanwhile. Every releaseEvery it drops the pages reads of the store brought into the
+// written meanwhile; the fdatasync runs on a goroutine of its own, and Run goes on committing
+// while it does. Every releaseEvery it drops the pages reads of the store brought into the
 // page cache. After a failed commit or sync it tries again with exponential backoff, from
 // 100ms to 5s, not on every event.
 func (j *Journal) Run(ctx context.Context) {
@@ -494,6 +500,7 @@ func (j *Journal) Run(ctx context.Context) {
 	acks := newStoppedTimer()
 	syncs := newStoppedTimer()
 	acksArmed, syncArmed := false, false
+	var syncing <-chan struct{} // closed once the fdatasync in flight has returned
 	var release <-chan time.Time
 	if j.store != nil {
 		t := time.NewTicker(releaseEvery)
@@ -507,6 +514,14 @@ func (j *Journal) Run(ctx context.Context) {
 			retry.Reset(delay)
 		} else {
 			delay = 0
+		}
+	}
+	// armSync starts the timer of the next sync, if something is left to sync and none is
+	// in flight.
+	armSync := func() {
+		if delay == 0 && !syncArmed && syncing == nil && j.store != nil && j.store.log.Unsynced() {
+			syncs.Reset(syncEvery)
+			syncArmed = true
 		}
 	}
 	for {
@@ -535,9 +550,16 @@ func (j *Journal) Run(ctx context.Context) {
 			}
 		case <-syncs.C:
 			syncArmed = false
-			if delay == 0 {
-				failed(j.sync())
+			if delay == 0 && syncing == nil {
+				var err error
+				syncing, err = j.startSync()
+				failed(err)
 			}
+			continue
+		case <-syncing:
+			syncing = nil
+			failed(j.syncFinished())
+			armSync() // what was committed while it ran
 			continue
 		case <-retry.C:
 			failed(j.Flush())
@@ -547,10 +569,7 @@ func (j *Journal) Run(ctx context.Context) {
 			return
 		}
 		failed(j.flush())
-		if delay == 0 && !syncArmed && j.store != nil && j.store.log.Unsynced() {
-			syncs.Reset(syncEvery)
-			syncArmed = true
-		}
+		armSync()
 	}
 }
 
@@ -565,16 +584,40 @@ func newStoppedTimer() *time.Timer {
 // one fdatasync.
 const syncEvery = 20 * time.Millisecond
 
-// sync makes what the commits wrote durable.
+// sync makes what the commits wrote durable, waiting for a sync begun by startSync first.
 func (j *Journal) sync() error {
 	if j.store == nil || !j.store.log.Unsynced() {
 		return nil
 	}
-	if err := j.store.log.Sync(); err != nil {
+	if err := j.store.sync(); err != nil {
 		j.failed(err)
 		return err
 	}
-	j.store.synced()
+	j.m.syncs.Inc()
+	j.recovered()
+	return nil
+}
+
+// startSync begins making what the commits wrote durable on a goroutine of its own, and
+// returns the channel closed once it has returned (nil when nothing is unsynced): Run goes on
+// committing meanwhile, then calls syncFinished.
+func (j *Journal) startSync() (<-chan struct{}, error) {
+	if j.store == nil || !j.store.log.Unsynced() {
+		return nil, nil
+	}
+	done, err := j.store.startSync()
+	if err != nil {
+		j.failed(err)
+	}
+	return done, err
+}
+
+// syncFinished puts into effect the outcome of the sync startSync began.
+func (j *Journal) syncFinished() error {
+	if err := j.store.finishSync(); err != nil {
+		j.failed(err)
+		return err
+	}
 	j.m.syncs.Inc()
 	j.recovered()
 	return nil

@@ -1,13 +1,19 @@
 package journal
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"weak"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -120,6 +126,55 @@ func TestAnEntryIsHandedOnOnceWrittenAndSyncedSoonAfter(t *testing.T) {
 	})
 }
 
+// TestCommitsGoOnWhileAnFdatasyncRuns: the writer hands the periodic fdatasync to a goroutine
+// of its own, so that a volume's slow fdatasync (16 ms and more under load) does not hold up
+// the commits, and the deliveries, that arrive meanwhile.
+func TestCommitsGoOnWhileAnFdatasyncRuns(t *testing.T) {
+	var hold atomic.Bool // from the first commit's sync on; the store's opening syncs too
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	datasync := func(f *os.File) error {
+		if hold.Load() {
+			entered <- struct{}{}
+			once.Do(func() { <-release })
+		}
+		return f.Sync()
+	}
+	tg := &syncTarget{queued: make(chan struct{}, 10)}
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return []Target{tg} }, datasync: datasync})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	done := make(chan struct{})
+	go func() { j.Run(t.Context()); close(done) }()
+	t.Cleanup(func() { <-done })
+	released := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(released)
+	hold.Store(true)
+	j.Record(addedAt("a", 11))
+	<-tg.queued
+	select {
+	case <-entered: // a's commit's fdatasync, held
+	case <-time.After(10 * time.Second):
+		t.Fatal("a's commit was not synced")
+	}
+	j.Record(addedAt("b", 12))
+	select {
+	case <-tg.queued:
+	case <-time.After(10 * time.Second):
+		t.Fatal("b was not handed on while a's commit's fdatasync ran")
+	}
+	released()
+	testbed.Eventually(t, 10*time.Second, func() error {
+		if n := counterValue(j.m.syncs); n != 2 {
+			return fmt.Errorf("%v fdatasyncs once the one held has returned; want 2, a's commit's and b's", n)
+		}
+		return nil
+	})
+}
+
 // unsyncedWatcher is a target that notes, as each commit's entries are handed to it, the most
 // the log has held written and not yet synced.
 type unsyncedWatcher struct {
@@ -181,6 +236,53 @@ func TestACommitUsesABufferAgainOnceItsFrameIsSynced(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if per := int64(after.TotalAlloc-before.TotalAlloc) / commits; per > size/2 {
 		t.Errorf("each commit of an object's state of %d KB, synced, allocated %d bytes; want well under the state's size", size>>10, per)
+	}
+}
+
+// TestACommitBufferIsNotUsedAgainWhileTheLogMayWriteItAgain: the log holds a commit's frame
+// until a sync has made it durable, to write it again if a sync fails; its buffer is free only
+// then, whichever sync it was: one begun on a goroutine of its own, or the one a rotation
+// makes, which puts the outcome of the first into effect before its own.
+func TestACommitBufferIsNotUsedAgainWhileTheLogMayWriteItAgain(t *testing.T) {
+	var failing atomic.Bool
+	eio := errors.New("input/output error")
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return nil },
+		datasync: func(f *os.File) error {
+			if failing.Load() {
+				return eio
+			}
+			return f.Sync()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	j.Record(addedWithData("a", 11, 8192))
+	if err := j.flush(); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(true)
+	done, err := j.store.startSync()
+	if err != nil || done == nil {
+		t.Fatalf("startSync: %v, %v; want a sync begun", done, err)
+	}
+	<-done
+	if _, err := j.store.log.Rotate(); !errors.Is(err, eio) {
+		t.Fatalf("Rotate with the sync begun failed: %v; want %v", err, eio)
+	}
+	if err := j.store.finishSync(); !errors.Is(err, eio) {
+		t.Errorf("finishSync of the failed sync: %v; want %v", err, eio)
+	}
+	if n := len(j.store.spare); n != 0 {
+		t.Fatalf("%d commit buffers free while the log holds a's frame to write it again; want none", n)
+	}
+	failing.Store(false)
+	if err := j.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(j.store.spare); n != 1 {
+		t.Errorf("%d commit buffers free once a's frame is durable; want 1", n)
 	}
 }
 

@@ -97,7 +97,7 @@ func convertTo(db *bolt.DB, dir string, c *conversion) error {
 		return err
 	}
 	c.noSinkRecords = was != legacyFormat
-	l, _, err := wal.Open(dir, func(wal.Pos, []byte) error { return nil })
+	l, _, err := wal.Open(dir, wal.Options{}, func(wal.Pos, []byte) error { return nil })
 	if err != nil {
 		return err
 	}

@@ -51,9 +51,16 @@ type store struct {
 	held atomic.Int64
 	// corruptAtOpen counts the commits read back at open whose records did not all decode.
 	corruptAtOpen int
-	// unsynced are the buffers of the commits written since the last fdatasync, which the log
-	// holds until then; spare are buffers of synced commits, for commits to use again.
-	unsynced, spare [][]byte
+	// unsynced are the buffers of the commits written and not yet durable, which the log holds
+	// until they are; spare are buffers of synced commits, for commits to use again.
+	unsynced []commitBuffer
+	spare    [][]byte
+}
+
+// commitBuffer is a commit's buffer the log holds, and the number of its frame (see wal.Log.Written).
+type commitBuffer struct {
+	buf   []byte
+	frame uint64
 }
 
 // Commit buffers up to maxSpareBuffer are allocated in sizes of a power of two from
@@ -91,7 +98,7 @@ var errLocked = errors.New("another process has the store open")
 // it. A bbolt store written by an earlier release is converted first (see convertLegacy). A
 // torn tail is dropped; damage is set aside (see package wal), and what came before it read
 // back: what followed is derived again at the next lists, with the same event ids.
-func openStore(path string) (*store, error) {
+func openStore(path string, datasync func(*os.File) error) (*store, error) {
 	if err := finishConversion(path); err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
@@ -107,7 +114,7 @@ func openStore(path string) (*store, error) {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}
 	var format string
-	l, rec, err := wal.Open(path, func(p wal.Pos, payload []byte) error {
+	l, rec, err := wal.Open(path, wal.Options{Datasync: datasync}, func(p wal.Pos, payload []byte) error {
 		s.Fresh = false
 		if f := s.load(p, payload); f != "" {
 			format = f
@@ -332,15 +339,41 @@ func (s *store) begin(size int) *txn {
 	return &txn{s: s, buf: make([]byte, 0, n)}
 }
 
-// synced notes that the log has synced every commit written: their buffers are free.
+// sync makes every commit written durable: their buffers are free.
+func (s *store) sync() error {
+	err := s.log.Sync()
+	s.synced()
+	return err
+}
+
+// startSync begins making the commits written so far durable on a goroutine of the log's own
+// (see wal.Log.StartSync); finishSync puts the outcome into effect once the channel is closed.
+func (s *store) startSync() (<-chan struct{}, error) { return s.log.StartSync() }
+
+// finishSync puts into effect the outcome of the sync startSync began.
+func (s *store) finishSync() error {
+	err := s.log.FinishSync()
+	s.synced()
+	return err
+}
+
+// synced frees the buffers of the commits the log has made durable, and holds no longer: by
+// whichever sync, begun by startSync or not (Rotate syncs too), and whether a later one failed.
 func (s *store) synced() {
-	for _, b := range s.unsynced {
-		if cap(b) <= maxSpareBuffer && len(s.spare) < maxSpare {
-			s.spare = append(s.spare, b[:0])
+	durable := s.log.Durable()
+	n := 0
+	for _, c := range s.unsynced {
+		if c.frame > durable {
+			break
 		}
+		if cap(c.buf) <= maxSpareBuffer && len(s.spare) < maxSpare {
+			s.spare = append(s.spare, c.buf[:0])
+		}
+		n++
 	}
-	clear(s.unsynced)
-	s.unsynced = s.unsynced[:0]
+	m := copy(s.unsynced, s.unsynced[n:])
+	clear(s.unsynced[m:])
+	s.unsynced = s.unsynced[:m]
 }
 
 // get is an object's state.
@@ -568,7 +601,7 @@ func (t *txn) commit() (wal.Pos, error) {
 	if err != nil {
 		return p, err
 	}
-	t.s.unsynced = append(t.s.unsynced, t.buf)
+	t.s.unsynced = append(t.s.unsynced, commitBuffer{buf: t.buf, frame: t.s.log.Written()})
 	t.s.written.Add(int64(len(t.buf)))
 	for res, m := range t.objects {
 		objs := inner(t.s.objects, res)

@@ -89,7 +89,7 @@ func TestAStoreOfFormatTwoIsUpgradedWithoutLosingAnything(t *testing.T) {
 // were this one's, nor set aside as damaged.
 func TestAStoreOfALaterFormatIsRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
-	l, _, err := wal.Open(path, func(wal.Pos, []byte) error { return nil })
+	l, _, err := wal.Open(path, wal.Options{}, func(wal.Pos, []byte) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestAStoreOfALaterFormatIsRefused(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := openStore(path); err == nil || !strings.Contains(err.Error(), `format "99"`) {
+	if _, err := openStore(path, nil); err == nil || !strings.Contains(err.Error(), `format "99"`) {
 		t.Fatalf("opening a store of format 99: %v; want an error naming the format", err)
 	}
 	if _, err := os.Stat(path); err != nil {

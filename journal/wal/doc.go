@@ -11,7 +11,9 @@
 // Guarantees:
 //   - Write hands its frame to the kernel (one pwritev): the process may die at once without
 //     losing it. Sync makes every frame written durable (one fdatasync): a crash of the machine
-//     loses no frame written before a Sync returned. Append is Write then Sync. Once synced,
+//     loses no frame written before a Sync returned. StartSync runs that fdatasync on a
+//     goroutine of its own, so that Write may go on meanwhile; the frames written before it
+//     began are durable once FinishSync has returned nil. Append is Write then Sync. Once synced,
 //     the frames' pages are dropped from the page cache: nothing of the log is mapped, and what
 //     it wrote is not left charged to the process's memory. If a Sync fails, the frames it was
 //     to make durable are written again before anything else is.
@@ -26,8 +28,9 @@
 //   - A snapshot is written to a temporary file, synced and renamed into place: it is there
 //     whole or not at all.
 //
-// Concurrency: Write, Sync, Append, Unsynced, Rotate, Compact, Sizes and Close are called from
-// one goroutine;
+// Concurrency: Write, Sync, StartSync, FinishSync, Append, Written, Durable, Unsynced, Rotate,
+// Compact, Sizes and Close are called from one goroutine (Sync, Rotate and Close wait for a sync
+// StartSync began);
 // WriteSnapshot from that one or from one of its own, at once with Append and Rotate; ReadAt
 // and Release from any, at once with those. A Pos stays readable until Compact removes
 // its file: the caller must not read a Pos of a file it has compacted away.

@@ -101,23 +101,35 @@ type Log struct {
 	synced     int64
 	pending    []written
 	syncFailed bool
-	snapSize   int64 // the snapshot's size
-	segSize    int64 // the size of the segments at or after the snapshot
+	started    *syncing // the sync StartSync began, until FinishSync
+	frames     uint64   // how many frames Write has written since Open
+	snapSize   int64    // the snapshot's size
+	segSize    int64    // the size of the segments at or after the snapshot
 	base       uint64
+}
+
+// Options are what a Log may be given besides its directory.
+type Options struct {
+	// Datasync makes a file's data durable, with what of its metadata is needed to read it
+	// back; nil is fdatasync(2). A test gives one that is slow, or fails.
+	Datasync func(*os.File) error
 }
 
 // Open opens the log in dir, creating it if need be, and hands replay every payload in order:
 // the snapshot's, then the segments'. replay must copy what it keeps of a payload. A torn tail
 // is truncated and damage set aside (see the package's guarantees), as the Recovery returned
 // says. It fails with ErrLocked at once (within a second) if another process holds the log.
-func Open(dir string, replay func(Pos, []byte) error) (*Log, Recovery, error) {
+func Open(dir string, o Options, replay func(Pos, []byte) error) (*Log, Recovery, error) {
 	var rec Recovery
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, rec, err
 	}
+	if o.Datasync == nil {
+		o.Datasync = datasync
+	}
 	// Cleaned, so that the damage directory <dir>.damaged-<time> lies beside the log even when
 	// dir ends in a separator.
-	l := &Log{dir: filepath.Clean(dir), files: map[fileKey]*os.File{}, segLimit: SegmentSize, datasync: datasync}
+	l := &Log{dir: filepath.Clean(dir), files: map[fileKey]*os.File{}, segLimit: SegmentSize, datasync: o.Datasync}
 	if err := l.lock(); err != nil {
 		return nil, rec, err
 	}
@@ -439,6 +451,7 @@ func (l *Log) Write(payload []byte) (Pos, error) {
 		return Pos{}, err
 	}
 	l.pending = append(l.pending, w)
+	l.frames++
 	n := int64(headerSize + len(payload))
 	p := Pos{File: l.cur.id, Off: l.curSize + headerSize}
 	l.curSize += n
@@ -448,8 +461,14 @@ func (l *Log) Write(payload []byte) (Pos, error) {
 
 // Sync makes every frame written durable (one fdatasync), and drops their pages from the page
 // cache. If it fails, the frames are written again before anything else is (Write, Sync,
-// Rotate, Close), so that the pages a failed fdatasync may have dropped are not lost.
+// Rotate, Close), so that the pages a failed fdatasync may have dropped are not lost. A sync
+// StartSync began is waited for first, and its outcome put into effect.
 func (l *Log) Sync() error {
+	if s := l.started; s != nil && !s.applied {
+		if err := l.apply(s); err != nil {
+			return err
+		}
+	}
 	if err := l.rewrite(); err != nil {
 		return err
 	}
@@ -460,10 +479,81 @@ func (l *Log) Sync() error {
 		l.syncFailed = true
 		return err
 	}
-	dropWritten(l.curF, l.synced, l.curSize)
-	clear(l.pending) // the payloads are the callers': hold none past the sync
-	l.synced, l.pending = l.curSize, l.pending[:0]
+	l.syncedTo(l.curSize, len(l.pending))
 	return nil
+}
+
+// syncing is an fdatasync running on a goroutine of its own: of the frames written up to end,
+// the first frames of pending.
+type syncing struct {
+	end     int64
+	frames  int
+	done    chan struct{}
+	err     error // set before done is closed
+	applied bool  // its outcome is in effect
+}
+
+// StartSync begins making every frame written so far durable, as Sync does, but on a goroutine
+// of its own: it returns at once, and Write may go on meanwhile. The channel it returns is
+// closed once the fdatasync has returned; FinishSync then puts its outcome into effect (until
+// then the frames count as unsynced) and returns it. Until FinishSync, StartSync returns that
+// channel again. It returns a nil channel when nothing is unsynced. After a failed sync it
+// first writes again what that sync was to make durable, as Sync does.
+func (l *Log) StartSync() (<-chan struct{}, error) {
+	if l.started != nil {
+		return l.started.done, nil
+	}
+	if err := l.rewrite(); err != nil {
+		return nil, err
+	}
+	if l.synced == l.curSize {
+		return nil, nil
+	}
+	s := &syncing{end: l.curSize, frames: len(l.pending), done: make(chan struct{})}
+	l.started = s
+	go func(f *os.File) {
+		s.err = l.datasync(f)
+		close(s.done)
+	}(l.curF)
+	return s.done, nil
+}
+
+// FinishSync waits for the sync StartSync began, puts its outcome into effect unless Sync,
+// Rotate or Close has already, and returns its error: the frames it was to make durable are
+// synced (and their pages dropped), or are written again before anything else, as after a
+// failed Sync. It returns nil when StartSync began none.
+func (l *Log) FinishSync() error {
+	s := l.started
+	if s == nil {
+		return nil
+	}
+	l.started = nil
+	if !s.applied {
+		return l.apply(s)
+	}
+	return s.err
+}
+
+// apply waits for s and puts its outcome into effect.
+func (l *Log) apply(s *syncing) error {
+	<-s.done
+	s.applied = true
+	if s.err != nil {
+		l.syncFailed = true
+		return s.err
+	}
+	l.syncedTo(s.end, s.frames)
+	return nil
+}
+
+// syncedTo notes that the segment is durable up to end, the end of the first frames of
+// pending: their pages are dropped, and the log holds their payloads no longer.
+func (l *Log) syncedTo(end int64, frames int) {
+	dropWritten(l.curF, l.synced, end)
+	clear(l.pending[:frames]) // the payloads are the callers': hold none past the sync
+	n := copy(l.pending, l.pending[frames:])
+	clear(l.pending[n:])
+	l.synced, l.pending = end, l.pending[:n]
 }
 
 // dropWritten drops from the page cache the pages that the frames from off to end filled: all
@@ -477,6 +567,14 @@ func dropWritten(f *os.File, off, end int64) {
 		dropCache(f, from, to-from)
 	}
 }
+
+// Written is how many frames Write has written since Open: the last one's number, counting
+// from 1.
+func (l *Log) Written() uint64 { return l.frames }
+
+// Durable is how many of the frames written since Open are durable: those up to that number
+// (see Written), which the log holds no longer.
+func (l *Log) Durable() uint64 { return l.frames - uint64(len(l.pending)) }
 
 // Unsynced reports whether something written is not yet durable.
 func (l *Log) Unsynced() bool { return l.synced != l.curSize || l.syncFailed }

@@ -51,7 +51,7 @@ type childReport struct {
 // fails under childLimit, lifts the limit, and appends a short payload.
 func appendUnderAFileSizeLimit(dir string) childReport {
 	var rep childReport
-	l, _, err := Open(dir, func(Pos, []byte) error { return nil })
+	l, _, err := Open(dir, Options{}, func(Pos, []byte) error { return nil })
 	if err != nil {
 		rep.Setup = err.Error()
 		return rep
@@ -137,7 +137,7 @@ func TestASecondOpenOfALogAlreadyOpenFailsWithErrLocked(t *testing.T) {
 	l, _, _ := openLog(t, dir)
 	appendAll(t, l, []byte("a"))
 
-	second, _, err := Open(dir, func(Pos, []byte) error { return nil })
+	second, _, err := Open(dir, Options{}, func(Pos, []byte) error { return nil })
 	if !errors.Is(err, ErrLocked) {
 		if second != nil {
 			_ = second.Close()

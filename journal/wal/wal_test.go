@@ -26,7 +26,7 @@ type frame struct {
 func openLog(t *testing.T, dir string) (*Log, Recovery, []frame) {
 	t.Helper()
 	var got []frame
-	l, rec, err := Open(dir, func(p Pos, payload []byte) error {
+	l, rec, err := Open(dir, Options{}, func(p Pos, payload []byte) error {
 		got = append(got, frame{Pos: p, Payload: bytes.Clone(payload)})
 		return nil
 	})

@@ -62,8 +62,9 @@ func TestWhatIsWrittenIsReadableAtOnceAndDurableOnceSyncedOrClosed(t *testing.T)
 // whatever the volume held. The next write or sync writes them again first, and a later sync
 // makes them durable; Unsynced reports them until it does.
 func TestWhatAFailedSyncWasToMakeDurableIsWrittenAgain(t *testing.T) {
-	for _, next := range []string{"sync", "write"} {
-		t.Run("then "+next, func(t *testing.T) {
+	for _, c := range []struct{ failed, next string }{{"Sync", "sync"}, {"Sync", "write"}, {"StartSync", "sync"}, {"StartSync", "write"}} {
+		t.Run(c.failed+" failed then "+c.next, func(t *testing.T) {
+			next := c.next
 			dir := t.TempDir()
 			l, _, _ := openLog(t, dir)
 			durable, lost := []byte("durable before the failure"), []byte("written, then its sync failed")
@@ -79,8 +80,8 @@ func TestWhatAFailedSyncWasToMakeDurableIsWrittenAgain(t *testing.T) {
 			}
 			eio := errors.New("input/output error")
 			l.datasync = func(*os.File) error { return eio }
-			if err := l.Sync(); !errors.Is(err, eio) {
-				t.Fatalf("Sync with fdatasync failing: %v; want %v", err, eio)
+			if err := syncBy(t, l, c.failed); !errors.Is(err, eio) {
+				t.Fatalf("%s with fdatasync failing: %v; want %v", c.failed, err, eio)
 			}
 			if !l.Unsynced() {
 				t.Error("Unsynced is false after a failed sync")
@@ -119,6 +120,90 @@ func TestWhatAFailedSyncWasToMakeDurableIsWrittenAgain(t *testing.T) {
 				if !bytes.Equal(f.Payload, want[i]) {
 					t.Errorf("frame %d: %q; want %q", i, f.Payload, want[i])
 				}
+			}
+		})
+	}
+}
+
+// syncBy syncs l by Sync, or by StartSync and then FinishSync once its fdatasync has returned.
+func syncBy(t *testing.T, l *Log, how string) error {
+	t.Helper()
+	if how == "Sync" {
+		return l.Sync()
+	}
+	done, err := l.StartSync()
+	if err != nil {
+		return err
+	}
+	if done == nil {
+		t.Fatal("StartSync with something unsynced returned no channel")
+	}
+	<-done
+	return l.FinishSync()
+}
+
+// TestWritesGoOnWhileASyncBegunByStartSyncRuns: StartSync runs the fdatasync on a goroutine of
+// its own; what is written meanwhile is not counted durable by it, and a Sync meanwhile waits
+// for it and syncs the rest.
+func TestWritesGoOnWhileASyncBegunByStartSyncRuns(t *testing.T) {
+	for _, finish := range []string{"FinishSync", "Sync"} {
+		t.Run("finished by "+finish, func(t *testing.T) {
+			dir := t.TempDir()
+			l, _, _ := openLog(t, dir)
+			entered, release := make(chan struct{}), make(chan struct{})
+			l.datasync = func(f *os.File) error {
+				close(entered)
+				<-release
+				return datasync(f)
+			}
+			write := func(p string) {
+				t.Helper()
+				if _, err := l.Write([]byte(p)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write("a")
+			done, err := l.StartSync()
+			if err != nil || done == nil {
+				t.Fatalf("StartSync: %v, %v; want a channel", done, err)
+			}
+			<-entered
+			write("b") // while a's fdatasync runs
+			if again, _ := l.StartSync(); again != done {
+				t.Error("StartSync with a sync in flight began another")
+			}
+			if d := l.Durable(); d != 0 {
+				t.Errorf("%d frames durable while the only fdatasync runs; want 0", d)
+			}
+			close(release)
+			l.datasync = datasync
+			switch finish {
+			case "FinishSync":
+				<-done
+				if err := l.FinishSync(); err != nil {
+					t.Fatal(err)
+				}
+				if d := l.Durable(); d != 1 {
+					t.Errorf("%d frames durable once a's fdatasync has returned; want 1, a", d)
+				}
+				if n := l.UnsyncedBytes(); n != headerSize+1 {
+					t.Errorf("%d bytes unsynced; want b's frame, %d", n, headerSize+1)
+				}
+				if err := l.FinishSync(); err != nil {
+					t.Errorf("FinishSync with no sync in flight: %v", err)
+				}
+			case "Sync":
+				if err := l.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				if d, u := l.Durable(), l.Unsynced(); d != 2 || u {
+					t.Errorf("after Sync: %d frames durable, unsynced %v; want 2, false", d, u)
+				}
+			}
+			closeLog(t, l)
+			_, _, got := openLog(t, dir)
+			if len(got) != 2 {
+				t.Fatalf("replayed %d frames; want 2", len(got))
 			}
 		})
 	}

@@ -291,7 +291,7 @@ type liveRecord struct {
 }
 
 func openWAL(dir string, w *workload) (log, error) {
-	l, _, err := wal.Open(filepath.Join(dir, "wal"), func(wal.Pos, []byte) error { return nil })
+	l, _, err := wal.Open(filepath.Join(dir, "wal"), wal.Options{}, func(wal.Pos, []byte) error { return nil })
 	if err != nil {
 		return nil, err
 	}
@@ -356,7 +356,7 @@ func (l *walLog) close() error { return l.l.Close() }
 
 func heldWAL(dir string) (held, error) {
 	var h heldBatches
-	l, _, err := wal.Open(filepath.Join(dir, "wal"), func(_ wal.Pos, b []byte) error { return h.add(b) })
+	l, _, err := wal.Open(filepath.Join(dir, "wal"), wal.Options{}, func(_ wal.Pos, b []byte) error { return h.add(b) })
 	if err != nil {
 		return held{}, err
 	}
