@@ -39,16 +39,17 @@ func typeMembers(apiVersion, kind string) string {
 // slice, exactly sized. What it keeps is as it was, byte for byte; an object that lost its
 // last annotation loses its annotations. It reads doc without decoding any of it but the keys.
 func (c cuts) apply(doc []byte, typed string) []byte {
-	var segs segments
+	var segBuf, keptBuf [32]segment
+	segs := segments(segBuf[:0])
 	var topBuf, metaBuf [16]jsonMember
 	open := skipSpace(doc, 0)
 	top := objectMembers(doc, open, topBuf[:0])
 	meta, hasType := -1, false
 	for i, m := range top {
-		switch m.key(doc) {
-		case "apiVersion", "kind":
+		switch {
+		case m.is(doc, "apiVersion"), m.is(doc, "kind"):
 			hasType = true
-		case "metadata":
+		case m.is(doc, "metadata"):
 			if doc[m.value] == '{' {
 				meta = i
 			}
@@ -56,39 +57,34 @@ func (c cuts) apply(doc []byte, typed string) []byte {
 	}
 	from := 0
 	if !hasType {
-		segs.doc(0, open+1)
-		segs.lit(typed)
+		segs = segs.doc(0, open+1).lit(typed)
 		if len(top) > 0 {
-			segs.lit(",")
+			segs = segs.lit(",")
 		}
 		from = open + 1
 	}
 	if meta >= 0 {
 		m := top[meta]
-		var kept segments
-		if c.metadata(doc, objectMembers(doc, m.value, metaBuf[:0]), &kept) {
-			segs.doc(from, m.value)
-			segs.add(kept)
+		if kept, changed := c.metadata(doc, objectMembers(doc, m.value, metaBuf[:0]), keptBuf[:0]); changed {
+			segs = append(segs.doc(from, m.value), kept...)
 			from = m.end
 		}
 	}
-	segs.doc(from, len(doc))
-	return segs.bytes(doc)
+	return segs.doc(from, len(doc)).bytes(doc)
 }
 
-// metadata adds to out the metadata of members ms less what c cuts, and reports whether it
-// cut anything (if not, out is to be ignored).
-func (c cuts) metadata(doc []byte, ms []jsonMember, out *segments) bool {
+// metadata appends to out the metadata of members ms less what c cuts, and reports whether it
+// cut anything (if not, what it returns is to be ignored).
+func (c cuts) metadata(doc []byte, ms []jsonMember, out segments) (segments, bool) {
 	changed := false
-	out.lit("{")
+	out = out.lit("{")
 	n := 0
 	for _, m := range ms {
-		key := m.key(doc)
-		if c.managedFields && key == "managedFields" {
+		if c.managedFields && m.is(doc, "managedFields") {
 			changed = true
 			continue
 		}
-		if c.lastApplied && key == "annotations" && doc[m.value] == '{' {
+		if c.lastApplied && m.is(doc, "annotations") && doc[m.value] == '{' {
 			var buf [16]jsonMember
 			as := objectMembers(doc, m.value, buf[:0])
 			if i := find(doc, as, LastAppliedAnnotation); i >= 0 {
@@ -97,52 +93,53 @@ func (c cuts) metadata(doc []byte, ms []jsonMember, out *segments) bool {
 					continue // its last annotation: no annotations
 				}
 				if n++; n > 1 {
-					out.lit(",")
+					out = out.lit(",")
 				}
-				out.doc(m.start, m.value)
-				out.lit("{")
+				out = out.doc(m.start, m.value)
+				out = out.lit("{")
 				k := 0
 				for j, a := range as {
 					if j == i {
 						continue
 					}
 					if k++; k > 1 {
-						out.lit(",")
+						out = out.lit(",")
 					}
-					out.doc(a.start, a.end)
+					out = out.doc(a.start, a.end)
 				}
-				out.lit("}")
+				out = out.lit("}")
 				continue
 			}
 		}
 		if n++; n > 1 {
-			out.lit(",")
+			out = out.lit(",")
 		}
-		out.doc(m.start, m.end)
+		out = out.doc(m.start, m.end)
 	}
-	out.lit("}")
-	return changed
+	out = out.lit("}")
+	return out, changed
 }
 
 // jsonMember is one member of a JSON object: its key, quoted, at doc[start:keyEnd], its value at
 // doc[value:end].
 type jsonMember struct{ start, keyEnd, value, end int }
 
-// key is m's key, unquoted.
-func (m jsonMember) key(doc []byte) string {
+// is reports whether m's key is k, without making a string of it (but for a key with an
+// escape in it, which no object the apiserver sends has in the members cut).
+func (m jsonMember) is(doc []byte, k string) bool {
 	raw := doc[m.start:m.keyEnd]
 	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw[1 : len(raw)-1]) // compared, not kept: the compiler does not copy
+		return string(raw[1:len(raw)-1]) == k // a comparison: the compiler makes no string
 	}
 	var s string
 	_ = json.Unmarshal(raw, &s)
-	return s
+	return s == k
 }
 
 // find is the index of the jsonMember of ms named key, -1 if none.
 func find(doc []byte, ms []jsonMember, key string) int {
 	for i, m := range ms {
-		if m.key(doc) == key {
+		if m.is(doc, key) {
 			return i
 		}
 	}
@@ -229,45 +226,32 @@ func skipValue(doc []byte, i int) int {
 }
 
 // segments are the pieces of an output: ranges of the input and literals, joined by bytes.
-type segments struct {
-	buf  [32]segment
-	list []segment
-}
+// The caller gives them room on its stack (segments(buf[:0])), which they outgrow only for an
+// object of many members; each method returns them, as append does.
+type segments []segment
 
 type segment struct {
 	from, to int
 	lit      string
 }
 
-func (s *segments) doc(from, to int) {
+func (s segments) doc(from, to int) segments {
 	if from < to {
-		s.add1(segment{from: from, to: to})
+		return append(s, segment{from: from, to: to})
 	}
+	return s
 }
 
-func (s *segments) lit(l string) { s.add1(segment{lit: l}) }
-
-func (s *segments) add1(g segment) {
-	if s.list == nil {
-		s.list = s.buf[:0]
-	}
-	s.list = append(s.list, g)
-}
-
-func (s *segments) add(t segments) {
-	for _, g := range t.list {
-		s.add1(g)
-	}
-}
+func (s segments) lit(l string) segments { return append(s, segment{lit: l}) }
 
 // bytes is the segments of doc joined, exactly sized.
-func (s *segments) bytes(doc []byte) []byte {
+func (s segments) bytes(doc []byte) []byte {
 	n := 0
-	for _, g := range s.list {
+	for _, g := range s {
 		n += g.to - g.from + len(g.lit)
 	}
 	out := make([]byte, 0, n)
-	for _, g := range s.list {
+	for _, g := range s {
 		out = append(append(out, doc[g.from:g.to]...), g.lit...)
 	}
 	return out

@@ -869,19 +869,29 @@ func (j *Journal) apply(tx *txn, targets []Target, o op, b *batch) error {
 	case opRemoveSink:
 		b.retired = append(b.retired, o.target)
 		j.forget(tx, o.target, b)
+	case opReplay, opReplayStatus, opResume:
+		b.replies = append(b.replies, j.applyControl(tx, o, b))
+	}
+	return err
+}
+
+// applyControl applies an operation that answers its caller, and returns the reply, sent once
+// the commit is written. Apart from apply, so that the reply's closure does not move every
+// operation apply is handed to the heap.
+func (j *Journal) applyControl(tx *txn, o op, b *batch) func() {
+	switch o.kind {
 	case opReplay:
 		n := j.applyReplay(tx, o, b)
-		b.replies = append(b.replies, func() { o.replayed <- n })
+		return func() { o.replayed <- n }
 	case opReplayStatus:
 		st := j.status(o.target)
-		b.replies = append(b.replies, func() { o.status <- st })
-	case opResume:
+		return func() { o.status <- st }
+	default: // opResume
 		inner(j.selections, object.ResourceName(o.gvr))[o.stream] = o.sel
 		// Once committed: the stream's state as of its revision, with nothing of the batch
 		// half applied.
-		b.replies = append(b.replies, func() { o.resumed <- j.resumption(o.gvr, o.stream, o.sel) })
+		return func() { o.resumed <- j.resumption(o.gvr, o.stream, o.sel) }
 	}
-	return err
 }
 
 // applyEvent compares an informer's event with the stored state of its object, stores the

@@ -4,15 +4,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,8 +29,17 @@ type httpTransport struct {
 	cfg      *config.Webhook
 	log      *slog.Logger
 	endpoint string // the URL with its credentials redacted, for errors and logs
-	client   *http.Client
-	creds    atomic.Pointer[credentials]
+	// rt makes the requests, without http.Client's layer: a POST is never redirected, and
+	// http.Client would copy every request's headers for a redirect it does not follow.
+	rt    *http.Transport
+	creds atomic.Pointer[credentials]
+	// headers are the configured ones with their names canonical; configured is their set.
+	headers    []config.Header
+	configured map[string]bool
+	basicAuth  string // the URL's user information as an Authorization header; "" without
+	// headerMaps holds the header maps of requests whose responses are closed, for later
+	// requests to fill again rather than allocate a dozen values each.
+	headerMaps sync.Pool
 }
 
 // credentials are a webhook's bearer token and signer, read again after a 401.
@@ -56,7 +66,17 @@ func newHTTP(cfg *config.Webhook, log *slog.Logger, f Fence) (*httpTransport, er
 	if err != nil {
 		return nil, err
 	}
-	t := &httpTransport{cfg: cfg, log: log, endpoint: config.Redacted(cfg.Endpoint), client: newClient(cfg.TLSConfig, cfg.Workers, cfg.Timeout, f)}
+	t := &httpTransport{cfg: cfg, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: newTransport(cfg.TLSConfig, cfg.Workers, f),
+		configured: map[string]bool{}}
+	for _, h := range cfg.Headers {
+		name := http.CanonicalHeaderKey(h.Name)
+		t.headers = append(t.headers, config.Header{Name: name, Value: h.Value})
+		t.configured[name] = true
+	}
+	if u := cfg.Endpoint.User; u != nil {
+		password, _ := u.Password()
+		t.basicAuth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.Username()+":"+password))
+	}
 	t.creds.Store(creds)
 	if cfg.TLS.InsecureSkipVerify {
 		log.Warn("TLS certificate verification is off for this sink")
@@ -64,14 +84,23 @@ func newHTTP(cfg *config.Webhook, log *slog.Logger, f Fence) (*httpTransport, er
 	return t, nil
 }
 
-func (t *httpTransport) close() { t.client.CloseIdleConnections() }
+func (t *httpTransport) close() { t.rt.CloseIdleConnections() }
 
-// newClient returns an HTTP client with its own transport, keeping one idle connection per
-// worker. It does not follow redirects: a POST must not turn into a GET. Its connections
-// write nothing once the fence has lapsed.
+// newClient returns an HTTP client with its own transport (see newTransport) and timeout. It
+// does not follow redirects: a POST must not turn into a GET.
 func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fence) *http.Client {
+	return &http.Client{
+		Transport:     newTransport(tlsConfig, workers, f),
+		Timeout:       timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// newTransport returns an HTTP transport keeping one idle connection per worker, whose
+// connections write nothing once the fence has lapsed.
+func newTransport(tlsConfig *tls.Config, workers int, f Fence) *http.Transport {
 	dial := fencedDialer(f, (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-	t := &http.Transport{
+	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           dial,
 		TLSHandshakeTimeout:   10 * time.Second,
@@ -83,11 +112,6 @@ func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fenc
 		TLSClientConfig:       tlsConfig.Clone(), // nil stays nil
 		// Room for the headers and a typical body, so that a request is one write.
 		WriteBufferSize: 64 << 10,
-	}
-	return &http.Client{
-		Transport:     t,
-		Timeout:       timeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }
 
@@ -141,50 +165,86 @@ func (t *httpTransport) rereadCredentials(cur *credentials) *credentials {
 	return t.creds.Load()
 }
 
-// post makes one request for d with body.
+// post makes one request for d with body, within the webhook's timeout.
 func (t *httpTransport) post(ctx context.Context, creds *credentials, d *Delivery, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.cfg.Endpoint.String(), bytes.NewReader(body))
-	if err != nil {
-		return &rejectedError{fmt.Errorf("POST %s: %w", t.endpoint, err)}
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	h, _ := t.headerMaps.Get().(http.Header)
+	if h == nil {
+		h = make(http.Header, 16)
 	}
-	t.setHeaders(req.Header, creds, *d, body, time.Now())
-	resp, err := t.client.Do(req)
+	t.setHeaders(h, creds, *d, body, time.Now())
+	req := (&http.Request{
+		Method: http.MethodPost, URL: t.cfg.Endpoint, Host: t.cfg.Endpoint.Host,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
+	}).WithContext(ctx)
+	resp, err := t.rt.RoundTrip(req)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // its message repeats the URL, credentials included
-		}
+		// The transport may still be writing the request: h is left to it.
 		return fmt.Errorf("POST %s: %w", t.endpoint, err)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+	t.headerMaps.Put(h) // the request is done with once its response's body is closed
 	if err := classify(resp.Status, resp.StatusCode, resp.Header, time.Now()); err != nil {
 		return fmt.Errorf("POST %s: %w", t.endpoint, err)
 	}
 	return nil
 }
 
-// setHeaders sets the configured headers, the bearer token, the CloudEvents binary-mode
-// attributes and, with a signing secret, the Standard Webhooks signature.
+// setHeaders sets in h, the map of an earlier request or a new one, the configured headers,
+// the bearer token (or the URL's user information), the CloudEvents binary-mode attributes
+// and, with a signing secret, the Standard Webhooks signature; and removes what the request
+// before had and this one has not.
 func (t *httpTransport) setHeaders(h http.Header, creds *credentials, d Delivery, body []byte, now time.Time) {
-	for _, x := range t.cfg.Headers {
-		h.Set(x.Name, x.Value)
+	for _, x := range t.headers {
+		put(h, x.Name, x.Value)
 	}
-	// Keys spelled as http.Header keeps them, which Set then need not make anew each time.
-	h.Set("Content-Type", "application/json")
-	h.Set("User-Agent", "dynwatch")
-	if len(creds.token) > 0 {
-		h.Set("Authorization", "Bearer "+string(creds.token))
+	// Keys spelled as http.Header keeps them.
+	put(h, "Content-Type", "application/json")
+	put(h, "User-Agent", "dynwatch")
+	switch {
+	case len(creds.token) > 0:
+		put(h, "Authorization", "Bearer "+string(creds.token))
+	case t.basicAuth != "":
+		put(h, "Authorization", t.basicAuth)
+	default:
+		t.unset(h, "Authorization")
 	}
 	for _, a := range cloudEvent(d) {
-		h.Set(ceHeader(a.name), ceString(a.value))
+		put(h, ceHeader(a.name), ceString(a.value))
 	}
-	h.Set("Webhook-Id", d.ID)
-	h.Set("Webhook-Timestamp", strconv.FormatInt(now.Unix(), 10))
+	if d.FilterError == "" {
+		t.unset(h, "Ce-Filtererror")
+	}
+	put(h, "Webhook-Id", d.ID)
+	put(h, "Webhook-Timestamp", strconv.FormatInt(now.Unix(), 10))
+	signed := false
 	if creds.signer != nil {
 		if sig, err := creds.signer.Sign(d.ID, now, body); err == nil {
-			h.Set("Webhook-Signature", sig)
+			put(h, "Webhook-Signature", sig)
+			signed = true
 		}
+	}
+	if !signed {
+		t.unset(h, "Webhook-Signature")
+	}
+}
+
+// put sets h's canonical key to v alone, in the value slice it has if it has one.
+func put(h http.Header, key, v string) {
+	if vs := h[key]; len(vs) == 1 {
+		vs[0] = v
+		return
+	}
+	h[key] = []string{v}
+}
+
+// unset removes canonical key from h, unless it is a configured header (set already).
+func (t *httpTransport) unset(h http.Header, key string) {
+	if !t.configured[key] {
+		delete(h, key)
 	}
 }
 
