@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"slices"
 	"time"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -20,8 +21,13 @@ type Entry struct {
 	// object.OrderingKey).
 	Key      string
 	Enqueued time.Time
-	// Body is the request body (see Payload), or nil to build it from Event.
+	// Body is the request body, or nil to build it from Event and Old (see AppendBody): an
+	// entry as recorded is queued so, and the body is made where it is sent rather than held
+	// while it waits.
 	Body []byte
+	// Old, when not nil, is the old object's JSON that a body built from Event carries as its
+	// oldObject (the stored state, as the sinks last saw it); nil takes Event's OldObject.
+	Old []byte
 	// Seq numbers the outbox entry; 0 when there is none (no state store).
 	Seq uint64
 	// Deadline ends retrying; zero until the first attempt fails, then kept across reloads and
@@ -45,10 +51,14 @@ func EventID(e dynamicinformer.Event) string {
 	return string(e.Object.GetUID()) + "." + e.Object.GetResourceVersion() + "." + e.Type.Lower()
 }
 
-// Payload is the request body for an event:
-// {"type","resource":{"group","version","resource"},"object","oldObject"}.
-func Payload(e dynamicinformer.Event) []byte {
-	return appendPayload(make([]byte, 0, payloadSize(e, nil)), e, nil)
+// AppendBody appends d's request body to buf: Body, or when that is nil the payload of its
+// event, {"type","resource":{"group","version","resource"},"object","oldObject"}, with Old as
+// its oldObject when not nil. It is the body the entry was recorded with, byte for byte.
+func AppendBody(buf []byte, d Entry) []byte {
+	if d.Body != nil {
+		return append(buf, d.Body...)
+	}
+	return appendPayload(slices.Grow(buf, payloadSize(d.Event, d.Old)), d.Event, d.Old)
 }
 
 // payloadSize is the length of e's request body, give or take its framing.

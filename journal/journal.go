@@ -56,6 +56,7 @@ type Journal struct {
 	floor      Checkpoints            // the checkpoints Trim was given: what they cover is not recorded
 	sinks      map[string]*sinkReplay // every target seen, by name: where its initialState replay stands
 	first      bool                   // no batch has been applied yet
+	payload    []byte                 // where fanOut builds an event's payload for the log
 	// compacting is true while a snapshot is being written; compacted receives it. After a
 	// compaction fails, none begins before retryCompaction, compactionBackoff later.
 	compacting        bool
@@ -999,7 +1000,7 @@ func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key string, err
 // in place of e.OldObject's; verdicts are the targets' on e, computed before, or nil (a target
 // missing from them, added since, is asked now).
 func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) {
-	var body []byte
+	var body []byte // the payload, built once for every entry the commit records
 	now := j.now()
 	for _, t := range targets {
 		v, ok := verdicts[t]
@@ -1013,22 +1014,33 @@ func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, old
 		if tx != nil && e.Revision != 0 && e.Revision <= j.floor[t.Name()][e.Resource] {
 			continue // the leader has delivered it, or a later state of the object
 		}
-		if body == nil {
-			body = appendPayload(make([]byte, 0, payloadSize(e, oldJSON)), e, oldJSON)
-		}
-		d := Entry{Event: e, ID: EventID(e), Key: object.OrderingKey(e.Resource, e.Object.GetNamespace(), e.Object.GetName()), Enqueued: now, Body: body, Revision: e.Revision, Since: e.Since}
+		// Queued without its body: the sink builds it from the event and the old object, which
+		// live on anyway, when it sends it.
+		d := Entry{Event: e, ID: EventID(e), Key: object.OrderingKey(e.Resource, e.Object.GetNamespace(), e.Object.GetName()), Enqueued: now, Old: oldJSON, Revision: e.Revision, Since: e.Since}
 		if filterErr != nil {
 			d.FilterError = filterErr.Error()
 		}
 		if tx != nil {
+			if body == nil {
+				j.payload = appendPayload(j.payload[:0], e, oldJSON)
+				body = j.payload
+			}
 			j.seq++
 			d.Seq = j.seq
-			off, n := tx.entry(t.Name(), d.Seq, d)
+			recorded := d
+			recorded.Body = body
+			off, n := tx.entry(t.Name(), d.Seq, recorded)
 			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since, n: n}, off})
 		}
 		bt.out = append(bt.out, queued{t, d})
 	}
+	if cap(j.payload) > maxPayloadBuffer {
+		j.payload = nil // a large object's: not kept for every later one
+	}
 }
+
+// maxPayloadBuffer bounds the buffer the writer keeps to build payloads in.
+const maxPayloadBuffer = 256 << 10
 
 // stale reports whether e, a watch's event, is older than prev, the state recorded of its
 // object: as a watch resumed from a revision before the object's last recorded change (see

@@ -121,10 +121,7 @@ func (dl *deadLetters) submit(d Delivery, reason string, err error) {
 		rec.Error = err.Error()
 	}
 	if dl.target.Load().includeObject {
-		rec.Event = d.Body
-		if rec.Event == nil {
-			rec.Event = journal.Payload(d.Event)
-		}
+		rec.Event = journal.AppendBody(nil, d.Entry)
 	}
 	dl.mu.Lock()
 	closed := dl.closed

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/textproto"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,12 +51,17 @@ func TestEveryAttributeHeaderIsSpelledAsHTTPHeaderKeepsIt(t *testing.T) {
 // TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore: every request of a sink carries
 // the configured headers, the URL's credentials as basic authentication, its delivery's
 // CloudEvents attributes and Standard Webhooks signature, and nothing left of the request
-// before it (an attribute only that one had).
+// before it (an attribute only that one had); and its own body, whether it was given or built
+// from its entry in the buffer of the request before.
 func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
-	got := make(chan http.Header, 2)
+	type request struct {
+		header http.Header
+		body   []byte
+	}
+	got := make(chan request, 3)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		got <- r.Header.Clone()
+		body, _ := io.ReadAll(r.Body)
+		got <- request{r.Header.Clone(), body}
 	}))
 	defer srv.Close()
 	endpoint, err := url.Parse(srv.URL)
@@ -77,12 +84,23 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 	for i, d := range []Delivery{
 		{Entry: journal.Entry{Event: event("a"), ID: "id-a", FilterError: "no such key: spec"}},
 		{Entry: journal.Entry{Event: event("b"), ID: "id-b"}},
+		{Entry: journal.Entry{Event: event("c"), ID: "id-c"}},
 	} {
-		body := fmt.Appendf(nil, `{"n":%d}`, i)
+		// The first two are given their bodies; the transport builds the last from its entry,
+		// in the buffer the one before was sent from.
+		body := fmt.Appendf(nil, `{"n":%d,"padding":%q}`, i, strings.Repeat("x", 100*(2-i)))
+		want := body
+		if i == 2 {
+			body, want = nil, journal.AppendBody(nil, d.Entry)
+		}
 		if err := tr.send(t.Context(), &d, body); err != nil {
 			t.Fatal(err)
 		}
-		h := <-got
+		r := <-got
+		h := r.header
+		if !bytes.Equal(r.body, want) {
+			t.Errorf("request %d: the body is\n%s\nwant\n%s", i, r.body, want)
+		}
 		user, pass, _ := (&http.Request{Header: h}).BasicAuth()
 		for _, c := range []struct{ name, got, want string }{
 			{"X-Tenant", h.Get("X-Tenant"), "blue"},
@@ -100,7 +118,7 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 		if _, ok := h["Ce-Filtererror"]; ok && d.FilterError == "" {
 			t.Errorf("request %d carries Ce-Filtererror, which only the request before had", i)
 		}
-		if err := verifier.Verify(body, h); err != nil {
+		if err := verifier.Verify(want, h); err != nil {
 			t.Errorf("request %d: its signature does not verify: %v", i, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -153,6 +154,9 @@ var errSuperseded = errors.New("the subject's last message is a newer version of
 
 // send implements transport.
 func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte) error {
+	if body == nil {
+		body = journal.AppendBody(nil, d.Entry)
+	}
 	js, err := t.connect()
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // kafkaTransport produces each delivery to a Kafka topic as one record keyed by the object's
@@ -181,6 +182,9 @@ func codec(c config.Compression) kgo.CompressionCodec {
 // A broker refuses a batch over the topic's max.message.bytes whole, failing every record in
 // it, so a record refused as too large is produced once more alone before it is rejected.
 func (t *kafkaTransport) send(ctx context.Context, d *Delivery, body []byte) error {
+	if body == nil {
+		body = journal.AppendBody(nil, d.Entry)
+	}
 	cl, err := t.client()
 	if err != nil {
 		return err

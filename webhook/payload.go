@@ -18,7 +18,7 @@ const (
 )
 
 // shape returns the request body a sink with payload p sends for an event whose recorded body
-// (journal.Payload) is body. It is body itself unless p asks for a diff and the event is
+// (journal.AppendBody) is body. It is body itself unless p asks for a diff and the event is
 // MODIFIED: then the body gains "patch", the change from oldObject to object as p.Diff says,
 // "patchType", its media type, and "oldResourceVersion", the resourceVersion the patch applies
 // to (a receiver holding another has missed an event); with p.Object none it loses object and

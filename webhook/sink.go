@@ -65,6 +65,8 @@ type transport interface {
 	// the destination has acknowledged it (nil), with a rejectedError when no later attempt can
 	// succeed, or with another error to retry. Workers call it concurrently, for different
 	// keys. It writes nothing once the fence given to its constructor has lapsed.
+	// body is nil when it is d's as recorded, to be built from d (journal.AppendBody): the
+	// transport builds it where it likes (a buffer of its own it uses again).
 	send(ctx context.Context, d *Delivery, body []byte) error
 	// close releases its connections once no send is in progress.
 	close()
@@ -367,12 +369,16 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 // attempt makes one attempt to hand d to the sink. It returns nil once the destination has
 // acknowledged it, a rejectedError when retrying cannot help, or a retriable error.
 func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
-	if d.Body == nil {
-		d.Body = journal.Payload(d.Event)
-	}
-	body, err := shape(d.Body, st.cfg.Payload)
-	if err != nil {
-		return &rejectedError{err} // the recorded body is damaged: no attempt can send it
+	var body []byte // nil: the transport builds it from d
+	var err error
+	if d.Body != nil || st.cfg.Payload.Diff != config.DiffNone {
+		raw := d.Body
+		if raw == nil {
+			raw = journal.AppendBody(nil, d.Entry)
+		}
+		if body, err = shape(raw, st.cfg.Payload); err != nil {
+			return &rejectedError{err} // the recorded body is damaged: no attempt can send it
+		}
 	}
 	d.Attempts++
 	s.m.attempts.Inc()
