@@ -39,59 +39,10 @@ type httpTransport struct {
 	configured map[string]bool
 	basicAuth  string // the URL's user information as an Authorization header; "" without
 	// headerMaps holds the header maps of requests whose responses are closed, for later
-	// requests to fill again rather than allocate a dozen values each; bodies holds the
-	// *requestBody of requests the transport has closed the body of.
-	headerMaps, bodies sync.Pool
-}
-
-// requestBody is a request's body, in a buffer a later request fills again once the
-// transport has closed it: it reads a body until it closes it, which it may do after
-// RoundTrip has returned (on an error, or when the response came first).
-type requestBody struct {
-	buf    []byte
-	r      bytes.Reader
-	closed atomic.Bool
-	// rewind is the request's GetBody: the transport sends a request again on a new
-	// connection when the one it had turned out closed before anything was written.
-	rewind func() (io.ReadCloser, error)
-}
-
-func (b *requestBody) Read(p []byte) (int, error) { return b.r.Read(p) }
-
-func (b *requestBody) Close() error {
-	b.closed.Store(true)
-	return nil
-}
-
-// maxRequestBody bounds the buffer of a body kept for a later request.
-const maxRequestBody = 1 << 20
-
-// body is d's body in a requestBody: body, or when that is nil the body built from d.
-func (t *httpTransport) body(d *Delivery, body []byte) *requestBody {
-	b, _ := t.bodies.Get().(*requestBody)
-	if b == nil {
-		b = &requestBody{}
-		b.rewind = func() (io.ReadCloser, error) {
-			b.r.Reset(b.buf)
-			b.closed.Store(false)
-			return b, nil
-		}
-	}
-	if body != nil {
-		b.buf = append(b.buf[:0], body...)
-	} else {
-		b.buf = journal.AppendBody(b.buf[:0], d.Entry)
-	}
-	b.r.Reset(b.buf)
-	b.closed.Store(false)
-	return b
-}
-
-// done keeps b for a later request if the transport has closed it, and it is not too large.
-func (t *httpTransport) done(b *requestBody) {
-	if b.closed.Load() && cap(b.buf) <= maxRequestBody {
-		t.bodies.Put(b)
-	}
+	// requests to fill again rather than allocate a dozen values each. (A body is not kept so:
+	// the transport may read it until it closes it, which it may do after RoundTrip has
+	// returned, and a body it cannot tell is in memory has its headers flushed on their own.)
+	headerMaps sync.Pool
 }
 
 // credentials are a webhook's bearer token and signer, read again after a 401.
@@ -225,13 +176,17 @@ func (t *httpTransport) post(ctx context.Context, creds *credentials, d *Deliver
 	if h == nil {
 		h = make(http.Header, 16)
 	}
-	b := t.body(d, body)
-	defer t.done(b)
-	t.setHeaders(h, creds, *d, b.buf, time.Now())
+	if body == nil {
+		body = journal.AppendBody(nil, d.Entry)
+	}
+	t.setHeaders(h, creds, *d, body, time.Now())
 	req := (&http.Request{
 		Method: http.MethodPost, URL: t.cfg.Endpoint, Host: t.cfg.Endpoint.Host,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: b, GetBody: b.rewind, ContentLength: int64(len(b.buf)),
+		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
+		// The transport sends a request again on a new connection when the one it had turned
+		// out closed before anything was written.
+		GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
 	}).WithContext(ctx)
 	resp, err := t.rt.RoundTrip(req)
 	if err != nil {

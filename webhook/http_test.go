@@ -2,14 +2,17 @@ package webhook
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/textproto"
+	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,7 +55,7 @@ func TestEveryAttributeHeaderIsSpelledAsHTTPHeaderKeepsIt(t *testing.T) {
 // the configured headers, the URL's credentials as basic authentication, its delivery's
 // CloudEvents attributes and Standard Webhooks signature, and nothing left of the request
 // before it (an attribute only that one had); and its own body, whether it was given or built
-// from its entry in the buffer of the request before.
+// from its entry.
 func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 	type request struct {
 		header http.Header
@@ -86,8 +89,7 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 		{Entry: journal.Entry{Event: event("b"), ID: "id-b"}},
 		{Entry: journal.Entry{Event: event("c"), ID: "id-c"}},
 	} {
-		// The first two are given their bodies; the transport builds the last from its entry,
-		// in the buffer the one before was sent from.
+		// The first two are given their bodies; the transport builds the last from its entry.
 		body := fmt.Appendf(nil, `{"n":%d,"padding":%q}`, i, strings.Repeat("x", 100*(2-i)))
 		want := body
 		if i == 2 {
@@ -122,4 +124,55 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 			t.Errorf("request %d: its signature does not verify: %v", i, err)
 		}
 	}
+}
+
+// TestARequestIsOneWrite: a request's body is one net/http knows to be in memory, so that it
+// is written with the headers through the connection's buffered writer, in one write. A body
+// it cannot tell so has its headers flushed in a write of their own first, and is then copied
+// through a buffer of its size (up to 32 KiB) made for every request.
+func TestARequestIsOneWrite(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	defer srv.Close()
+	endpoint, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := newHTTP(&config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second}, Endpoint: endpoint},
+		slog.New(slog.DiscardHandler), always{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.close()
+	var writes atomic.Int64
+	dial := tr.rt.DialContext
+	tr.rt.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		return countingConn{c, &writes}, err
+	}
+	d := Delivery{Entry: journal.Entry{Event: event("a"), ID: "id-a"}}
+	for _, body := range [][]byte{nil, fmt.Appendf(nil, `{"object":{"data":{"v":%q}}}`, strings.Repeat("x", 24<<10))} {
+		writes.Store(0)
+		const requests = 20
+		for range requests {
+			if err := tr.send(t.Context(), &d, body); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := writes.Load(); n != requests {
+			t.Errorf("%d requests of a %d-byte body took %d writes; want one each", requests, len(body), n)
+		}
+	}
+}
+
+// countingConn counts the writes made to its connection.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
 }
