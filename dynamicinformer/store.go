@@ -20,10 +20,11 @@ type entry struct {
 // lessEntry orders entries in list order.
 func lessEntry(a, b entry) bool { return object.Compare(a.namespace, a.name, b.namespace, b.name) < 0 }
 
-// indexed is one object under one value of an index.
+// indexed is one object under one value of an index: its key, not the object, so that a
+// change that keeps the object's values leaves the index as it is. A snapshot's index and its
+// objects are taken together, so the key finds the object at the same moment.
 type indexed struct {
-	value string
-	entry
+	value, namespace, name string
 }
 
 // lessIndexed orders an index by value, then in list order.
@@ -31,7 +32,7 @@ func lessIndexed(a, b indexed) bool {
 	if a.value != b.value {
 		return a.value < b.value
 	}
-	return lessEntry(a.entry, b.entry)
+	return object.Compare(a.namespace, a.name, b.namespace, b.name) < 0
 }
 
 // store is a resource's cache: its objects in list order, the objects of each value of each
@@ -162,8 +163,8 @@ func (s *store) setLocked(u *Object) *Object {
 	return old.obj
 }
 
-// reindex moves old's place in the indexes to e, the same object changed: a value both have is
-// replaced where it is, in one step rather than a delete and an insert.
+// reindex moves old's place in the indexes to e, the same object changed: only the values
+// one has and the other has not change an index.
 func (s *store) reindex(old, e entry) {
 	for i, name := range s.indexes {
 		var was, is []string // each sorted, without repeats
@@ -177,13 +178,12 @@ func (s *store) reindex(old, e entry) {
 		for len(was) > 0 || len(is) > 0 {
 			switch {
 			case len(is) == 0 || (len(was) > 0 && was[0] < is[0]):
-				ix.Delete(indexed{value: was[0], entry: old})
+				ix.Delete(indexed{value: was[0], namespace: e.namespace, name: e.name})
 				was = was[1:]
 			case len(was) == 0 || is[0] < was[0]:
-				ix.ReplaceOrInsert(indexed{value: is[0], entry: e})
+				ix.ReplaceOrInsert(indexed{value: is[0], namespace: e.namespace, name: e.name})
 				is = is[1:]
 			default:
-				ix.ReplaceOrInsert(indexed{value: is[0], entry: e})
 				was, is = was[1:], is[1:]
 			}
 		}
@@ -205,7 +205,7 @@ func (s *store) index(e entry) {
 	for i, name := range s.indexes {
 		if i < len(e.obj.values) {
 			for _, v := range e.obj.values[i] {
-				s.idx[name].ReplaceOrInsert(indexed{value: v, entry: e})
+				s.idx[name].ReplaceOrInsert(indexed{value: v, namespace: e.namespace, name: e.name})
 			}
 		}
 	}
@@ -215,7 +215,7 @@ func (s *store) unindex(e entry) {
 	for i, name := range s.indexes {
 		if i < len(e.obj.values) {
 			for _, v := range e.obj.values[i] {
-				s.idx[name].Delete(indexed{value: v, entry: e})
+				s.idx[name].Delete(indexed{value: v, namespace: e.namespace, name: e.name})
 			}
 		}
 	}
@@ -345,8 +345,12 @@ func (s Snapshot) Scan(namespace string, after Key, fn func(*Object) bool) {
 		s.t.AscendGreaterOrEqual(from, visit)
 		return
 	}
-	s.idx[s.by.index].AscendGreaterOrEqual(indexed{value: s.by.value, entry: from}, func(x indexed) bool {
-		return x.value == s.by.value && visit(x.entry)
+	s.idx[s.by.index].AscendGreaterOrEqual(indexed{value: s.by.value, namespace: from.namespace, name: from.name}, func(x indexed) bool {
+		if x.value != s.by.value {
+			return false
+		}
+		e, ok := s.t.Get(entry{namespace: x.namespace, name: x.name})
+		return !ok || visit(e) // an index holds only keys its snapshot's objects have
 	})
 }
 

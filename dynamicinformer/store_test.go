@@ -306,8 +306,14 @@ func TestAnUpdateMovesAnObjectBetweenItsIndexValues(t *testing.T) {
 	}
 	s.set("", tagged(1, "a", "b"), 1)
 	check("added", map[string][]string{"a": {"ns/a@1"}, "b": {"ns/a@1"}, "c": nil})
+	before := s.snapshot()
 	s.set("", tagged(2, "b", "c"), 2)
 	check("updated", map[string][]string{"a": nil, "b": {"ns/a@2"}, "c": {"ns/a@2"}})
+	// An index holds keys: under b, which both versions have, a snapshot taken before the
+	// change still finds the version it holds.
+	if snap, _ := before.ByIndex("byTag", "b"); !slices.Equal(keysAt(snap), []string{"ns/a@1"}) {
+		t.Errorf("a snapshot taken before the update finds %v under b; want [ns/a@1]", keysAt(snap))
+	}
 	s.set("", tagged(3), 3)
 	check("updated to no values", map[string][]string{"a": nil, "b": nil, "c": nil})
 	s.set("", tagged(4, "a", "c", "d"), 4)
