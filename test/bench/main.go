@@ -272,6 +272,7 @@ func run(ctx context.Context, o options) error {
 	commits0 := counter(ctx, dw.metrics, "dynwatch_state_commits_total")
 	written0 := counter(ctx, dw.metrics, "dynwatch_state_written_bytes_total")
 	syncs0 := counter(ctx, dw.metrics, "dynwatch_state_syncs_total")
+	compactions0 := counter(ctx, dw.metrics, "dynwatch_state_compactions_total")
 	stormSeconds := max(1, o.updates/o.rate)
 	profiled := startProfile(ctx, dw.metrics, stormSeconds, o.profile)
 	allocs := startAllocProfile(ctx, dw.metrics, stormSeconds, o.allocProfile)
@@ -297,6 +298,7 @@ func run(ctx context.Context, o options) error {
 	commits := counter(ctx, dw.metrics, "dynwatch_state_commits_total") - commits0
 	bytesWritten := counter(ctx, dw.metrics, "dynwatch_state_written_bytes_total") - written0
 	fsyncs := counter(ctx, dw.metrics, "dynwatch_state_syncs_total") - syncs0
+	compactions := counter(ctx, dw.metrics, "dynwatch_state_compactions_total") - compactions0
 	syncs, err := fdatasyncLatencies(filepath.Join(cluster.Dir, "state"), 200)
 	if err != nil {
 		return err
@@ -324,6 +326,8 @@ func run(ctx context.Context, o options) error {
 		row("state store commits per update", "", commits/n, 0, "", "", always),
 		row("state store fdatasyncs per update", "", fsyncs/n, 0, "", "", always),
 		row("state store bytes written per update", "KiB", bytesWritten/n/1024, 0, "", "", always),
+		// A snapshot of the whole state written beside the storm's commits shares the 2 CPUs.
+		row("state store snapshots finished during the storm", "", compactions, 0, "", "", always),
 		row("fdatasync p99 of the store's volume (4 KiB appends)", "ms", pct(syncs, 99), 0, "", "", always),
 		row("update → receipt p50 (dynwatch: "+receipt+"; B0: handler)", "ms", pct(dwLat, 50), pct(b0Lat, 50), "B0", "", always),
 		// Delivery does not wait for the commit's fdatasync (journal.syncEvery).
