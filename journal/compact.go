@@ -222,9 +222,12 @@ func (j *Journal) finishCompaction(c compaction) {
 			j.store.objects[o.res][o.key] = st
 		}
 	}
-	if err := j.store.log.Compact(c.id); err != nil {
-		j.log.Warn("state store: could not remove the files a snapshot replaced", "path", j.store.Path, "err", err)
-	}
+	remove := j.store.log.Compact(c.id)
+	j.removing.Go(func() { // off the writer's goroutine: commits go on meanwhile
+		if err := remove(); err != nil {
+			j.log.Warn("state store: could not remove the files a snapshot replaced", "path", j.store.Path, "err", err)
+		}
+	})
 	j.store.noteSize()
 	j.m.compactions.Inc()
 	snap, _ := j.store.log.Sizes()

@@ -61,6 +61,7 @@ type Journal struct {
 	// compaction fails, none begins before retryCompaction, compactionBackoff later.
 	compacting        bool
 	compacted         chan compaction
+	removing          sync.WaitGroup // the removal of the files compactions replaced
 	retryCompaction   time.Time
 	compactionBackoff time.Duration
 	// listsCoverAll: the initial lists hand the first batch's targets every object as ADDED
@@ -289,6 +290,7 @@ func (j *Journal) Close() error {
 	if j.compacting {
 		j.finishCompaction(<-j.compacted)
 	}
+	j.removing.Wait()
 	return j.store.close()
 }
 

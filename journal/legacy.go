@@ -103,7 +103,7 @@ func convertTo(db *bolt.DB, dir string, c *conversion) error {
 	}
 	err = l.WriteSnapshot(1, func(add func([]byte) (wal.Pos, error)) error { return writeLegacy(tx, add) })
 	if err == nil {
-		err = l.Compact(1)
+		err = l.Compact(1)()
 	}
 	return errors.Join(err, l.Close())
 }

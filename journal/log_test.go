@@ -157,6 +157,7 @@ func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
 	if m := counterValue(j.m.compactions); m != 1 {
 		t.Fatalf("%v compactions; want 1", m)
 	}
+	j.removing.Wait() // the files the snapshot replaced are removed off the writer's goroutine
 	snaps, _ := filepath.Glob(filepath.Join(path, "snap-*.wal"))
 	segs, _ := filepath.Glob(filepath.Join(path, "seg-*.wal"))
 	if len(snaps) != 1 || len(segs) != 1 {

@@ -5,7 +5,7 @@
 // checksums (of the length, and of the payload). A segment (seg-<id>.wal) is a file frames are
 // appended to; a new one is begun when the last reaches SegmentSize, or on Rotate. A snapshot
 // (snap-<id>.wal) is a file of frames the caller writes in one go, standing for everything in
-// the segments before segment <id>: once it is written, Compact removes them. A Pos is where a
+// the segments before segment <id>: once it is written, Compact drops them. A Pos is where a
 // payload lies, so that it can be read again without reading its file.
 //
 // Guarantees:
@@ -30,8 +30,8 @@
 //
 // Concurrency: Write, Sync, StartSync, FinishSync, Append, Written, Durable, Unsynced, Rotate,
 // Compact, Sizes and Close are called from one goroutine (Sync, Rotate and Close wait for a sync
-// StartSync began);
-// WriteSnapshot from that one or from one of its own, at once with Append and Rotate; ReadAt
-// and Release from any, at once with those. A Pos stays readable until Compact removes
-// its file: the caller must not read a Pos of a file it has compacted away.
+// StartSync began); WriteSnapshot from that one or from one of its own, at once with Append
+// and Rotate; the removal Compact returns, and ReadAt and Release, from any, at once with
+// those. A Pos stays readable until Compact drops its file: the caller must not read a Pos of
+// a file it has compacted away.
 package wal

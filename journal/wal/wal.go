@@ -695,14 +695,17 @@ func (l *Log) WriteSnapshot(id uint64, fill func(add func([]byte) (Pos, error)) 
 	return nil
 }
 
-// Compact makes snapshot id the log's base: it removes every earlier snapshot and every
-// segment before id. Positions in them are not readable once it returns.
-func (l *Log) Compact(id uint64) error {
+// Compact makes snapshot id the log's base: it drops every earlier snapshot and every segment
+// before id. Positions in them are not readable once it returns. It returns the removal of
+// their files (and the sync of the directory), for the caller to run where it likes: unlinking
+// segments of 64 MiB and syncing the directory takes tens of milliseconds on a busy volume.
+// Until it has run the files stay, and the next Open removes them.
+func (l *Log) Compact(id uint64) (remove func() error) {
 	l.mu.Lock()
-	var gone []fileKey
+	var gone []string
 	for k, f := range l.files {
 		if k.id < id || k.snap && k.id != id {
-			gone = append(gone, k)
+			gone = append(gone, filepath.Join(l.dir, k.name()))
 			_ = f.Close() // read only from here on: nothing to lose
 			delete(l.files, k)
 		}
@@ -716,11 +719,13 @@ func (l *Log) Compact(id uint64) error {
 		}
 	}
 	l.mu.Unlock()
-	var err error
-	for _, k := range gone {
-		err = errors.Join(err, os.Remove(filepath.Join(l.dir, k.name())))
+	return func() error {
+		var err error
+		for _, path := range gone {
+			err = errors.Join(err, os.Remove(path))
+		}
+		return errors.Join(err, syncDir(l.dir))
 	}
-	return errors.Join(err, syncDir(l.dir))
 }
 
 // Sizes are the snapshot's size and that of the segments after it, in bytes.

@@ -464,7 +464,7 @@ func TestADamagedSnapshotIsSetAsideWithEverySegmentAfterIt(t *testing.T) {
 	id := rotate(t, l)
 	snap := payloads(3, 50)
 	writeSnapshot(t, l, id, snap...)
-	if err := l.Compact(id); err != nil {
+	if err := l.Compact(id)(); err != nil {
 		t.Fatal(err)
 	}
 	appendAll(t, l, []byte("after the snapshot"))
@@ -529,14 +529,19 @@ func TestASnapshotReplacesTheSegmentsBeforeItsIDOnceCompacted(t *testing.T) {
 			t.Errorf("read snapshot payload %d at %+v: %v, or the bytes differ", i, p, err)
 		}
 	}
-	if err := l.Compact(id); err != nil {
-		t.Fatalf("compact %d: %v", id, err)
+	remove := l.Compact(id)
+	if err := l.ReadAt(old[0], make([]byte, 100)); err == nil {
+		t.Errorf("read at a position in a compacted segment succeeded; want an error")
+	}
+	// The files are the caller's to remove, where it likes: until then they stay.
+	if diff := cmp.Diff([]string{segName(1), segName(2), snapName(2)}, logFiles(t, dir)); diff != "" {
+		t.Errorf("files after compaction, before their removal (-want +got):\n%s", diff)
+	}
+	if err := remove(); err != nil {
+		t.Fatalf("compact %d: remove the files: %v", id, err)
 	}
 	if diff := cmp.Diff([]string{segName(2), snapName(2)}, logFiles(t, dir)); diff != "" {
 		t.Errorf("files after compaction (-want +got):\n%s", diff)
-	}
-	if err := l.ReadAt(old[0], make([]byte, 100)); err == nil {
-		t.Errorf("read at a position in a compacted segment succeeded; want an error")
 	}
 	wantSnap, wantSegs := 2*frameSize(40), frameSize(30)
 	if s, g := l.Sizes(); s != wantSnap || g != wantSegs {
@@ -602,7 +607,7 @@ func TestWhatAnInterruptedSnapshotOrCompactionLeftIsRemovedAtOpen(t *testing.T) 
 			l, _, _ := openLog(t, dir)
 			appendAll(t, l, []byte("gone"))
 			writeSnapshot(t, l, rotate(t, l), first...)
-			if err := l.Compact(2); err != nil {
+			if err := l.Compact(2)(); err != nil {
 				t.Fatal(err)
 			}
 			appendAll(t, l, a)

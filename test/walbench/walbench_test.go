@@ -349,7 +349,7 @@ func (l *walLog) compact() error {
 	if err != nil {
 		return err
 	}
-	return l.l.Compact(id)
+	return l.l.Compact(id)()
 }
 
 func (l *walLog) close() error { return l.l.Close() }
