@@ -323,6 +323,21 @@ func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	if n := testing.AllocsPerRun(100, cycle); n > 0 {
 		t.Errorf("taking a batch of what was pending allocated %.1f times; want none", n)
 	}
+	// More than a batch: the first maxBatch are taken as they lie in the array.
+	for i := range maxBatch + 2 {
+		j.Ack("sink", uint64(3+i))
+	}
+	j.mu.Lock()
+	first := &j.pending[0]
+	j.mu.Unlock()
+	ops := j.takeBatch()
+	if len(ops) != maxBatch || &ops[0] != first {
+		t.Errorf("took %d operations of %d pending, copied %v; want %d, not copied", len(ops), maxBatch+2, &ops[0] != first, maxBatch)
+	}
+	j.batchDone(ops)
+	if rest := j.takeBatch(); len(rest) != 2 || rest[0].seq != uint64(3+maxBatch) {
+		t.Errorf("then took %d operations; want the 2 left, from %d", len(rest), 3+maxBatch)
+	}
 }
 
 // discarding selects everything and keeps nothing it is handed.
