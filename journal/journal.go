@@ -592,13 +592,7 @@ func (j *Journal) sync() error {
 	if j.store == nil || !j.store.log.Unsynced() {
 		return nil
 	}
-	if err := j.store.sync(); err != nil {
-		j.failed(err)
-		return err
-	}
-	j.m.syncs.Inc()
-	j.recovered()
-	return nil
+	return j.syncDone(j.store.sync())
 }
 
 // startSync begins making what the commits wrote durable on a goroutine of its own, and
@@ -616,8 +610,12 @@ func (j *Journal) startSync() (<-chan struct{}, error) {
 }
 
 // syncFinished puts into effect the outcome of the sync startSync began.
-func (j *Journal) syncFinished() error {
-	if err := j.store.finishSync(); err != nil {
+func (j *Journal) syncFinished() error { return j.syncDone(j.store.finishSync()) }
+
+// syncDone notes a sync's outcome: counted when it succeeded, readiness failed until one does
+// when it did not.
+func (j *Journal) syncDone(err error) error {
+	if err != nil {
 		j.failed(err)
 		return err
 	}
