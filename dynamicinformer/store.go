@@ -1,6 +1,7 @@
 package dynamicinformer
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/google/btree"
@@ -11,7 +12,9 @@ import (
 // storeDegree is the B-trees' degree: nodes of up to 63 items, a few cache lines of pointers.
 const storeDegree = 32
 
-// entry is one cached object in list order.
+// entry is one cached object in list order. Its namespace and name are the store's own (see
+// ownKey), not the object's, which are read in place from its JSON: the index entries share
+// them, and outlive the version that made them.
 type entry struct {
 	namespace, name string
 	obj             *Object
@@ -22,7 +25,9 @@ func lessEntry(a, b entry) bool { return object.Compare(a.namespace, a.name, b.n
 
 // indexed is one object under one value of an index: its key, not the object, so that a
 // change that keeps the object's values leaves the index as it is. A snapshot's index and its
-// objects are taken together, so the key finds the object at the same moment.
+// objects are taken together, so the key finds the object at the same moment. Nothing in it
+// is read from an object's JSON (see ownKey and ownValue): an entry lives on through updates
+// that keep its value, and would keep the JSON of the version that made it alive.
 type indexed struct {
 	value, namespace, name string
 }
@@ -154,13 +159,42 @@ func (s *store) thaw() { s.frozen = nil }
 
 func (s *store) setLocked(u *Object) *Object {
 	e := entry{namespace: u.GetNamespace(), name: u.GetName(), obj: u}
-	old, had := s.t.ReplaceOrInsert(e)
+	old, had := s.t.Get(e)
+	if had {
+		e.namespace, e.name = old.namespace, old.name
+	} else {
+		e.namespace, e.name = ownKey(e.namespace, e.name)
+	}
+	s.t.ReplaceOrInsert(e)
 	if !had {
 		s.index(e)
 		return nil
 	}
 	s.reindex(old, e)
 	return old.obj
+}
+
+// ownKey is a copy of namespace and name in one allocation, made when a key enters the store
+// and kept by its entry through every version of its object.
+func ownKey(namespace, name string) (string, string) {
+	k := namespace + name
+	return k[:len(namespace)], k[len(namespace):]
+}
+
+// ownValue is v as index ix keeps it: the string of an entry of ix that has the same value
+// (the objects under one value share it), or else a copy.
+func ownValue(ix *btree.BTreeG[indexed], v string) string {
+	owned := ""
+	ix.AscendGreaterOrEqual(indexed{value: v}, func(i indexed) bool {
+		if i.value == v {
+			owned = i.value
+		}
+		return false
+	})
+	if owned == "" && v != "" {
+		owned = strings.Clone(v)
+	}
+	return owned
 }
 
 // reindex moves old's place in the indexes to e, the same object changed: only the values
@@ -181,7 +215,7 @@ func (s *store) reindex(old, e entry) {
 				ix.Delete(indexed{value: was[0], namespace: e.namespace, name: e.name})
 				was = was[1:]
 			case len(was) == 0 || is[0] < was[0]:
-				ix.ReplaceOrInsert(indexed{value: is[0], namespace: e.namespace, name: e.name})
+				ix.ReplaceOrInsert(indexed{value: ownValue(ix, is[0]), namespace: e.namespace, name: e.name})
 				is = is[1:]
 			default:
 				was, is = was[1:], is[1:]
@@ -205,7 +239,8 @@ func (s *store) index(e entry) {
 	for i, name := range s.indexes {
 		if i < len(e.obj.values) {
 			for _, v := range e.obj.values[i] {
-				s.idx[name].ReplaceOrInsert(indexed{value: v, namespace: e.namespace, name: e.name})
+				ix := s.idx[name]
+				ix.ReplaceOrInsert(indexed{value: ownValue(ix, v), namespace: e.namespace, name: e.name})
 			}
 		}
 	}

@@ -2,11 +2,13 @@ package dynamicinformer
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"weak"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -320,4 +322,32 @@ func TestAnUpdateMovesAnObjectBetweenItsIndexValues(t *testing.T) {
 	check("updated to three", map[string][]string{"a": {"ns/a@4"}, "b": nil, "c": {"ns/a@4"}, "d": {"ns/a@4"}})
 	s.remove("", tagged(4, "a", "c", "d"), 5)
 	check("deleted", map[string][]string{"a": nil, "c": nil, "d": nil})
+}
+
+// TestAnIndexDoesNotKeepAnUpdatedObjectsOldVersionAlive: an update that keeps an object's index
+// values leaves its index entries as they are, so they must not hold anything of the version
+// that made them. They held its namespace, name and values as substrings of its JSON, and so
+// kept every updated object's old JSON alive beside the new one.
+func TestAnIndexDoesNotKeepAnUpdatedObjectsOldVersionAlive(t *testing.T) {
+	s := newStore([]indexer{{name: "byTag"}})
+	version := func(rv int) *Object {
+		o, err := ObjectFromJSON(fmt.Appendf(nil, `{"metadata":{"namespace":"ns","name":"a","resourceVersion":"%d","labels":{"tag":"x"}}}`, rv))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.values = [][]string{{o.labels[1]}} // the label's value, read in place as an indexer's is
+		return o
+	}
+	first := version(1)
+	firstJSON := weak.Make(&first.JSON()[0])
+	s.set("", first, 1)
+	s.set("", version(2), 2)
+	first = nil
+	runtime.GC()
+	if firstJSON.Value() != nil {
+		t.Error("the first version's JSON is still alive after the update replaced it")
+	}
+	if snap, _ := s.snapshot().ByIndex("byTag", "x"); !slices.Equal(keysAt(snap), []string{"ns/a@2"}) {
+		t.Errorf("byTag=x holds %v; want [ns/a@2]", keysAt(snap))
+	}
 }

@@ -408,19 +408,19 @@ type measured struct {
 	synced time.Duration
 	peak   uint64   // VmHWM at synced: the peak from the start to synced
 	rss    resident // then (its peak: from the start to then)
-	heap   uint64   // live heap then, after a forced GC
+	heap   goMemory // the Go runtime's memory then, after a forced GC
 }
 
 // measureSynced reads a synced process's live heap from heapURL's /debug/pprof/heap, then its
 // resident memory, and logs them under name.
 func measureSynced(ctx context.Context, name string, p *proc, heapURL string) (measured, error) {
-	heap, err := liveHeap(ctx, heapURL)
+	heap, err := readGoMemory(ctx, heapURL)
 	if err != nil {
 		return measured{}, fmt.Errorf("%s: %w", name, err)
 	}
 	m := measured{synced: p.synced, peak: p.peak, rss: residentMemory(p.pid), heap: heap}
 	logf("%s synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed (peak %d MB to synced, %d MB to now)",
-		name, m.synced.Round(time.Millisecond), m.heap>>20, m.rss.now>>20, m.rss.file>>20, m.peak>>20, m.rss.peak>>20)
+		name, m.synced.Round(time.Millisecond), m.heap.live>>20, m.rss.now>>20, m.rss.file>>20, m.peak>>20, m.rss.peak>>20)
 	return m, nil
 }
 
@@ -775,24 +775,6 @@ func pct(d []time.Duration, p int) float64 {
 		return 0
 	}
 	return float64(d[min(len(d)-1, len(d)*p/100)].Microseconds()) / 1000
-}
-
-// liveHeap forces a GC in the process and returns its HeapAlloc, through /debug/pprof/heap.
-func liveHeap(ctx context.Context, base string) (uint64, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/pprof/heap?gc=1&debug=1", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "# HeapAlloc = "); ok {
-			return strconv.ParseUint(v, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("no HeapAlloc in %s/debug/pprof/heap", base)
 }
 
 // startProfile starts writing a CPU profile of the process over the next seconds to path, and

@@ -261,8 +261,7 @@ func fileFor(path, run string) string {
 // own structures (Sys − HeapReleased), of which the part touched is resident.
 type goMemory struct{ live, retained, held uint64 }
 
-// readGoMemory forces a GC in the process and reads its goMemory, as liveHeap does, from
-// /debug/pprof/heap.
+// readGoMemory forces a GC in the process and reads its goMemory from /debug/pprof/heap.
 func readGoMemory(ctx context.Context, base string) (goMemory, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/pprof/heap?gc=1&debug=1", nil)
 	resp, err := http.DefaultClient.Do(req)
