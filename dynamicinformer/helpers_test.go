@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -226,4 +227,25 @@ func jsonClient(t *testing.T, c *rest.Config) rest.Interface {
 		t.Fatal(err)
 	}
 	return client
+}
+
+// valuesOf is each of o's indexers' values, in the store's order.
+func valuesOf(o *Object) [][]string {
+	out := make([][]string, o.hdr.indexers())
+	for i := range out {
+		for j := range o.valueCount(i) {
+			out[i] = append(out[i], o.value(i, j))
+		}
+	}
+	return out
+}
+
+// withValues is o with values as its indexers' values, for a store of as many indexers.
+func withValues(o *Object, values ...[]string) *Object {
+	m := o.GetObjectMeta()
+	h := headerFields{namespace: m.GetNamespace(), name: m.GetName(), uid: string(m.GetUID()), resourceVersion: m.GetResourceVersion(), values: values}
+	for _, k := range slices.Sorted(maps.Keys(m.GetLabels())) {
+		h.labels = append(h.labels, k, m.GetLabels()[k])
+	}
+	return &Object{json: o.json, hdr: packHeader(o.json, &h)}
 }

@@ -15,9 +15,10 @@ import (
 type indexer struct {
 	name   string
 	values func(u *unstructured.Unstructured) []string
-	// fromJSON gives the same values read from the object's JSON, its metadata meta and the
-	// header o has so far; nil for a jsonPath indexer, which needs the object decoded (cutsOf).
-	fromJSON func(meta gjson.Result, o *Object) []string
+	// fromJSON gives the same values read from the object's JSON, its metadata meta (read
+	// from json) and its labels; nil for a jsonPath indexer, which needs the object decoded
+	// (cutsOf).
+	fromJSON func(meta gjson.Result, json []byte, labels labelPairs) []string
 }
 
 // indexersOf are r's configured indexers, by name: the order of an Object's values and of the
@@ -36,8 +37,8 @@ func indexersOf(r *config.Resource) []indexer {
 			return slices.Compact(vs)
 		}}
 		if g := jsonIndexFunc(ix); g != nil {
-			x.fromJSON = func(meta gjson.Result, o *Object) []string {
-				vs := g(meta, o)
+			x.fromJSON = func(meta gjson.Result, json []byte, labels labelPairs) []string {
+				vs := g(meta, json, labels)
 				slices.Sort(vs)
 				return slices.Compact(vs)
 			}
@@ -78,19 +79,19 @@ func indexFunc(ix *config.Indexer) func(u *unstructured.Unstructured) ([]string,
 	}
 }
 
-// jsonIndexFunc is indexFunc's function read from an object's metadata, meta, and the header o
-// has so far (its labels); nil for a jsonPath indexer.
-func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, o *Object) []string {
+// jsonIndexFunc is indexFunc's function read from an object's metadata, meta, read from its
+// JSON, json, and its labels; nil for a jsonPath indexer.
+func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, json []byte, labels labelPairs) []string {
 	switch ix.Type {
 	case config.IndexLabel:
-		return func(_ gjson.Result, o *Object) []string {
-			if v, ok := o.Labels().Lookup(ix.Key); ok {
+		return func(_ gjson.Result, _ []byte, labels labelPairs) []string {
+			if v, ok := labels.Lookup(ix.Key); ok {
 				return []string{v}
 			}
 			return nil
 		}
 	case config.IndexAnnotation:
-		return func(meta gjson.Result, o *Object) []string {
+		return func(meta gjson.Result, json []byte, _ labelPairs) []string {
 			a := field(meta, "annotations")
 			if !a.IsObject() || a.Index == 0 {
 				return nil
@@ -98,15 +99,15 @@ func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, o *Object) []stri
 			// Read without gjson's ForEach, which would unescape every value (the last-applied
 			// one where it is kept) to find one.
 			var buf [16]jsonMember
-			ms := objectMembers(o.json, a.Index, buf[:0])
-			i := find(o.json, ms, ix.Key)
-			if i < 0 || o.json[ms[i].value] != '"' {
+			ms := objectMembers(json, a.Index, buf[:0])
+			i := find(json, ms, ix.Key)
+			if i < 0 || json[ms[i].value] != '"' {
 				return nil
 			}
-			return []string{gjson.Parse(docOf(o.json[ms[i].value:ms[i].end])).Str}
+			return []string{gjson.Parse(docOf(json[ms[i].value:ms[i].end])).Str}
 		}
 	case config.IndexOwner:
-		return func(meta gjson.Result, _ *Object) []string {
+		return func(meta gjson.Result, _ []byte, _ labelPairs) []string {
 			var keys []string
 			field(meta, "ownerReferences").ForEach(func(_, ref gjson.Result) bool {
 				var kind, name, uid string

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"unsafe"
@@ -23,15 +24,13 @@ import (
 // came in: namespace, name, uid, resourceVersion, labels, and the values of the resource's
 // configured indexers. No tree of maps stays behind it: what needs the whole object as a value
 // (a CEL filter, a table's columns) decodes it on demand with Decode, and a field selector
-// reads the JSON in place. The header's strings are, wherever the JSON holds them verbatim,
-// substrings of the JSON itself, so the header adds little beyond its string headers. An
-// Object is immutable and shared by the cache, its snapshots and the events that carry it:
-// nothing may modify what its methods return.
+// reads the JSON in place. The header is packed into one small allocation of offsets (see
+// header): its strings are, wherever the JSON holds them verbatim, read from the JSON itself,
+// and the others are kept after the offsets. An Object is immutable and shared by the cache,
+// its snapshots and the events that carry it: nothing may modify what its methods return.
 type Object struct {
-	namespace, name, uid, resourceVersion string
-	labels                                []string // key, value, key, value…, by key
-	json                                  []byte
-	values                                [][]string // per configured indexer, in the store's order: sorted, without repeats
+	json []byte
+	hdr  header
 }
 
 // NewObject keeps u, as it is now, as an Object; u is not kept, and may be modified after.
@@ -39,7 +38,7 @@ func NewObject(u *unstructured.Unstructured) *Object {
 	return newObject(u, nil, nil)
 }
 
-// newObject keeps u with the values of the indexers ix (see Object.values): an indexer that
+// newObject keeps u with the values of the indexers ix (see Object.value): an indexer that
 // fails on u gives it no value, as with client-go's indexers. scratch, when not nil, holds
 // buffers to encode into, reused from one object to the next.
 func newObject(u *unstructured.Unstructured, ix []indexer, scratch *sync.Pool) *Object {
@@ -57,9 +56,7 @@ func newObject(u *unstructured.Unstructured, ix []indexer, scratch *sync.Pool) *
 			scratch.Put(buf)
 		}
 	}
-	doc := o.doc()
-	o.namespace, o.name = within(doc, u.GetNamespace()), within(doc, u.GetName())
-	o.uid, o.resourceVersion = within(doc, string(u.GetUID())), within(doc, u.GetResourceVersion())
+	h := headerFields{namespace: u.GetNamespace(), name: u.GetName(), uid: string(u.GetUID()), resourceVersion: u.GetResourceVersion()}
 	if m, _, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", "labels"); m != nil {
 		labels, _ := m.(map[string]any)
 		keys := make([]string, 0, len(labels))
@@ -69,39 +66,23 @@ func newObject(u *unstructured.Unstructured, ix []indexer, scratch *sync.Pool) *
 			}
 		}
 		slices.Sort(keys)
-		o.labels = make([]string, 0, 2*len(keys))
+		h.labels = make(labelPairs, 0, 2*len(keys))
 		for _, k := range keys {
-			o.labels = append(o.labels, within(doc, k), within(doc, labels[k].(string)))
+			h.labels = append(h.labels, k, labels[k].(string))
 		}
 	}
 	if len(ix) > 0 {
-		o.values = make([][]string, len(ix))
+		h.values = make([][]string, len(ix))
 		for i, x := range ix {
-			vs := x.values(u)
-			for j := range vs {
-				vs[j] = within(doc, vs[j])
-			}
-			o.values[i] = vs
+			h.values[i] = x.values(u)
 		}
 	}
+	o.hdr = packHeader(o.json, &h)
 	return o
 }
 
 // doc is the object's JSON as a string, sharing its memory: the JSON is never modified.
 func (o *Object) doc() string { return unsafe.String(unsafe.SliceData(o.json), len(o.json)) }
-
-// within is s as a substring of doc when doc holds its bytes anywhere (a JSON string that
-// needed no escaping is there verbatim), so that keeping it costs no memory of its own; else a
-// copy of s, so that nothing of what the decoder built is kept.
-func within(doc, s string) string {
-	if p, d := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(unsafe.StringData(doc))); p >= d && p+uintptr(len(s)) <= d+uintptr(len(doc)) {
-		return s // read from doc in place
-	}
-	if i := strings.Index(doc, s); i >= 0 {
-		return doc[i : i+len(s)]
-	}
-	return strings.Clone(s)
-}
 
 // maxScratch bounds the encoding buffers kept for reuse: one huge object does not pin its
 // buffer.
@@ -120,10 +101,9 @@ func ObjectFromJSON(b []byte) (*Object, error) {
 // which may need the object decoded (see cutsOf); b is kept, and must not be modified after.
 // Its header's strings are read from b in place.
 func objectOf(b []byte, ix []indexer) *Object {
-	o := &Object{json: b}
-	doc := o.doc()
+	var h headerFields
 	var meta gjson.Result
-	gjson.Parse(doc).ForEach(func(k, v gjson.Result) bool {
+	gjson.Parse(docOf(b)).ForEach(func(k, v gjson.Result) bool {
 		if k.Str == "metadata" {
 			meta = v
 			return false
@@ -133,40 +113,36 @@ func objectOf(b []byte, ix []indexer) *Object {
 	meta.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "namespace":
-			o.namespace = within(doc, v.Str)
+			h.namespace = v.Str
 		case "name":
-			o.name = within(doc, v.Str)
+			h.name = v.Str
 		case "uid":
-			o.uid = within(doc, v.Str)
+			h.uid = v.Str
 		case "resourceVersion":
-			o.resourceVersion = within(doc, v.Str)
+			h.resourceVersion = v.Str
 		case "labels":
 			var pairs [][2]string
 			v.ForEach(func(k, v gjson.Result) bool {
 				if v.Type == gjson.String {
-					pairs = append(pairs, [2]string{within(doc, k.Str), within(doc, v.Str)})
+					pairs = append(pairs, [2]string{k.Str, v.Str})
 				}
 				return true
 			})
 			slices.SortFunc(pairs, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
-			o.labels = make([]string, 0, 2*len(pairs))
+			h.labels = make(labelPairs, 0, 2*len(pairs))
 			for _, p := range pairs {
-				o.labels = append(o.labels, p[0], p[1])
+				h.labels = append(h.labels, p[0], p[1])
 			}
 		}
 		return true
 	})
 	if len(ix) > 0 {
-		o.values = make([][]string, len(ix))
+		h.values = make([][]string, len(ix))
 		for i, x := range ix {
-			vs := x.fromJSON(meta, o)
-			for j := range vs {
-				vs[j] = within(doc, vs[j])
-			}
-			o.values[i] = vs
+			h.values[i] = x.fromJSON(meta, b, h.labels)
 		}
 	}
-	return o
+	return &Object{json: b, hdr: packHeader(b, &h)}
 }
 
 // JSON is the object's JSON. It is shared: callers must not modify it.
@@ -176,22 +152,22 @@ func (o *Object) JSON() []byte { return o.json }
 func (o *Object) Decode() (*unstructured.Unstructured, error) {
 	u := &unstructured.Unstructured{}
 	if err := utiljson.Unmarshal(o.json, &u.Object); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", o.name, err)
+		return nil, fmt.Errorf("decode %s: %w", o.GetName(), err)
 	}
 	return u, nil
 }
 
 // GetNamespace is the object's namespace, "" for a cluster-scoped object.
-func (o *Object) GetNamespace() string { return o.namespace }
+func (o *Object) GetNamespace() string { return o.hdr.str(o.json, fieldNamespace) }
 
 // GetName is the object's name.
-func (o *Object) GetName() string { return o.name }
+func (o *Object) GetName() string { return o.hdr.str(o.json, fieldName) }
 
 // GetUID is the object's uid.
-func (o *Object) GetUID() types.UID { return types.UID(o.uid) }
+func (o *Object) GetUID() types.UID { return types.UID(o.hdr.str(o.json, fieldUID)) }
 
 // GetResourceVersion is the object's resourceVersion.
-func (o *Object) GetResourceVersion() string { return o.resourceVersion }
+func (o *Object) GetResourceVersion() string { return o.hdr.str(o.json, fieldResourceVersion) }
 
 // Labels are the object's labels, for selectors to match, read in place.
 func (o *Object) Labels() labels.Labels { return (*objectLabels)(o) }
@@ -200,15 +176,23 @@ func (o *Object) Labels() labels.Labels { return (*objectLabels)(o) }
 // rest is in the JSON only), built for each call, for client-go's key functions
 // (meta.Accessor).
 func (o *Object) GetObjectMeta() metav1.Object {
-	m := &metav1.ObjectMeta{Namespace: o.namespace, Name: o.name, UID: types.UID(o.uid), ResourceVersion: o.resourceVersion}
-	if len(o.labels) > 0 {
-		m.Labels = make(map[string]string, len(o.labels)/2)
-		for i := 0; i < len(o.labels); i += 2 {
-			m.Labels[o.labels[i]] = o.labels[i+1]
+	m := &metav1.ObjectMeta{Namespace: o.GetNamespace(), Name: o.GetName(), UID: o.GetUID(), ResourceVersion: o.GetResourceVersion()}
+	if n := o.hdr.labelCount(); n > 0 {
+		m.Labels = make(map[string]string, n)
+		for i := range n {
+			k, v := o.hdr.label(o.json, i)
+			m.Labels[k] = v
 		}
 	}
 	return m
 }
+
+// valueCount is the number of values the i-th of its resource's indexers (in the store's
+// order) gave the object; none for an Object made without indexers (NewObject).
+func (o *Object) valueCount(i int) int { return o.hdr.valueCount(i) }
+
+// value is the j-th of the i-th indexer's values, which are sorted, without repeats.
+func (o *Object) value(i, j int) string { return o.hdr.value(o.json, i, j) }
 
 // objectLabels are an Object's labels as labels.Labels.
 type objectLabels Object
@@ -217,10 +201,29 @@ func (l *objectLabels) Has(key string) bool { _, ok := l.Lookup(key); return ok 
 
 func (l *objectLabels) Get(key string) string { v, _ := l.Lookup(key); return v }
 
+// Lookup finds key among the labels, which are sorted by key.
 func (l *objectLabels) Lookup(key string) (string, bool) {
-	for i := 0; i < len(l.labels); i += 2 {
-		if l.labels[i] == key {
-			return l.labels[i+1], true
+	h, json := l.hdr, l.json
+	i, found := sort.Find(h.labelCount(), func(i int) int {
+		k, _ := h.label(json, i)
+		return strings.Compare(key, k)
+	})
+	if !found {
+		return "", false
+	}
+	_, v := h.label(json, i)
+	return v, true
+}
+
+// labelPairs are labels as they are read, before they are packed: key, value, key, value…,
+// by key.
+type labelPairs []string
+
+// Lookup finds key among the pairs.
+func (p labelPairs) Lookup(key string) (string, bool) {
+	for i := 0; i < len(p); i += 2 {
+		if p[i] == key {
+			return p[i+1], true
 		}
 	}
 	return "", false

@@ -2,6 +2,8 @@ package dynamicinformer
 
 import (
 	"encoding/json"
+	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 	"unsafe"
@@ -59,14 +61,15 @@ resources:
 	// The header's strings that the JSON holds verbatim are read from it: they cost no memory
 	// of their own, and keep nothing of the decoder's.
 	start := uintptr(unsafe.Pointer(unsafe.SliceData(o.JSON())))
-	for _, s := range []string{o.GetNamespace(), o.GetName(), string(o.GetUID()), o.GetResourceVersion(), o.labels[0], o.labels[1], o.values[0][0], o.values[1][0]} {
+	key, value := o.hdr.label(o.json, 0)
+	for _, s := range []string{o.GetNamespace(), o.GetName(), string(o.GetUID()), o.GetResourceVersion(), key, value, o.value(0, 0), o.value(1, 0)} {
 		if p := uintptr(unsafe.Pointer(unsafe.StringData(s))); p < start || p >= start+uintptr(len(o.JSON())) {
 			t.Errorf("header string %q is not read from the object's JSON", s)
 		}
 	}
 	// By name: byApp, then byTeam.
-	if !slices.EqualFunc(o.values, [][]string{{"web"}, {"storefront"}}, slices.Equal) {
-		t.Errorf("indexer values = %q, want [[web] [storefront]]", o.values)
+	if got := valuesOf(o); !slices.EqualFunc(got, [][]string{{"web"}, {"storefront"}}, slices.Equal) {
+		t.Errorf("indexer values = %q, want [[web] [storefront]]", got)
 	}
 	if again, _ := ingest(&cfg, indexersOf(&cfg), schema.GroupVersionKind{})(o); again != o {
 		t.Errorf("an Object ingested again came out as %v, want it unchanged", again)
@@ -89,4 +92,41 @@ resources:
 	if _, err := ObjectFromJSON([]byte(`{"metadata":`)); err == nil {
 		t.Errorf("ObjectFromJSON took truncated JSON without an error")
 	}
+}
+
+// TestAnObjectKeepsLittleBesideItsJSON: what an Object keeps besides its JSON, for a
+// configmap with three labels and three indexers, is its header packed in one allocation:
+// 151 bytes with the Object itself. The header as strings and slices (four strings and three
+// slices in the Object, an array of label strings, one slice of values per indexer) kept 343.
+func TestAnObjectKeepsLittleBesideItsJSON(t *testing.T) {
+	cfg := loadResources(t, `
+resources:
+  - version: v1
+    resource: configmaps
+    indexers: [{name: byApp, type: label, key: app}, {name: byTier, type: label, key: tier}, {name: byTeam, type: annotation, key: team}]
+`)[0]
+	ix := indexersOf(&cfg)
+	const n = 10000
+	docs := make([][]byte, n)
+	for i := range docs {
+		docs[i] = fmt.Appendf(nil, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"settings-%05d","namespace":"shop","uid":"0b7c4d2e-5f6a-4b8c-9d0e-1f2a3b4c%04d","resourceVersion":"%d","labels":{"app":"web","tier":"front","version":"v%d"},"annotations":{"team":"storefront"}},"data":{"user":"u"}}`, i, i, 1000+i, i%7)
+	}
+	objs := make([]*Object, n)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i, b := range docs {
+		objs[i] = objectOf(b, ix)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perObject := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("an Object keeps %d bytes besides its JSON", perObject)
+	if perObject > 256 {
+		t.Errorf("an Object keeps %d bytes besides its JSON; want at most 256", perObject)
+	}
+	if o := objs[n-1]; o.GetName() != "settings-09999" || o.Labels().Get("version") != "v3" || !slices.Equal(valuesOf(o)[1], []string{"storefront"}) {
+		t.Errorf("the last object's header: %+v, values %q", o.GetObjectMeta(), valuesOf(o))
+	}
+	runtime.KeepAlive(objs)
 }

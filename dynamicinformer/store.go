@@ -56,7 +56,7 @@ func lessIndexed(a, b indexed) bool {
 type store struct {
 	mu      sync.Mutex
 	t       *btree.BTreeG[entry]
-	indexes []string                          // the configured indexers' names, in the order of Object.values
+	indexes []string                          // the configured indexers' names, in the order of an Object's values
 	idx     map[string]*btree.BTreeG[indexed] // index name → its objects by value
 	revs    map[string]uint64                 // stream → revision applied through
 	frozen  *Snapshot                         // what snapshots show while a change has no revision yet
@@ -201,24 +201,25 @@ func ownValue(ix *btree.BTreeG[indexed], v string) string {
 // one has and the other has not change an index.
 func (s *store) reindex(old, e entry) {
 	for i, name := range s.indexes {
-		var was, is []string // each sorted, without repeats
-		if i < len(old.obj.values) {
-			was = old.obj.values[i]
-		}
-		if i < len(e.obj.values) {
-			is = e.obj.values[i]
-		}
 		ix := s.idx[name]
-		for len(was) > 0 || len(is) > 0 {
+		was, is := old.obj.valueCount(i), e.obj.valueCount(i) // each sorted, without repeats
+		for j, k := 0, 0; j < was || k < is; {
+			var a, b string
+			if j < was {
+				a = old.obj.value(i, j)
+			}
+			if k < is {
+				b = e.obj.value(i, k)
+			}
 			switch {
-			case len(is) == 0 || (len(was) > 0 && was[0] < is[0]):
-				ix.Delete(indexed{value: was[0], namespace: e.namespace, name: e.name})
-				was = was[1:]
-			case len(was) == 0 || is[0] < was[0]:
-				ix.ReplaceOrInsert(indexed{value: ownValue(ix, is[0]), namespace: e.namespace, name: e.name})
-				is = is[1:]
+			case k == is || (j < was && a < b):
+				ix.Delete(indexed{value: a, namespace: e.namespace, name: e.name})
+				j++
+			case j == was || b < a:
+				ix.ReplaceOrInsert(indexed{value: ownValue(ix, b), namespace: e.namespace, name: e.name})
+				k++
 			default:
-				was, is = was[1:], is[1:]
+				j, k = j+1, k+1
 			}
 		}
 	}
@@ -237,21 +238,17 @@ func (s *store) removeLocked(u *Object) *Object {
 // NewObject) is in none.
 func (s *store) index(e entry) {
 	for i, name := range s.indexes {
-		if i < len(e.obj.values) {
-			for _, v := range e.obj.values[i] {
-				ix := s.idx[name]
-				ix.ReplaceOrInsert(indexed{value: ownValue(ix, v), namespace: e.namespace, name: e.name})
-			}
+		ix := s.idx[name]
+		for j := range e.obj.valueCount(i) {
+			ix.ReplaceOrInsert(indexed{value: ownValue(ix, e.obj.value(i, j)), namespace: e.namespace, name: e.name})
 		}
 	}
 }
 
 func (s *store) unindex(e entry) {
 	for i, name := range s.indexes {
-		if i < len(e.obj.values) {
-			for _, v := range e.obj.values[i] {
-				s.idx[name].Delete(indexed{value: v, namespace: e.namespace, name: e.name})
-			}
+		for j := range e.obj.valueCount(i) {
+			s.idx[name].Delete(indexed{value: e.obj.value(i, j), namespace: e.namespace, name: e.name})
 		}
 	}
 }

@@ -287,9 +287,7 @@ func TestAStoreKeepsARevisionPerStream(t *testing.T) {
 func TestAnUpdateMovesAnObjectBetweenItsIndexValues(t *testing.T) {
 	s := newStore([]indexer{{name: "byTag"}})
 	tagged := func(rv int, tags ...string) *Object {
-		o := cached("ns", "a", rv)
-		o.values = [][]string{tags}
-		return o
+		return withValues(cached("ns", "a", rv), tags)
 	}
 	lookup := func(value string) []string {
 		snap, ok := s.snapshot().ByIndex("byTag", value)
@@ -335,8 +333,7 @@ func TestAnIndexDoesNotKeepAnUpdatedObjectsOldVersionAlive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.values = [][]string{{o.labels[1]}} // the label's value, read in place as an indexer's is
-		return o
+		return withValues(o, []string{o.Labels().Get("tag")}) // the label's value, read in place as an indexer's is
 	}
 	first := version(1)
 	firstJSON := weak.Make(&first.JSON()[0])

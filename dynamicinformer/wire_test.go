@@ -8,7 +8,6 @@ import (
 	"io"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -88,14 +87,11 @@ func TestAnObjectCutAsJSONIsKeptAsTheDecodedObjectWouldBe(t *testing.T) {
 
 func sameObject(t *testing.T, got, want *Object) {
 	t.Helper()
-	if got.namespace != want.namespace || got.name != want.name || got.uid != want.uid || got.resourceVersion != want.resourceVersion {
-		t.Errorf("header = %q %q %q %q, want %q %q %q %q", got.namespace, got.name, got.uid, got.resourceVersion, want.namespace, want.name, want.uid, want.resourceVersion)
+	if g, w := got.GetObjectMeta(), want.GetObjectMeta(); !reflect.DeepEqual(g, w) {
+		t.Errorf("header = %+v, want %+v", g, w)
 	}
-	if !slices.Equal(got.labels, want.labels) {
-		t.Errorf("labels = %q, want %q", got.labels, want.labels)
-	}
-	if !reflect.DeepEqual(normal(got.values), normal(want.values)) {
-		t.Errorf("indexer values = %q, want %q", got.values, want.values)
+	if g, w := valuesOf(got), valuesOf(want); !reflect.DeepEqual(normal(g), normal(w)) {
+		t.Errorf("indexer values = %q, want %q", g, w)
 	}
 	var g, w any
 	if err := json.Unmarshal(got.json, &g); err != nil {

@@ -1,0 +1,169 @@
+package dynamicinformer
+
+import (
+	"encoding/binary"
+	"strings"
+	"unsafe"
+)
+
+// header is an Object's header packed into one allocation of bytes, which the collector does
+// not scan, read in place by the Object's methods:
+//
+//	labels   uint32            the number of labels
+//	indexers uint32            the number of indexers the object has values for
+//	ends     [indexers]uint32  each indexer's end among the values, in the store's order
+//	spans    [4 + 2·labels + values]{offset, length uint32}
+//	extra    []byte            the strings the JSON does not hold verbatim
+//
+// Spans 0 to 3 are the namespace, name, uid and resourceVersion; then each label's key and
+// value, by key; then each indexer's values, sorted. A span's offset is into the object's JSON
+// or, with its top bit set, into extra. For a configmap with three labels and three indexers,
+// an Object keeps 151 bytes besides its JSON; with the header as strings and slices (four
+// strings and three slices in the Object, an array of label strings, a slice of values per
+// indexer) it kept 343 (TestAnObjectKeepsLittleBesideItsJSON).
+type header []byte
+
+// The header's first four spans.
+const (
+	fieldNamespace = iota
+	fieldName
+	fieldUID
+	fieldResourceVersion
+	fields
+)
+
+// inExtra marks a span's offset as one into the header's extra strings.
+const inExtra = 1 << 31
+
+// headerFields is a header as it is read, before it is packed: strings read from the object's
+// JSON, or copies, or the decoder's.
+type headerFields struct {
+	namespace, name, uid, resourceVersion string
+	labels                                labelPairs
+	values                                [][]string // per indexer, in the store's order: sorted, without repeats
+}
+
+// appendStrings appends h's strings to buf in the order of a header's spans.
+func (h *headerFields) appendStrings(buf []string) []string {
+	buf = append(buf, h.namespace, h.name, h.uid, h.resourceVersion)
+	buf = append(buf, h.labels...)
+	for _, vs := range h.values {
+		buf = append(buf, vs...)
+	}
+	return buf
+}
+
+// packHeader packs h for an object whose JSON is json: each string the JSON holds verbatim
+// (read from it in place, or found in it) is kept as its place in the JSON, the others are
+// copied into the header, so that nothing the decoder built stays alive.
+func packHeader(json []byte, h *headerFields) header {
+	doc := docOf(json)
+	var buf [32]string
+	strs := h.appendStrings(buf[:0])
+	var offBuf [32]int
+	offs, extra := offBuf[:0], 0
+	for _, s := range strs {
+		off := 0
+		if s != "" {
+			if off = offsetIn(doc, s); off < 0 {
+				extra += len(s)
+			}
+		}
+		offs = append(offs, off)
+	}
+	spansAt := 8 + 4*len(h.values)
+	extraAt := spansAt + 8*len(strs)
+	b := make(header, extraAt, extraAt+extra)
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], uint32(len(h.labels)/2))
+	le.PutUint32(b[4:], uint32(len(h.values)))
+	end := 0
+	for i, vs := range h.values {
+		end += len(vs)
+		le.PutUint32(b[8+4*i:], uint32(end))
+	}
+	for i, s := range strs {
+		off := offs[i]
+		if off < 0 { // kept in the header, once for every copy of it
+			extraDoc := docOf(b[extraAt:])
+			if j := strings.Index(extraDoc, s); j >= 0 {
+				off = inExtra | j
+			} else {
+				off = inExtra | len(extraDoc)
+				b = append(b, s...)
+			}
+		}
+		at := spansAt + 8*i
+		le.PutUint32(b[at:], uint32(off))
+		le.PutUint32(b[at+4:], uint32(len(s)))
+	}
+	return b
+}
+
+// offsetIn is where s is in doc: where it is read from, when it was read from doc in place,
+// else where doc holds the same bytes; -1 when it does not.
+func offsetIn(doc, s string) int {
+	if p, d := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(unsafe.StringData(doc))); p >= d && p+uintptr(len(s)) <= d+uintptr(len(doc)) {
+		return int(p - d)
+	}
+	return strings.Index(doc, s)
+}
+
+func (h header) u32(at int) int { return int(binary.LittleEndian.Uint32(h[at:])) }
+
+func (h header) indexers() int { return h.u32(4) }
+
+// span is the i-th string, read from the object's JSON json or from the header.
+func (h header) span(json []byte, i int) string {
+	at := 8 + 4*h.indexers() + 8*i
+	off, n := h.u32(at), h.u32(at+4)
+	if n == 0 {
+		return ""
+	}
+	src := json
+	if off&inExtra != 0 {
+		src, off = h[8+4*h.indexers()+8*h.spans():], off&^inExtra
+	}
+	return unsafe.String(&src[off], n)
+}
+
+// spans is the number of spans.
+func (h header) spans() int {
+	values := 0
+	if n := h.indexers(); n > 0 {
+		values = h.u32(8 + 4*(n-1))
+	}
+	return fields + 2*h.labelCount() + values
+}
+
+func (h header) str(json []byte, field int) string { return h.span(json, field) }
+
+func (h header) labelCount() int { return h.u32(0) }
+
+// label is the i-th label, by key.
+func (h header) label(json []byte, i int) (key, value string) {
+	return h.span(json, fields+2*i), h.span(json, fields+2*i+1)
+}
+
+// valueRange is where the values of the i-th indexer are among the values.
+func (h header) valueRange(i int) (from, to int) {
+	if i >= h.indexers() {
+		return 0, 0
+	}
+	if i > 0 {
+		from = h.u32(8 + 4*(i-1))
+	}
+	return from, h.u32(8 + 4*i)
+}
+
+// valueCount is the number of values the i-th indexer gave the object.
+func (h header) valueCount(i int) int {
+	from, to := h.valueRange(i)
+	return to - from
+}
+
+// value is the j-th value of the i-th indexer.
+func (h header) value(json []byte, i, j int) string {
+	from, _ := h.valueRange(i)
+	return h.span(json, fields+2*h.labelCount()+from+j)
+}
