@@ -3,25 +3,38 @@ package dynamicinformer
 import (
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/google/btree"
-
-	"github.com/dynwatch/dynwatch/object"
 )
 
 // storeDegree is the B-trees' degree: nodes of up to 63 items, a few cache lines of pointers.
 const storeDegree = 32
 
-// entry is one cached object in list order. Its namespace and name are the store's own (see
-// ownKey), not the object's, which are read in place from its JSON: the index entries share
-// them, and outlive the version that made them.
+// entry is one cached object in list order, under its key (see storeKey). The key is the
+// store's own string, not read from the object's JSON: the index entries share it, and outlive
+// the version that made them.
 type entry struct {
-	namespace, name string
-	obj             *Object
+	key string
+	obj *Object
+}
+
+// storeKey is the key the store orders an object by: its namespace and name joined by a NUL,
+// which neither may hold, so that keys compare as object.Compare compares their objects (a
+// namespace ends with a byte below any of a longer one's). One string, not two, keeps an entry
+// in a B-tree at 24 bytes and an index entry at 32 (from 40 and 48).
+func storeKey(namespace, name string) string { return namespace + "\x00" + name }
+
+// keyPrefix is what the keys of namespace's objects begin with; "" (every key) for "".
+func keyPrefix(namespace string) string {
+	if namespace == "" {
+		return ""
+	}
+	return namespace + "\x00"
 }
 
 // lessEntry orders entries in list order.
-func lessEntry(a, b entry) bool { return object.Compare(a.namespace, a.name, b.namespace, b.name) < 0 }
+func lessEntry(a, b entry) bool { return a.key < b.key }
 
 // indexed is one object under one value of an index: its key, not the object, so that a
 // change that keeps the object's values leaves the index as it is. A snapshot's index and its
@@ -29,7 +42,7 @@ func lessEntry(a, b entry) bool { return object.Compare(a.namespace, a.name, b.n
 // is read from an object's JSON (see ownKey and ownValue): an entry lives on through updates
 // that keep its value, and would keep the JSON of the version that made it alive.
 type indexed struct {
-	value, namespace, name string
+	value, key string
 }
 
 // lessIndexed orders an index by value, then in list order.
@@ -37,7 +50,7 @@ func lessIndexed(a, b indexed) bool {
 	if a.value != b.value {
 		return a.value < b.value
 	}
-	return object.Compare(a.namespace, a.name, b.namespace, b.name) < 0
+	return a.key < b.key
 }
 
 // store is a resource's cache: its objects in list order, the objects of each value of each
@@ -60,6 +73,7 @@ type store struct {
 	idx     map[string]*btree.BTreeG[indexed] // index name → its objects by value
 	revs    map[string]uint64                 // stream → revision applied through
 	frozen  *Snapshot                         // what snapshots show while a change has no revision yet
+	probe   []byte                            // a key to look up, reused under mu (see probeLocked)
 }
 
 // newStore keeps objects in order, and by the values of the indexers ix, which computed their
@@ -90,7 +104,7 @@ func (s *store) replace(stream string, objs []*Object, rev uint64) (gone []*Obje
 	defer s.mu.Unlock()
 	s.thaw()
 	s.scan(s.t, stream, func(e entry) {
-		if _, ok := listed[Key{e.namespace, e.name}]; !ok {
+		if _, ok := listed[Key{e.obj.GetNamespace(), e.obj.GetName()}]; !ok {
 			gone = append(gone, e.obj)
 		}
 	})
@@ -107,8 +121,9 @@ func (s *store) replace(stream string, objs []*Object, rev uint64) (gone []*Obje
 
 // scan calls fn with every entry of t in namespace ("" for every namespace).
 func (s *store) scan(t *btree.BTreeG[entry], namespace string, fn func(entry)) {
-	t.AscendGreaterOrEqual(entry{namespace: namespace}, func(e entry) bool {
-		if namespace != "" && e.namespace != namespace {
+	prefix := keyPrefix(namespace)
+	t.AscendGreaterOrEqual(entry{key: prefix}, func(e entry) bool {
+		if !strings.HasPrefix(e.key, prefix) {
 			return false
 		}
 		fn(e)
@@ -158,12 +173,12 @@ func (s *store) advance(stream string, rev uint64) {
 func (s *store) thaw() { s.frozen = nil }
 
 func (s *store) setLocked(u *Object) *Object {
-	e := entry{namespace: u.GetNamespace(), name: u.GetName(), obj: u}
+	e := entry{key: s.probeLocked(u.GetNamespace(), u.GetName()), obj: u}
 	old, had := s.t.Get(e)
 	if had {
-		e.namespace, e.name = old.namespace, old.name
+		e.key = old.key
 	} else {
-		e.namespace, e.name = ownKey(e.namespace, e.name)
+		e.key = strings.Clone(e.key)
 	}
 	s.t.ReplaceOrInsert(e)
 	if !had {
@@ -174,11 +189,11 @@ func (s *store) setLocked(u *Object) *Object {
 	return old.obj
 }
 
-// ownKey is a copy of namespace and name in one allocation, made when a key enters the store
-// and kept by its entry through every version of its object.
-func ownKey(namespace, name string) (string, string) {
-	k := namespace + name
-	return k[:len(namespace)], k[len(namespace):]
+// probeLocked is namespace and name's key (storeKey) in a buffer the store reuses: for a
+// lookup under mu, not to be kept.
+func (s *store) probeLocked(namespace, name string) string {
+	s.probe = append(append(append(s.probe[:0], namespace...), 0), name...)
+	return unsafe.String(unsafe.SliceData(s.probe), len(s.probe))
 }
 
 // ownValue is v as index ix keeps it: the string of an entry of ix that has the same value
@@ -213,10 +228,10 @@ func (s *store) reindex(old, e entry) {
 			}
 			switch {
 			case k == is || (j < was && a < b):
-				ix.Delete(indexed{value: a, namespace: e.namespace, name: e.name})
+				ix.Delete(indexed{value: a, key: e.key})
 				j++
 			case j == was || b < a:
-				ix.ReplaceOrInsert(indexed{value: ownValue(ix, b), namespace: e.namespace, name: e.name})
+				ix.ReplaceOrInsert(indexed{value: ownValue(ix, b), key: e.key})
 				k++
 			default:
 				j, k = j+1, k+1
@@ -226,7 +241,7 @@ func (s *store) reindex(old, e entry) {
 }
 
 func (s *store) removeLocked(u *Object) *Object {
-	old, had := s.t.Delete(entry{namespace: u.GetNamespace(), name: u.GetName()})
+	old, had := s.t.Delete(entry{key: s.probeLocked(u.GetNamespace(), u.GetName())})
 	if !had {
 		return nil
 	}
@@ -240,7 +255,7 @@ func (s *store) index(e entry) {
 	for i, name := range s.indexes {
 		ix := s.idx[name]
 		for j := range e.obj.valueCount(i) {
-			ix.ReplaceOrInsert(indexed{value: ownValue(ix, e.obj.value(i, j)), namespace: e.namespace, name: e.name})
+			ix.ReplaceOrInsert(indexed{value: ownValue(ix, e.obj.value(i, j)), key: e.key})
 		}
 	}
 }
@@ -248,7 +263,7 @@ func (s *store) index(e entry) {
 func (s *store) unindex(e entry) {
 	for i, name := range s.indexes {
 		for j := range e.obj.valueCount(i) {
-			s.idx[name].Delete(indexed{value: e.obj.value(i, j), namespace: e.namespace, name: e.name})
+			s.idx[name].Delete(indexed{value: e.obj.value(i, j), key: e.key})
 		}
 	}
 }
@@ -271,7 +286,7 @@ func (s *store) get(namespace, name string) (*Object, bool) {
 	if s.frozen != nil {
 		return s.frozen.Get(namespace, name)
 	}
-	e, ok := s.t.Get(entry{namespace: namespace, name: name})
+	e, ok := s.t.Get(entry{key: s.probeLocked(namespace, name)})
 	return e.obj, ok
 }
 
@@ -331,7 +346,7 @@ func (s Snapshot) Get(namespace, name string) (*Object, bool) {
 	if s.t == nil {
 		return nil, false
 	}
-	e, ok := s.t.Get(entry{namespace: namespace, name: name})
+	e, ok := s.t.Get(entry{key: storeKey(namespace, name)})
 	return e.obj, ok
 }
 
@@ -360,28 +375,30 @@ func (s Snapshot) Scan(namespace string, after Key, fn func(*Object) bool) {
 	if s.t == nil {
 		return
 	}
-	from := entry{namespace: namespace}
-	if after != (Key{}) && !lessEntry(entry{namespace: after.Namespace, name: after.Name}, from) {
-		from = entry{namespace: after.Namespace, name: after.Name}
+	prefix := keyPrefix(namespace)
+	from, skip := prefix, ""
+	if after != (Key{}) {
+		skip = storeKey(after.Namespace, after.Name)
+		from = max(from, skip)
 	}
 	visit := func(e entry) bool {
-		if namespace != "" && e.namespace != namespace {
+		if !strings.HasPrefix(e.key, prefix) {
 			return false
 		}
-		if after != (Key{}) && e.namespace == after.Namespace && e.name == after.Name {
+		if e.key == skip {
 			return true
 		}
 		return fn(e.obj)
 	}
 	if s.by == nil {
-		s.t.AscendGreaterOrEqual(from, visit)
+		s.t.AscendGreaterOrEqual(entry{key: from}, visit)
 		return
 	}
-	s.idx[s.by.index].AscendGreaterOrEqual(indexed{value: s.by.value, namespace: from.namespace, name: from.name}, func(x indexed) bool {
+	s.idx[s.by.index].AscendGreaterOrEqual(indexed{value: s.by.value, key: from}, func(x indexed) bool {
 		if x.value != s.by.value {
 			return false
 		}
-		e, ok := s.t.Get(entry{namespace: x.namespace, name: x.name})
+		e, ok := s.t.Get(entry{key: x.key})
 		return !ok || visit(e) // an index holds only keys its snapshot's objects have
 	})
 }

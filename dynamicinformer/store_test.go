@@ -348,3 +348,47 @@ func TestAnIndexDoesNotKeepAnUpdatedObjectsOldVersionAlive(t *testing.T) {
 		t.Errorf("byTag=x holds %v; want [ns/a@2]", keysAt(snap))
 	}
 }
+
+// TestAStoreKeyOrdersAsTheAPIServerLists: keys compare as object.Compare compares their
+// objects, where a namespace is a prefix of another, where one sorts below the other's
+// separator, and for cluster-scoped objects.
+func TestAStoreKeyOrdersAsTheAPIServerLists(t *testing.T) {
+	keys := []Key{{"", "a"}, {"", "a-b"}, {"", "ab"}, {"a", "z"}, {"a-b", "a"}, {"a.b", ""}, {"ab", "a"}, {"b", "a"}, {"b", "a-"}, {"b", "a0"}}
+	for _, a := range keys {
+		for _, b := range keys {
+			want := object.Compare(a.Namespace, a.Name, b.Namespace, b.Name)
+			if got := strings.Compare(storeKey(a.Namespace, a.Name), storeKey(b.Namespace, b.Name)); got != want {
+				t.Errorf("%v against %v: keys compare %d, objects %d", a, b, got, want)
+			}
+		}
+	}
+}
+
+// TestAStoreKeepsLittlePerObject: what a store of three indexes keeps per object besides the
+// objects, listed in order as an initial list comes: its key, its entry in the list order and
+// one in each index (whose nodes a list in order leaves half full): 272 bytes. Entries of two
+// strings and a pointer and index entries of three strings kept 384, and 408 once they kept
+// copies of their own.
+func TestAStoreKeepsLittlePerObject(t *testing.T) {
+	s := newStore([]indexer{{name: "byApp"}, {name: "byTeam"}, {name: "byTier"}})
+	const n = 10000
+	objs := make([]*Object, n)
+	for i := range objs {
+		objs[i] = withValues(cached("shop", fmt.Sprintf("settings-%05d", i), i), []string{"web"}, []string{"storefront"}, []string{fmt.Sprint("tier-", i%3)})
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s.replace("", objs, n)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perObject := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	t.Logf("a store keeps %d bytes per object besides the object", perObject)
+	if perObject > 320 {
+		t.Errorf("a store keeps %d bytes per object besides the object; want at most 320", perObject)
+	}
+	if snap, _ := s.snapshot().ByIndex("byTier", "tier-1"); snap.Len() != n || len(scanned(snap, "shop")) != n/3 {
+		t.Errorf("byTier=tier-1 holds %d objects; want %d", len(scanned(snap, "shop")), n/3)
+	}
+	runtime.KeepAlive(s)
+}
