@@ -10,8 +10,10 @@ import (
 // Entry is one event recorded for one sink: what the sink is to be sent, and where its outbox
 // entry is.
 type Entry struct {
-	// Event is what happened. An entry read back from the outbox (Journal.ReadOutbox) carries only its
-	// object's name, namespace, uid and resourceVersion: Body is the whole request.
+	// Event is what happened. An entry read back from the outbox (Journal.ReadOutbox) carries
+	// only its object's name, namespace, uid and resourceVersion, and Body is the whole
+	// request, unless the cache still holds that version of the object: then it carries the
+	// cache's object, and no Body (see Options.Current).
 	Event dynamicinformer.Event
 	// ID identifies the event for idempotency: the same on every redelivery, after a restart,
 	// and on every replica (see EventID).

@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ type Journal struct {
 	retired func(Target)
 	pre     *preselector // nil: the writer filters
 	bound   func(schema.GroupVersionResource) (uint64, bool)
+	current func(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool)
 
 	mu      sync.Mutex
 	pending []op
@@ -117,6 +119,13 @@ type Options struct {
 	// leaving) have been handed to the journal; false for a resource without any. It is called
 	// before the outboxes are read.
 	Bound func(schema.GroupVersionResource) (uint64, bool)
+	// Current, when set, is the object namespace/name of a resource as the informers' cache
+	// holds it now. An entry read back from an outbox (ReadOutbox) whose body carries the very
+	// version the cache holds, byte for byte and with no oldObject, then holds the cache's
+	// object instead of its body, and builds the body when it is sent (AppendBody): a sink's
+	// queue refilled from its outbox (an initial list longer than the queue) does not hold
+	// every object a second time.
+	Current func(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool)
 
 	// datasync is what makes the store's log durable; nil is fdatasync(2). A test makes it
 	// slow or fail.
@@ -227,7 +236,7 @@ func New(o Options) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, m: newMetrics(st),
+	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, current: o.Current, m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, selections: map[string]map[string]string{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
 		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords,
@@ -365,6 +374,7 @@ func (j *Journal) page(sink string, from uint64, limit int) (outboxPage, error) 
 		}
 	}
 	j.idx.Unlock()
+	var scratch []byte
 	for _, s := range slots {
 		e, corrupt, err := j.store.readEntry(s.seq, s.x)
 		if err != nil {
@@ -375,9 +385,32 @@ func (j *Journal) page(sink string, from uint64, limit int) (outboxPage, error) 
 			p.Corrupt = append(p.Corrupt, s.seq)
 			continue
 		}
+		e, scratch = j.shareObject(e, scratch)
 		p.Entries = append(p.Entries, e)
 	}
 	return p, nil
+}
+
+// shareObject is e, read back from the outbox, holding the cache's object and no body when the
+// cache holds the version of the object e carries and the body is, byte for byte, the one
+// that object builds (see Options.Current); else e as it is. scratch is a buffer to build the
+// body in, returned for the next entry.
+func (j *Journal) shareObject(e Entry, scratch []byte) (Entry, []byte) {
+	if j.current == nil {
+		return e, scratch
+	}
+	o := e.Event.Object
+	cur, ok := j.current(e.Event.Resource, o.GetNamespace(), o.GetName())
+	if !ok || cur.GetUID() != o.GetUID() || cur.GetResourceVersion() != o.GetResourceVersion() {
+		return e, scratch
+	}
+	shared := e
+	shared.Event.Object, shared.Body = cur, nil
+	scratch = AppendBody(scratch[:0], shared)
+	if !bytes.Equal(scratch, e.Body) { // an oldObject, or the cache's object cut otherwise since a reload
+		return e, scratch
+	}
+	return shared, scratch
 }
 
 // Sinks lists the sinks that have an outbox in the state store.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/test/testbed"
@@ -413,5 +414,55 @@ func TestAnEntryIsQueuedWithoutABodyOfItsOwn(t *testing.T) {
 	}
 	if !strings.Contains(string(recorded[1]), `"oldObject":`) {
 		t.Errorf("the MODIFIED entry's body has no oldObject: %s", recorded[1])
+	}
+}
+
+// TestAnEntryReadBackHoldsTheCachedObjectItCarries: an entry read back from the outbox (a
+// sink's queue refilled once an initial list outgrew it) holds the cache's object, not a copy
+// of its whole body, when the cache still holds the very version the body carries, and builds
+// the same body when it is sent. An entry of a version the cache no longer holds, or with an
+// oldObject, keeps its body.
+func TestAnEntryReadBackHoldsTheCachedObjectItCarries(t *testing.T) {
+	tg := &target{}
+	cache := map[string]*dynamicinformer.Object{}
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return []Target{tg} },
+		Current: func(_ schema.GroupVersionResource, _, name string) (*dynamicinformer.Object, bool) {
+			o, ok := cache[name]
+			return o, ok
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	a, b := addedWithData("a", 11, 100), addedWithData("b", 12, 100)
+	c := addedWithData("c", 15, 100)
+	c.Type, c.OldObject = dynamicinformer.Modified, addedWithData("c", 14, 50).Object
+	cache["a"], cache["b"], cache["c"] = a.Object, addedWithData("b", 13, 100).Object, c.Object
+	for _, e := range []dynamicinformer.Event{a, b, c} {
+		j.Record(e)
+	}
+	flush(t, j)
+	var read []Entry
+	if _, _, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool {
+		read = append(read, e)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(read) != 3 || len(tg.entries) != 3 {
+		t.Fatalf("read back %d entries, queued %d; want 3", len(read), len(tg.entries))
+	}
+	for i, want := range []struct {
+		name   string
+		shared bool
+	}{{"a", true}, {"b", false}, {"c", false}} {
+		e := read[i]
+		if shared := e.Body == nil && e.Event.Object == cache[want.name]; shared != want.shared {
+			t.Errorf("%s read back holding the cache's object: %v (body of %d bytes); want %v", want.name, shared, len(e.Body), want.shared)
+		}
+		if got, recorded := AppendBody(nil, e), AppendBody(nil, tg.entries[i]); string(got) != string(recorded) {
+			t.Errorf("%s read back builds the body\n%s\nwhere the log recorded\n%s", want.name, got, recorded)
+		}
 	}
 }

@@ -182,6 +182,8 @@ func resourceBucket(gvr schema.GroupVersionResource) []byte {
 	return []byte(object.ResourceName(gvr))
 }
 
+// decodeEntry decodes an outbox entry as appendEntry encoded it. Its Body is the end of v: v
+// must be the entry's own buffer, not modified after.
 func decodeEntry(v []byte) (Entry, error) {
 	if len(v) < entryHeader {
 		return Entry{}, errors.New("truncated")
@@ -204,7 +206,7 @@ func decodeEntry(v []byte) (Entry, error) {
 	if d.FilterError, rest, err = readString(rest); err != nil {
 		return d, err
 	}
-	d.Body = append([]byte(nil), rest...)
+	d.Body = rest[:len(rest):len(rest)]
 	// The body is the request; of the event, only what names it is read, in place: a queue
 	// refilled from the outbox would otherwise hold every object twice, in the body and as the
 	// event's, and a refill would decode every object whole (gjson stops at what it looks for,

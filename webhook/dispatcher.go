@@ -77,7 +77,7 @@ func New(o Options) (*Dispatcher, error) {
 		return nil, errors.New("leader election needs a state store (state.path)")
 	}
 	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, Now: d.now, Targets: d.targets, Retired: d.retire,
-		Workers: filterWorkers(), Bound: d.selectionRevision})
+		Workers: filterWorkers(), Bound: d.selectionRevision, Current: d.cached})
 	if err != nil {
 		return nil, err
 	}
@@ -454,6 +454,20 @@ var errRemoved = errors.New("the webhook was removed from the configuration")
 // filterWorkers is how many goroutines filter events off the journal's writer: twice the CPUs, at least 4, so that a few costly objects being filtered at once do not
 // hold up everyone else's.
 func filterWorkers() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
+
+// cached is the object namespace/name of gvr as the informers' cache holds it now (see
+// journal.Options.Current); false when no running informer has it.
+func (d *Dispatcher) cached(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool) {
+	if d.resources == nil {
+		return nil, false
+	}
+	for _, r := range d.resources() {
+		if g, _, running := r.API(); running && g == gvr {
+			return r.Get(namespace, name)
+		}
+	}
+	return nil, false
+}
 
 // selectionRevision bounds the journal's checkpoints of a resource with a namespaceSelector
 // (see journal.Options.Bound and dynamicinformer.Resource.SelectionRevision).
