@@ -700,6 +700,11 @@ const syncBytes = 8 << 20
 // of many objects reach the sinks while the rest are still being written.
 const maxBatch = 1024
 
+// maxBatchBytes bounds the objects' JSON one commit carries: its buffer holds each object and,
+// for each sink, an entry with the object (and its old one), so about twice that with one sink.
+// An initial list of large objects (etcd allows 1.5 MB each) made commits of gigabytes.
+const maxBatchBytes = 1 << 20
+
 // Flush applies everything pending, as flush does, and syncs what it wrote.
 func (j *Journal) Flush() error {
 	if err := j.flush(); err != nil {
@@ -708,7 +713,7 @@ func (j *Journal) Flush() error {
 	return j.sync()
 }
 
-// flush applies everything pending, in commits of up to maxBatch operations, and queues each
+// flush applies everything pending, in commits of up to maxBatch operations (see batchLen), and queues each
 // commit's entries once it is written; once the commits written since the last fdatasync pass
 // syncBytes, it syncs them before the next. If a commit fails, nothing of it is queued and its
 // operations wait for the next try, ahead of any that arrive meanwhile.
@@ -731,7 +736,7 @@ func (j *Journal) flush() error {
 	}
 }
 
-// flushBatch applies up to maxBatch pending operations in one commit.
+// flushBatch applies a batch of pending operations (see batchLen) in one commit.
 func (j *Journal) flushBatch() error {
 	ops := j.takeBatch()
 	if len(ops) == 0 {
@@ -800,25 +805,49 @@ func (j *Journal) flushBatch() error {
 	return nil
 }
 
-// takeBatch takes up to maxBatch pending operations, oldest first. When that is everything
-// pending, it takes the pending array as it is, and later operations are appended into the
-// spare one (see batchDone); under a steady stream every batch is taken so. Otherwise it takes
-// the first maxBatch slots of the array as they lie, capped so that nothing is appended into
-// them, and the rest stays pending; batchDone clears the slots once applied, so that they keep
-// no event, and its objects, alive as long as the array lives (an initial list of 100,000
-// events is 40 MB of operations). A backlog of acknowledgements at the start of a storm was
-// 5 MB of copies.
+// takeBatch takes the pending operations one commit applies (see batchLen), oldest first. When
+// that is everything pending, it takes the pending array as it is, and later operations are
+// appended into the spare one (see batchDone); under a steady stream every batch is taken so.
+// Otherwise it takes the first slots of the array as they lie, capped so that nothing is
+// appended into them, and the rest stays pending; batchDone clears the slots once applied, so
+// that they keep no event, and its objects, alive as long as the array lives (an initial list
+// of 100,000 events is 40 MB of operations). A backlog of acknowledgements at the start of a
+// storm was 5 MB of copies.
 func (j *Journal) takeBatch() []op {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if len(j.pending) <= maxBatch {
+	n := batchLen(j.pending)
+	if n == len(j.pending) {
 		ops := j.pending
 		j.pending, j.spare = j.spare, nil
 		return ops
 	}
-	ops := j.pending[:maxBatch:maxBatch]
-	j.pending = j.pending[maxBatch:]
+	ops := j.pending[:n:n]
+	j.pending = j.pending[n:]
 	return ops
+}
+
+// batchLen is how many of ops, from the first, one commit applies: up to maxBatch, and events
+// whose objects' JSON (old objects included) comes to maxBatchBytes at most, or the first
+// alone when it is larger.
+func batchLen(ops []op) int {
+	size := 0
+	for i, o := range ops {
+		if i == maxBatch {
+			return i
+		}
+		if o.kind != opEvent {
+			continue
+		}
+		size += len(o.event.Object.JSON())
+		if o.event.OldObject != nil {
+			size += len(o.event.OldObject.JSON())
+		}
+		if i > 0 && size > maxBatchBytes {
+			return i
+		}
+	}
+	return len(ops)
 }
 
 // batchDone takes back the array of a batch applied and committed, cleared so that it keeps no

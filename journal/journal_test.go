@@ -466,3 +466,24 @@ func TestAnEntryReadBackHoldsTheCachedObjectItCarries(t *testing.T) {
 		}
 	}
 }
+
+// TestACommitCarriesAboutAMegabyteOfObjectsAtMost: a batch stops at maxBatchBytes of objects'
+// JSON, not only at maxBatch operations, so that an initial list of large objects (etcd
+// allows 1.5 MB each) does not build commits of gigabytes: 1,024 of them made one buffer of
+// about 3 GB with one sink. An object larger than the bound still commits, alone.
+func TestACommitCarriesAboutAMegabyteOfObjectsAtMost(t *testing.T) {
+	j, tg := newJournal(t)
+	const objects, size = 10, 300 << 10
+	j.Record(addedWithData("big", 1, 3<<20))
+	for i := range objects {
+		j.Record(addedWithData(fmt.Sprint("o-", i), uint64(2+i), size))
+	}
+	flush(t, j)
+	// The big one alone, then three of 300 KiB to a commit.
+	if c, want := commits(j), 1+float64((objects+2)/3); c != want {
+		t.Errorf("%v commits of one 3 MiB object and %d of 300 KiB; want %v", c, objects, want)
+	}
+	if len(tg.entries) != objects+1 {
+		t.Errorf("%d entries queued; want %d", len(tg.entries), objects+1)
+	}
+}
