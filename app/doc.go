@@ -11,6 +11,6 @@
 //
 // Concurrency: Run may be called once per process at a time: it sets process-wide state that
 // client-go and klog read (client feature gates, klog's logger, gin's mode) and the Go
-// runtime's memory limit (90% of the cgroup's, unless GOMEMLIMIT is set) and GOGC (15, unless
+// runtime's memory limit (90% of the cgroup's, unless GOMEMLIMIT is set) and GOGC (25, unless
 // GOGC is set).
 package app

@@ -22,14 +22,15 @@ const memoryLimitRatio = 0.9
 const memoryLimitRefresh = time.Minute
 
 // gcPercent is dynwatch's GOGC: how far the heap grows past what the last collection left
-// before the next one. The cache is kept as bytes with headers of offsets (see
-// dynamicinformer.Object), none of which the collector scans, so a collection costs little and
-// comes often: at 20,000 configmaps, going from Go's 100 to 25 took resident anonymous memory
-// after sync from 263 to 137 MiB (live heap 77 MiB), and from 25 to 15, once the headers held
-// no pointers, from 94 to 88 MiB, and the peak through the initial deliveries from 172 to 159
-// MiB, for 1.08x B0's CPU per update against 1.06x (docs/benchmarks.md, "The cache's own
-// bytes"); 10 cost 1.18x.
-const gcPercent = 15
+// before the next one. The cache is kept as bytes (see dynamicinformer.Object), which the
+// collector does not scan, so a collection costs little and comes often: at 20,000 configmaps,
+// going from Go's 100 to 25 took resident anonymous memory after sync from 263 to 137 MiB
+// (live heap 77 MiB) for CPU per update within the runs' spread (736 and 774 µs). Measured
+// again once the objects' headers held no pointers: 15 saved a few MiB (anonymous memory after
+// sync 88–95 MiB against 93–94) for 1.08–1.11x B0's CPU per update against 1.05–1.06x, and
+// one of its four runs had an update → receipt p99 130 ms over B0's; 25 stays
+// (docs/benchmarks.md, "The cache's own bytes").
+const gcPercent = 25
 
 // setGCPercent sets the runtime's GOGC to gcPercent, unless GOGC is in the environment.
 func setGCPercent(log *slog.Logger) {

@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// TestGOGCIs15UnlessTheEnvironmentSetsIt: dynwatch sets the collector's GOGC to gcPercent,
+// TestGOGCIs25UnlessTheEnvironmentSetsIt: dynwatch sets the collector's GOGC to gcPercent,
 // and leaves a GOGC from the environment alone.
-func TestGOGCIs15UnlessTheEnvironmentSetsIt(t *testing.T) {
+func TestGOGCIs25UnlessTheEnvironmentSetsIt(t *testing.T) {
 	before := debug.SetGCPercent(100)
 	t.Cleanup(func() { debug.SetGCPercent(before) })
 	log := slog.New(slog.DiscardHandler)
