@@ -109,7 +109,14 @@ func offsetIn(doc, s string) int {
 	return strings.Index(doc, s)
 }
 
-func (h header) u32(at int) int { return int(binary.LittleEndian.Uint32(h[at:])) }
+// u32 is the number at at; 0 past the header's end, so that the zero Object's header reads as
+// empty.
+func (h header) u32(at int) int {
+	if at+4 > len(h) {
+		return 0
+	}
+	return int(binary.LittleEndian.Uint32(h[at:]))
+}
 
 func (h header) indexers() int { return h.u32(4) }
 
