@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -248,4 +249,16 @@ func withValues(o *Object, values ...[]string) *Object {
 		h.labels = append(h.labels, k, m.GetLabels()[k])
 	}
 	return &Object{json: o.json, hdr: packHeader(o.json, &h)}
+}
+
+// keptPer is the live heap fn leaves behind, divided by n: the heap after a collection, after
+// fn, less the heap after one before it.
+func keptPer(n int, fn func()) int64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	fn()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	return (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(n)
 }

@@ -112,15 +112,11 @@ resources:
 		docs[i] = fmt.Appendf(nil, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"settings-%05d","namespace":"shop","uid":"0b7c4d2e-5f6a-4b8c-9d0e-1f2a3b4c%04d","resourceVersion":"%d","labels":{"app":"web","tier":"front","version":"v%d"},"annotations":{"team":"storefront"}},"data":{"user":"u"}}`, i, i, 1000+i, i%7)
 	}
 	objs := make([]*Object, n)
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	for i, b := range docs {
-		objs[i] = objectOf(b, ix)
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	perObject := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	perObject := keptPer(n, func() {
+		for i, b := range docs {
+			objs[i] = objectOf(b, ix)
+		}
+	})
 	t.Logf("an Object keeps %d bytes besides its JSON", perObject)
 	if perObject > 256 {
 		t.Errorf("an Object keeps %d bytes besides its JSON; want at most 256", perObject)

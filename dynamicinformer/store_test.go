@@ -376,13 +376,7 @@ func TestAStoreKeepsLittlePerObject(t *testing.T) {
 	for i := range objs {
 		objs[i] = withValues(cached("shop", fmt.Sprintf("settings-%05d", i), i), []string{"web"}, []string{"storefront"}, []string{fmt.Sprint("tier-", i%3)})
 	}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	s.replace("", objs, n)
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	perObject := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n
+	perObject := keptPer(n, func() { s.replace("", objs, n) })
 	t.Logf("a store keeps %d bytes per object besides the object", perObject)
 	if perObject > 320 {
 		t.Errorf("a store keeps %d bytes per object besides the object; want at most 320", perObject)
