@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"unsafe"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -80,9 +79,6 @@ func newObject(u *unstructured.Unstructured, ix []indexer, scratch *sync.Pool) *
 	o.hdr = packHeader(o.json, &h)
 	return o
 }
-
-// doc is the object's JSON as a string, sharing its memory: the JSON is never modified.
-func (o *Object) doc() string { return unsafe.String(unsafe.SliceData(o.json), len(o.json)) }
 
 // maxScratch bounds the encoding buffers kept for reuse: one huge object does not pin its
 // buffer.

@@ -23,14 +23,22 @@ type entry struct {
 // which neither may hold, so that keys compare as object.Compare compares their objects (a
 // namespace ends with a byte below any of a longer one's). One string, not two, keeps an entry
 // in a B-tree at 24 bytes and an index entry at 32 (from 40 and 48).
-func storeKey(namespace, name string) string { return namespace + "\x00" + name }
+func storeKey(namespace, name string) string {
+	var buf [64]byte // a key this long or shorter is built on the stack, then copied once
+	return string(appendKey(buf[:0], namespace, name))
+}
+
+// appendKey appends namespace and name's storeKey to buf.
+func appendKey(buf []byte, namespace, name string) []byte {
+	return append(append(append(buf, namespace...), 0), name...)
+}
 
 // keyPrefix is what the keys of namespace's objects begin with; "" (every key) for "".
 func keyPrefix(namespace string) string {
 	if namespace == "" {
 		return ""
 	}
-	return namespace + "\x00"
+	return storeKey(namespace, "")
 }
 
 // lessEntry orders entries in list order.
@@ -39,8 +47,9 @@ func lessEntry(a, b entry) bool { return a.key < b.key }
 // indexed is one object under one value of an index: its key, not the object, so that a
 // change that keeps the object's values leaves the index as it is. A snapshot's index and its
 // objects are taken together, so the key finds the object at the same moment. Nothing in it
-// is read from an object's JSON (see ownKey and ownValue): an entry lives on through updates
-// that keep its value, and would keep the JSON of the version that made it alive.
+// is read from an object's JSON (its key is its entry's, see setLocked; its value, see
+// ownValue): an entry lives on through updates that keep its value, and would keep the JSON of
+// the version that made it alive.
 type indexed struct {
 	value, key string
 }
@@ -175,7 +184,7 @@ func (s *store) thaw() { s.frozen = nil }
 func (s *store) setLocked(u *Object) *Object {
 	e := entry{key: s.probeLocked(u.GetNamespace(), u.GetName()), obj: u}
 	old, had := s.t.Get(e)
-	if had {
+	if had { // the key the index entries share
 		e.key = old.key
 	} else {
 		e.key = strings.Clone(e.key)
@@ -192,7 +201,7 @@ func (s *store) setLocked(u *Object) *Object {
 // probeLocked is namespace and name's key (storeKey) in a buffer the store reuses: for a
 // lookup under mu, not to be kept.
 func (s *store) probeLocked(namespace, name string) string {
-	s.probe = append(append(append(s.probe[:0], namespace...), 0), name...)
+	s.probe = appendKey(s.probe[:0], namespace, name)
 	return unsafe.String(unsafe.SliceData(s.probe), len(s.probe))
 }
 

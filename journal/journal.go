@@ -713,7 +713,7 @@ func (j *Journal) Flush() error {
 	return j.sync()
 }
 
-// flush applies everything pending, in commits of up to maxBatch operations (see batchLen), and queues each
+// flush applies everything pending, in commits of a batch each (see batchLen), and queues each
 // commit's entries once it is written; once the commits written since the last fdatasync pass
 // syncBytes, it syncs them before the next. If a commit fails, nothing of it is queued and its
 // operations wait for the next try, ahead of any that arrive meanwhile.
