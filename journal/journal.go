@@ -2,6 +2,7 @@ package journal
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,8 @@ type Journal struct {
 	pre     *preselector // nil: the writer filters
 	bound   func(schema.GroupVersionResource) (uint64, bool)
 	current func(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool)
+	// commitBytes bounds a commit's size (see batchLen).
+	commitBytes int
 
 	mu      sync.Mutex
 	pending []op
@@ -130,6 +133,9 @@ type Options struct {
 	// datasync is what makes the store's log durable; nil is fdatasync(2). A test makes it
 	// slow or fail.
 	datasync func(*os.File) error
+	// commitBytes bounds a commit's size (see batchLen); 0 is maxCommitBytes. A test makes it
+	// small.
+	commitBytes int
 }
 
 type opKind int
@@ -236,7 +242,7 @@ func New(o Options) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, current: o.Current, m: newMetrics(st),
+	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, current: o.Current, commitBytes: cmp.Or(o.commitBytes, maxCommitBytes), m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, selections: map[string]map[string]string{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
 		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords,
@@ -700,10 +706,12 @@ const syncBytes = 8 << 20
 // of many objects reach the sinks while the rest are still being written.
 const maxBatch = 1024
 
-// maxBatchBytes bounds the objects' JSON one commit carries: its buffer holds each object and,
-// for each sink, an entry with the object (and its old one), so about twice that with one sink.
-// An initial list of large objects (etcd allows 1.5 MB each) made commits of gigabytes.
-const maxBatchBytes = 1 << 20
+// maxCommitBytes bounds what one commit writes, as commitSize estimates it: each object and,
+// for each sink, an entry with the object and its old one. An initial list of large objects
+// (etcd allows 1.5 MB each) made commits of gigabytes. A commit far smaller would part an
+// event from those that arrived with it: with one fdatasync every syncBytes between commits,
+// the others would wait for it.
+const maxCommitBytes = 64 << 20
 
 // Flush applies everything pending, as flush does, and syncs what it wrote.
 func (j *Journal) Flush() error {
@@ -738,7 +746,8 @@ func (j *Journal) flush() error {
 
 // flushBatch applies a batch of pending operations (see batchLen) in one commit.
 func (j *Journal) flushBatch() error {
-	ops := j.takeBatch()
+	targets := j.targets()
+	ops := j.takeBatch(len(targets))
 	if len(ops) == 0 {
 		return nil
 	}
@@ -746,7 +755,6 @@ func (j *Journal) flushBatch() error {
 	j.sinks = cloneSinks(sinks)
 	var b batch
 	var tx *txn
-	targets := j.targets()
 	if j.store != nil {
 		tx = j.store.begin(commitSize(ops, len(targets)))
 	}
@@ -805,7 +813,8 @@ func (j *Journal) flushBatch() error {
 	return nil
 }
 
-// takeBatch takes the pending operations one commit applies (see batchLen), oldest first. When
+// takeBatch takes the pending operations one commit for that many sinks applies (see
+// batchLen), oldest first. When
 // that is everything pending, it takes the pending array as it is, and later operations are
 // appended into the spare one (see batchDone); under a steady stream every batch is taken so.
 // Otherwise it takes the first slots of the array as they lie, capped so that nothing is
@@ -813,10 +822,10 @@ func (j *Journal) flushBatch() error {
 // that they keep no event, and its objects, alive as long as the array lives (an initial list
 // of 100,000 events is 40 MB of operations). A backlog of acknowledgements at the start of a
 // storm was 5 MB of copies.
-func (j *Journal) takeBatch() []op {
+func (j *Journal) takeBatch(sinks int) []op {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	n := batchLen(j.pending)
+	n := batchLen(j.pending, sinks, j.commitBytes)
 	if n == len(j.pending) {
 		ops := j.pending
 		j.pending, j.spare = j.spare, nil
@@ -827,23 +836,16 @@ func (j *Journal) takeBatch() []op {
 	return ops
 }
 
-// batchLen is how many of ops, from the first, one commit applies: up to maxBatch, and events
-// whose objects' JSON (old objects included) comes to maxBatchBytes at most, or the first
-// alone when it is larger.
-func batchLen(ops []op) int {
+// batchLen is how many of ops, from the first, one commit for that many sinks applies: up to
+// maxBatch, and no more than limit bytes as commitSize estimates them, or the first alone when
+// it is larger.
+func batchLen(ops []op, sinks, limit int) int {
 	size := 0
 	for i, o := range ops {
 		if i == maxBatch {
 			return i
 		}
-		if o.kind != opEvent {
-			continue
-		}
-		size += len(o.event.Object.JSON())
-		if o.event.OldObject != nil {
-			size += len(o.event.OldObject.JSON())
-		}
-		if i > 0 && size > maxBatchBytes {
+		if size += opSize(o, sinks); i > 0 && size > limit {
 			return i
 		}
 	}
@@ -871,15 +873,21 @@ func (j *Journal) batchDone(ops []op) {
 func commitSize(ops []op, n int) int {
 	size := 0
 	for _, o := range ops {
-		if o.kind == opEvent {
-			obj, old := len(o.event.Object.JSON()), 0
-			if o.event.Type != dynamicinformer.Added {
-				old = obj
-			}
-			size += 128 + obj + n*(512+obj+old)
-		}
+		size += opSize(o, n)
 	}
 	return size
+}
+
+// opSize is about what o adds to a commit with n sinks (see commitSize).
+func opSize(o op, n int) int {
+	if o.kind != opEvent {
+		return 0
+	}
+	obj, old := len(o.event.Object.JSON()), 0
+	if o.event.Type != dynamicinformer.Added {
+		old = obj
+	}
+	return 128 + obj + n*(512+obj+old)
 }
 
 func (o op) String() string {

@@ -313,7 +313,7 @@ func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	cycle := func() {
 		j.Ack("sink", 1)
 		j.Ack("sink", 2)
-		ops := j.takeBatch()
+		ops := j.takeBatch(1)
 		if len(ops) != 2 {
 			t.Fatalf("took %d operations; want 2", len(ops))
 		}
@@ -331,12 +331,12 @@ func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	j.mu.Lock()
 	first := &j.pending[0]
 	j.mu.Unlock()
-	ops := j.takeBatch()
+	ops := j.takeBatch(1)
 	if len(ops) != maxBatch || &ops[0] != first {
 		t.Errorf("took %d operations of %d pending, copied %v; want %d, not copied", len(ops), maxBatch+2, &ops[0] != first, maxBatch)
 	}
 	j.batchDone(ops)
-	if rest := j.takeBatch(); len(rest) != 2 || rest[0].seq != uint64(3+maxBatch) {
+	if rest := j.takeBatch(1); len(rest) != 2 || rest[0].seq != uint64(3+maxBatch) {
 		t.Errorf("then took %d operations; want the 2 left, from %d", len(rest), 3+maxBatch)
 	}
 }
@@ -467,21 +467,27 @@ func TestAnEntryReadBackHoldsTheCachedObjectItCarries(t *testing.T) {
 	}
 }
 
-// TestACommitCarriesAboutAMegabyteOfObjectsAtMost: a batch stops at maxBatchBytes of objects'
-// JSON, not only at maxBatch operations, so that an initial list of large objects (etcd
+// TestACommitIsBoundedInSize: a batch stops at what a commit may write (maxCommitBytes, made
+// 1 MiB here), not only at maxBatch operations, so that an initial list of large objects (etcd
 // allows 1.5 MB each) does not build commits of gigabytes: 1,024 of them made one buffer of
-// about 3 GB with one sink. An object larger than the bound still commits, alone.
-func TestACommitCarriesAboutAMegabyteOfObjectsAtMost(t *testing.T) {
-	j, tg := newJournal(t)
-	const objects, size = 10, 300 << 10
+// about 3 GB with one sink. An event larger than the bound still commits, alone.
+func TestACommitIsBoundedInSize(t *testing.T) {
+	tg := &target{}
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return []Target{tg} }, commitBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	const objects, size = 10, 150 << 10 // about 300 KiB a commit with one sink
 	j.Record(addedWithData("big", 1, 3<<20))
 	for i := range objects {
 		j.Record(addedWithData(fmt.Sprint("o-", i), uint64(2+i), size))
 	}
 	flush(t, j)
-	// The big one alone, then three of 300 KiB to a commit.
+	// The big one alone, then three of 150 KiB to a commit.
 	if c, want := commits(j), 1+float64((objects+2)/3); c != want {
-		t.Errorf("%v commits of one 3 MiB object and %d of 300 KiB; want %v", c, objects, want)
+		t.Errorf("%v commits of one 3 MiB object and %d of 150 KiB; want %v", c, objects, want)
 	}
 	if len(tg.entries) != objects+1 {
 		t.Errorf("%d entries queued; want %d", len(tg.entries), objects+1)
