@@ -84,14 +84,9 @@ func packHeader(json []byte, h *headerFields) header {
 	}
 	for i, s := range strs {
 		off := offs[i]
-		if off < 0 { // kept in the header, once for every copy of it
-			extraDoc := docOf(b[extraAt:])
-			if j := strings.Index(extraDoc, s); j >= 0 {
-				off = inExtra | j
-			} else {
-				off = inExtra | len(extraDoc)
-				b = append(b, s...)
-			}
+		if off < 0 { // kept in the header
+			off = inExtra | (len(b) - extraAt)
+			b = append(b, s...)
 		}
 		at := spansAt + 8*i
 		le.PutUint32(b[at:], uint32(off))
