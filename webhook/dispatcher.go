@@ -458,13 +458,8 @@ func filterWorkers() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
 // cached is the object namespace/name of gvr as the informers' cache holds it now (see
 // journal.Options.Current); false when no running informer has it.
 func (d *Dispatcher) cached(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool) {
-	if d.resources == nil {
-		return nil, false
-	}
-	for _, r := range d.resources() {
-		if g, _, running := r.API(); running && g == gvr {
-			return r.Get(namespace, name)
-		}
+	if r, ok := d.running(gvr); ok {
+		return r.Get(namespace, name)
 	}
 	return nil, false
 }
@@ -472,13 +467,21 @@ func (d *Dispatcher) cached(gvr schema.GroupVersionResource, namespace, name str
 // selectionRevision bounds the journal's checkpoints of a resource with a namespaceSelector
 // (see journal.Options.Bound and dynamicinformer.Resource.SelectionRevision).
 func (d *Dispatcher) selectionRevision(gvr schema.GroupVersionResource) (uint64, bool) {
+	if r, ok := d.running(gvr); ok {
+		return r.SelectionRevision()
+	}
+	return 0, false
+}
+
+// running is the informers' resource of gvr, if one is running.
+func (d *Dispatcher) running(gvr schema.GroupVersionResource) (*dynamicinformer.Resource, bool) {
 	if d.resources == nil {
-		return 0, false
+		return nil, false
 	}
 	for _, r := range d.resources() {
 		if g, _, running := r.API(); running && g == gvr {
-			return r.SelectionRevision()
+			return r, true
 		}
 	}
-	return 0, false
+	return nil, false
 }
