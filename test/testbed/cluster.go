@@ -270,7 +270,19 @@ func (c *Cluster) prepareAPIServer(o Options) error {
 	return nil
 }
 
+// apiserverStarts lets one kube-apiserver of this process start at a time. A starting
+// apiserver takes a core or more for tens of seconds (storage, RBAC bootstrap, OpenAPI); the
+// end-to-end tests that start clusters of their own run in parallel, and on two cores several
+// starting at once each took past the readiness wait.
+var apiserverStarts = make(chan struct{}, 1)
+
 func (c *Cluster) startAPIServer(ctx context.Context) error {
+	select {
+	case apiserverStarts <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-apiserverStarts }()
 	p, err := startProcess("kube-apiserver", c.Binaries.APIServer, filepath.Join(c.Dir, "kube-apiserver.log"), c.apiArgs...)
 	if err != nil {
 		return err
@@ -316,9 +328,10 @@ func (c *Cluster) writeKubeconfig() error {
 	return clientcmd.WriteToFile(*cfg, c.Kubeconfig)
 }
 
-// waitFor polls ready until it holds, the process exits, ctx ends or a minute passes.
+// waitFor polls ready until it holds, the process exits, ctx ends or three minutes pass: a
+// bound for a server that will never be ready, far above a start on a loaded machine.
 func (c *Cluster) waitFor(ctx context.Context, p *process, logName string, ready func() bool) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
