@@ -77,6 +77,46 @@ func payloadSize(e dynamicinformer.Event, oldJSON []byte) int {
 // appendPayload appends e's request body to buf: the objects' JSON as kept, or for the old
 // object oldJSON when it is not nil.
 func appendPayload(buf []byte, e dynamicinformer.Event, oldJSON []byte) []byte {
+	b := payloadOf(e, oldJSON)
+	buf = appendPayloadHead(buf, e)
+	buf = append(buf, b.object...)
+	if b.old != nil {
+		buf = append(buf, oldObjectField...)
+		buf = append(buf, b.old...)
+	}
+	return append(buf, '}')
+}
+
+// payload is a request body in pieces: head, its beginning through the object's field name
+// (appendPayloadHead), the object's JSON, and the old object's (nil without one) after
+// oldObjectField; a closing brace ends it. A commit writes the objects from where they lie.
+type payload struct{ head, object, old []byte }
+
+const oldObjectField = `,"oldObject":`
+
+// payloadOf is e's body without its head (see appendPayload).
+func payloadOf(e dynamicinformer.Event, oldJSON []byte) payload {
+	b := payload{object: e.Object.JSON()}
+	if e.OldObject != nil {
+		b.old = oldJSON
+		if b.old == nil {
+			b.old = e.OldObject.JSON()
+		}
+	}
+	return b
+}
+
+// len is the body's length.
+func (b payload) len() int {
+	n := len(b.head) + len(b.object) + 1
+	if b.old != nil {
+		n += len(oldObjectField) + len(b.old)
+	}
+	return n
+}
+
+// appendPayloadHead appends the beginning of e's body, through the object's field name.
+func appendPayloadHead(buf []byte, e dynamicinformer.Event) []byte {
 	buf = append(buf, `{"type":`...)
 	buf = dynamicinformer.AppendString(buf, string(e.Type))
 	buf = append(buf, `,"resource":{"group":`...)
@@ -85,15 +125,5 @@ func appendPayload(buf []byte, e dynamicinformer.Event, oldJSON []byte) []byte {
 	buf = dynamicinformer.AppendString(buf, e.Resource.Version)
 	buf = append(buf, `,"resource":`...)
 	buf = dynamicinformer.AppendString(buf, e.Resource.Resource)
-	buf = append(buf, `},"object":`...)
-	buf = append(buf, e.Object.JSON()...)
-	if e.OldObject != nil {
-		buf = append(buf, `,"oldObject":`...)
-		if oldJSON != nil {
-			buf = append(buf, oldJSON...)
-		} else {
-			buf = append(buf, e.OldObject.JSON()...)
-		}
-	}
-	return append(buf, '}')
+	return append(buf, `},"object":`...)
 }

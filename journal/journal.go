@@ -61,7 +61,7 @@ type Journal struct {
 	floor      Checkpoints            // the checkpoints Trim was given: what they cover is not recorded
 	sinks      map[string]*sinkReplay // every target seen, by name: where its initialState replay stands
 	first      bool                   // no batch has been applied yet
-	payload    []byte                 // where fanOut builds an event's payload for the log
+	payload    []byte                 // where fanOut builds the head of an event's payload for the log
 	// compacting is true while a snapshot is being written; compacted receives it. After a
 	// compaction fails, none begins before retryCompaction, compactionBackoff later.
 	compacting        bool
@@ -706,8 +706,8 @@ const syncBytes = 8 << 20
 // of many objects reach the sinks while the rest are still being written.
 const maxBatch = 1024
 
-// maxCommitBytes bounds what one commit writes, as commitSize estimates it: each object and,
-// for each sink, an entry with the object and its old one. An initial list of large objects
+// maxCommitBytes bounds what one commit writes, as opSize estimates it: each object and, for
+// each sink, an entry with the object and its old one. An initial list of large objects
 // (etcd allows 1.5 MB each) made commits of gigabytes. A commit far smaller would part an
 // event from those that arrived with it: with one fdatasync every syncBytes between commits,
 // the others would wait for it.
@@ -837,7 +837,7 @@ func (j *Journal) takeBatch(sinks int) []op {
 }
 
 // batchLen is how many of ops, from the first, one commit for that many sinks applies: up to
-// maxBatch, and no more than limit bytes as commitSize estimates them, or the first alone when
+// maxBatch, and no more than limit bytes as opSize estimates them, or the first alone when
 // it is larger.
 func batchLen(ops []op, sinks, limit int) int {
 	size := 0
@@ -845,7 +845,7 @@ func batchLen(ops []op, sinks, limit int) int {
 		if i == maxBatch {
 			return i
 		}
-		if size += opSize(o, sinks); i > 0 && size > limit {
+		if size += opSize(o, sinks, false); i > 0 && size > limit {
 			return i
 		}
 	}
@@ -867,25 +867,29 @@ func (j *Journal) batchDone(ops []op) {
 	j.mu.Unlock()
 }
 
-// commitSize is about what a commit of ops writes with n sinks: each event's object, and for
-// each sink an entry with the object and, but for an ADDED, its old one (about as large), so
-// that the commit's buffer is allocated once rather than grown, and no larger than it needs.
+// commitSize is about what a commit of ops copies into its buffer with n sinks, so that the
+// buffer is allocated once rather than grown, and no larger than it needs (see opSize).
 func commitSize(ops []op, n int) int {
 	size := 0
 	for _, o := range ops {
-		size += opSize(o, n)
+		size += opSize(o, n, true)
 	}
 	return size
 }
 
-// opSize is about what o adds to a commit with n sinks (see commitSize).
-func opSize(o op, n int) int {
+// opSize is about what o adds to a commit with n sinks: its object, and for each sink an entry
+// with the object and, but for an ADDED, its old one (about as large). copied leaves out the
+// objects the commit writes from where they lie (see txn.value): what its buffer holds.
+func opSize(o op, n int, copied bool) int {
 	if o.kind != opEvent {
 		return 0
 	}
 	obj, old := len(o.event.Object.JSON()), 0
 	if o.event.Type != dynamicinformer.Added {
 		old = obj
+	}
+	if copied && obj >= refMin {
+		obj, old = 0, 0
 	}
 	return 128 + obj + n*(512+obj+old)
 }
@@ -1071,7 +1075,7 @@ func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key string, err
 // in place of e.OldObject's; verdicts are the targets' on e, computed before, or nil (a target
 // missing from them, added since, is asked now).
 func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) {
-	var body []byte // the payload, built once for every entry the commit records
+	var body payload // built once for every entry the commit records
 	now := j.now()
 	for _, t := range targets {
 		v, ok := verdicts[t]
@@ -1092,26 +1096,19 @@ func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, old
 			d.FilterError = filterErr.Error()
 		}
 		if tx != nil {
-			if body == nil {
-				j.payload = appendPayload(j.payload[:0], e, oldJSON)
-				body = j.payload
+			if body.head == nil {
+				j.payload = appendPayloadHead(j.payload[:0], e)
+				body = payloadOf(e, oldJSON)
+				body.head = j.payload
 			}
 			j.seq++
 			d.Seq = j.seq
-			recorded := d
-			recorded.Body = body
-			off, n := tx.entry(t.Name(), d.Seq, recorded)
+			off, n := tx.entry(t.Name(), d.Seq, d, body)
 			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since, n: n}, off})
 		}
 		bt.out = append(bt.out, queued{t, d})
 	}
-	if cap(j.payload) > maxPayloadBuffer {
-		j.payload = nil // a large object's: not kept for every later one
-	}
 }
-
-// maxPayloadBuffer bounds the buffer the writer keeps to build payloads in.
-const maxPayloadBuffer = 256 << 10
 
 // stale reports whether e, a watch's event, is older than prev, the state recorded of its
 // object: as a watch resumed from a revision before the object's last recorded change (see

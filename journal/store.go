@@ -64,8 +64,8 @@ type commitBuffer struct {
 }
 
 // Commit buffers up to maxSpareBuffer are allocated in sizes of a power of two from
-// minCommitBuffer, larger ones as commitSize estimates them (an initial list's commits, of
-// megabytes, would otherwise be up to twice as large), and at most maxSpare of those no larger
+// minCommitBuffer, larger ones as commitSize estimates them (a commit of many small objects,
+// of megabytes, would otherwise be up to twice as large), and at most maxSpare of those no larger
 // than maxSpareBuffer are kept for use again once synced: under a steady stream of changes each
 // commit then takes one. The commits written between two syncs' ends (syncEvery, and the
 // fdatasync that runs beside them: 25 to 40 at 1,000 updates a second) each hold theirs
@@ -313,12 +313,52 @@ func (s *store) close() error { return s.log.Close() }
 // txn is one commit being built: the records to append, and what they change, put into
 // effect in the store only once the append has succeeded. Reads see the changes made so far.
 type txn struct {
-	s       *store
-	buf     []byte
-	objects map[string]map[string]*staged // nil: deleted
+	s   *store
+	buf []byte
+	// refs are the values the commit writes from where they lie, not copied into buf (see
+	// value); refBytes is their length.
+	refs     []ref
+	refBytes int
+	objects  map[string]map[string]*staged // nil: deleted
 	records map[string][]byte             // nil: removed
 	acked   map[string]map[uint64]bool
 	revs    map[string]map[string]revision
+}
+
+// ref is a value written from where it lies, before buf[at:].
+type ref struct {
+	at int
+	b  []byte
+}
+
+// refMin is the shortest value a commit writes from where it lies (see txn.value); a shorter
+// one costs less copied than as one more vector of the write.
+const refMin = 512
+
+// len is the length of the payload so far: where the next byte appended goes.
+func (t *txn) len() int { return len(t.buf) + t.refBytes }
+
+// value appends b, which its owner never changes (an object's JSON), to the payload: written
+// from where it lies once it is refMin bytes or longer, so that a commit of an initial list
+// does not copy every object, and the entry's body that carries it, into its buffer.
+func (t *txn) value(b []byte) {
+	if len(b) < refMin {
+		t.buf = append(t.buf, b...)
+		return
+	}
+	t.refs = append(t.refs, ref{len(t.buf), b})
+	t.refBytes += len(b)
+}
+
+// parts are the payload's pieces in order, for wal.Log.Write.
+func (t *txn) parts() [][]byte {
+	out := make([][]byte, 0, 2*len(t.refs)+1)
+	at := 0
+	for _, r := range t.refs {
+		out = append(out, t.buf[at:r.at], r.b)
+		at = r.at
+	}
+	return append(out, t.buf[at:])
 }
 
 // staged is an object's new state in a transaction, and where its JSON is in the payload.
@@ -398,8 +438,10 @@ func (t *txn) put(res, key string, obj *dynamicinformer.Object) {
 	t.buf = appendString(t.buf, key)
 	t.buf = appendString(t.buf, uid)
 	t.buf = appendString(t.buf, rv)
-	t.buf = appendBytes(t.buf, j)
-	t.stage(res, key, &staged{st: stored{uid: uid, rv: rv, obj: obj, n: len(j)}, off: len(t.buf) - len(j)})
+	t.buf = binary.AppendUvarint(t.buf, uint64(len(j)))
+	off := t.len()
+	t.value(j)
+	t.stage(res, key, &staged{st: stored{uid: uid, rv: rv, obj: obj, n: len(j)}, off: off})
 }
 
 // revision notes that stream's objects' states hold every change through rev, as the informer
@@ -495,15 +537,24 @@ func (t *txn) resources() []string {
 	return out
 }
 
-// entry appends an outbox entry, and returns where it begins in the payload.
-func (t *txn) entry(sink string, seq uint64, d Entry) (off, n int) {
+// entry appends an outbox entry whose body is body (d's own is not written), and returns
+// where the entry begins in the payload and its length.
+func (t *txn) entry(sink string, seq uint64, d Entry, body payload) (off, n int) {
 	t.buf = append(t.buf, recEntry)
 	t.buf = appendString(t.buf, sink)
 	t.buf = binary.AppendUvarint(t.buf, seq)
-	n = encodedSize(d)
+	d.Body = nil
+	n = encodedSize(d) + body.len()
 	t.buf = binary.AppendUvarint(t.buf, uint64(n))
-	off = len(t.buf)
+	off = t.len()
 	t.buf = appendEntry(t.buf, d)
+	t.buf = append(t.buf, body.head...)
+	t.value(body.object)
+	if body.old != nil {
+		t.buf = append(t.buf, oldObjectField...)
+		t.value(body.old)
+	}
+	t.buf = append(t.buf, '}')
 	return off, n
 }
 
@@ -596,15 +647,15 @@ func (t *txn) sinkRecords() []string {
 // payload lies, to place the entries it holds.
 func (t *txn) commit() (wal.Pos, error) {
 	t.writeRevisions()
-	if len(t.buf) == 0 {
+	if t.len() == 0 {
 		return wal.Pos{}, nil
 	}
-	p, err := t.s.log.Write(t.buf)
+	p, err := t.s.log.Write(t.parts()...)
 	if err != nil {
 		return p, err
 	}
 	t.s.unsynced = append(t.s.unsynced, commitBuffer{buf: t.buf, frame: t.s.log.Written()})
-	t.s.written.Add(int64(len(t.buf)))
+	t.s.written.Add(int64(t.len()))
 	for res, m := range t.objects {
 		objs := inner(t.s.objects, res)
 		for key, st := range m {

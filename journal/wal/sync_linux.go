@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -24,19 +25,41 @@ func lock(f *os.File) error {
 	return err
 }
 
-// writeFrame writes a frame's header and payload at off, in one system call unless it writes
-// short; then the rest is written, or the reason it cannot be is returned.
-func writeFrame(f *os.File, hdr, payload []byte, off int64) error {
-	n, err := unix.Pwritev(int(f.Fd()), [][]byte{hdr, payload}, off)
-	if err != nil || n == len(hdr)+len(payload) {
-		return err
-	}
-	if n < len(hdr) {
-		if _, err := f.WriteAt(hdr[n:], off+int64(n)); err != nil {
+// writeFrame writes a frame's header and payload's parts at off: in one system call when they
+// fit in one (iovMax vectors) and it does not write short, else in as many as it takes.
+func writeFrame(f *os.File, hdr []byte, parts [][]byte, off int64) error {
+	vec := make([][]byte, 0, min(1+len(parts), iovMax))
+	vec = append(vec, hdr)
+	for {
+		for len(vec) < iovMax && len(parts) > 0 {
+			if len(parts[0]) > 0 {
+				vec = append(vec, parts[0])
+			}
+			parts = parts[1:]
+		}
+		if len(vec) == 0 {
+			return nil
+		}
+		n, err := unix.Pwritev(int(f.Fd()), vec, off)
+		if err != nil {
 			return err
 		}
-		n = len(hdr)
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		off += int64(n)
+		// Drop what was written: whole vectors, and the start of the one it stopped in.
+		i := 0
+		for i < len(vec) && n >= len(vec[i]) {
+			n -= len(vec[i])
+			i++
+		}
+		if n > 0 {
+			vec[i] = vec[i][n:]
+		}
+		vec = vec[:copy(vec, vec[i:])]
 	}
-	_, err = f.WriteAt(payload[n-len(hdr):], off+int64(n))
-	return err
 }
+
+// iovMax is the most vectors one pwritev(2) takes on Linux (IOV_MAX).
+const iovMax = 1024

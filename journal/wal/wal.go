@@ -405,9 +405,9 @@ func (l *Log) begin(id uint64) (uint64, error) {
 
 // written is a frame written and not yet synced: where it begins, and its bytes.
 type written struct {
-	off     int64
-	hdr     [headerSize]byte
-	payload []byte
+	off   int64
+	hdr   [headerSize]byte
+	parts [][]byte
 }
 
 // Append writes payload as one frame at the end of the log and syncs it: Write, then Sync.
@@ -419,15 +419,21 @@ func (l *Log) Append(payload []byte) (Pos, error) {
 	return p, err
 }
 
-// Write writes payload as one frame at the end of the log, without syncing it: it is in the
-// kernel's hands (a crash of the process loses nothing of it), durable once Sync has returned.
-// The log keeps payload until then, to write it again if a sync fails: the caller must not
-// change it.
+// Write writes the concatenation of parts, the payload, as one frame at the end of the log,
+// without syncing it: it is in the kernel's hands (a crash of the process loses nothing of
+// it), durable once Sync has returned. The parts are written where they lie, in as few system
+// calls as the kernel takes vectors: a caller passes the large values it holds anyway rather
+// than copying them into a buffer. The log keeps the parts until the sync, to write them again
+// if it fails: the caller must not change them.
 // A failed Write leaves nothing of its frame behind. After a failed Sync, Write first writes
 // again what that Sync was to make durable.
-func (l *Log) Write(payload []byte) (Pos, error) {
-	if len(payload) == 0 || len(payload) > MaxPayload {
-		return Pos{}, fmt.Errorf("a payload of %d bytes: it must have 1 to %d", len(payload), MaxPayload)
+func (l *Log) Write(parts ...[]byte) (Pos, error) {
+	size := 0
+	for _, b := range parts {
+		size += len(b)
+	}
+	if size == 0 || size > MaxPayload {
+		return Pos{}, fmt.Errorf("a payload of %d bytes: it must have 1 to %d", size, MaxPayload)
 	}
 	if err := l.cutOff(); err != nil {
 		return Pos{}, err
@@ -440,11 +446,15 @@ func (l *Log) Write(payload []byte) (Pos, error) {
 			return Pos{}, err
 		}
 	}
-	w := written{off: l.curSize, payload: payload}
-	binary.LittleEndian.PutUint32(w.hdr[0:], uint32(len(payload)))
+	w := written{off: l.curSize, parts: parts}
+	binary.LittleEndian.PutUint32(w.hdr[0:], uint32(size))
 	binary.LittleEndian.PutUint32(w.hdr[4:], crc32.Checksum(w.hdr[0:4], castagnoli))
-	binary.LittleEndian.PutUint32(w.hdr[8:], crc32.Checksum(payload, castagnoli))
-	if err := writeFrame(l.curF, w.hdr[:], payload, w.off); err != nil {
+	var crc uint32
+	for _, b := range parts {
+		crc = crc32.Update(crc, castagnoli, b)
+	}
+	binary.LittleEndian.PutUint32(w.hdr[8:], crc)
+	if err := writeFrame(l.curF, w.hdr[:], parts, w.off); err != nil {
 		if terr := l.curF.Truncate(l.curSize); terr != nil {
 			l.broken = err
 		}
@@ -452,7 +462,7 @@ func (l *Log) Write(payload []byte) (Pos, error) {
 	}
 	l.pending = append(l.pending, w)
 	l.frames++
-	n := int64(headerSize + len(payload))
+	n := int64(headerSize + size)
 	p := Pos{File: l.cur.id, Off: l.curSize + headerSize}
 	l.curSize += n
 	l.segSize += n
@@ -589,7 +599,7 @@ func (l *Log) rewrite() error {
 		return nil
 	}
 	for _, w := range l.pending {
-		if err := writeFrame(l.curF, w.hdr[:], w.payload, w.off); err != nil {
+		if err := writeFrame(l.curF, w.hdr[:], w.parts, w.off); err != nil {
 			return fmt.Errorf("write again what a failed sync left: %w", err)
 		}
 	}
