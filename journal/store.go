@@ -320,9 +320,9 @@ type txn struct {
 	refs     []ref
 	refBytes int
 	objects  map[string]map[string]*staged // nil: deleted
-	records map[string][]byte             // nil: removed
-	acked   map[string]map[uint64]bool
-	revs    map[string]map[string]revision
+	records  map[string][]byte             // nil: removed
+	acked    map[string]map[uint64]bool
+	revs     map[string]map[string]revision
 }
 
 // ref is a value written from where it lies, before buf[at:].
