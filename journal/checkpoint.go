@@ -77,10 +77,26 @@ func (j *Journal) committed(b *batch) {
 	for _, sink := range b.dropped {
 		delete(j.outbox, sink)
 		delete(j.order, sink)
+		delete(j.outboxPeak, sink)
 	}
 	for sink, order := range j.order {
-		if entries := j.outbox[sink]; len(order) > 2*len(entries)+1024 {
-			j.order[sink] = slices.DeleteFunc(order, func(seq uint64) bool { _, ok := entries[seq]; return !ok })
+		entries := j.outbox[sink]
+		if len(order) > 2*len(entries)+1024 {
+			order = slices.DeleteFunc(order, func(seq uint64) bool { _, ok := entries[seq]; return !ok })
+			if cap(order) > 4*len(order)+1024 {
+				order = slices.Clone(order) // a backlog's array, delivered
+			}
+			j.order[sink] = order
+		}
+		// A map keeps the table of its largest size: once three quarters of a backlog (an
+		// initial list's) is delivered, the rest moves to one of its size.
+		if n := len(entries); n > j.outboxPeak[sink] {
+			j.outboxPeak[sink] = n
+		} else if peak := j.outboxPeak[sink]; peak >= 1024 && n <= peak/4 {
+			smaller := make(map[uint64]indexed, n)
+			maps.Copy(smaller, entries)
+			j.outbox[sink] = smaller
+			j.outboxPeak[sink] = n
 		}
 	}
 	for _, s := range b.progress {

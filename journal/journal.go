@@ -48,6 +48,7 @@ type Journal struct {
 	mu      sync.Mutex
 	pending []op
 	spare   []op                   // the array of the last batch applied, cleared: pending's next (see takeBatch)
+	sliced  bool                   // batches were taken from the front of pending's array (see takeBatch)
 	wake    chan struct{}          // something is pending that should commit now
 	lazy    chan struct{}          // an acknowledgement is pending: it may wait up to ackDelay
 	failure atomic.Pointer[string] // the last commit's error, nil once one succeeds
@@ -78,11 +79,13 @@ type Journal struct {
 	files sync.RWMutex
 
 	// What is committed, read by Checkpoints, OutboxLen and ReadOutbox.
-	idx      sync.Mutex
-	outbox   map[string]map[uint64]indexed // sink → sequence → entry; the store's own map
-	order    map[string][]uint64           // sink → its outbox's sequences in order, and some removed
-	progress map[schema.GroupVersionResource]*progress
-	seen     map[string]sinkView // the sinks' replay states as committed
+	idx    sync.Mutex
+	outbox map[string]map[uint64]indexed // sink → sequence → entry; the store's own map
+	order  map[string][]uint64           // sink → its outbox's sequences in order, and some removed
+	// outboxPeak is, per sink, the most entries its outbox's map has held since it was made.
+	outboxPeak map[string]int
+	progress   map[schema.GroupVersionResource]*progress
+	seen       map[string]sinkView // the sinks' replay states as committed
 }
 
 // Target is a sink as the journal sees it.
@@ -246,7 +249,7 @@ func New(o Options) (*Journal, error) {
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, selections: map[string]map[string]string{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
 		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords,
-		order: map[string][]uint64{}, compacted: make(chan compaction, 1)}
+		order: map[string][]uint64{}, outboxPeak: map[string]int{}, compacted: make(chan compaction, 1)}
 	if st != nil {
 		j.seq, j.outbox = st.seq, st.outbox
 		for sink, entries := range st.outbox {
@@ -747,7 +750,7 @@ func (j *Journal) flush() error {
 // flushBatch applies a batch of pending operations (see batchLen) in one commit.
 func (j *Journal) flushBatch() error {
 	targets := j.targets()
-	ops := j.takeBatch(len(targets))
+	ops, reuse := j.takeBatch(len(targets))
 	if len(ops) == 0 {
 		return nil
 	}
@@ -776,6 +779,7 @@ func (j *Journal) flushBatch() error {
 			j.failed(err)
 			j.mu.Lock()
 			j.pending = append(ops, j.pending...)
+			j.sliced = j.sliced || !reuse // the array of a larger backlog, appended to in place
 			j.mu.Unlock()
 			return err
 		}
@@ -808,7 +812,7 @@ func (j *Journal) flushBatch() error {
 	for _, reply := range b.replies {
 		reply()
 	}
-	j.batchDone(ops)
+	j.batchDone(ops, reuse)
 	j.maybeCompact()
 	return nil
 }
@@ -821,19 +825,21 @@ func (j *Journal) flushBatch() error {
 // appended into them, and the rest stays pending; batchDone clears the slots once applied, so
 // that they keep no event, and its objects, alive as long as the array lives (an initial list
 // of 100,000 events is 40 MB of operations). A backlog of acknowledgements at the start of a
-// storm was 5 MB of copies.
-func (j *Journal) takeBatch(sinks int) []op {
+// storm was 5 MB of copies. reuse is false for a batch that is part of a larger array: kept
+// as the spare, it would keep the whole array of a backlog alive (after the initial deliveries
+// of 20,000 configmaps, two arrays of 4 MB).
+func (j *Journal) takeBatch(sinks int) (ops []op, reuse bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n := batchLen(j.pending, sinks, j.commitBytes)
 	if n == len(j.pending) {
-		ops := j.pending
-		j.pending, j.spare = j.spare, nil
-		return ops
+		ops, reuse = j.pending, !j.sliced
+		j.pending, j.spare, j.sliced = j.spare, nil, false
+		return ops, reuse
 	}
-	ops := j.pending[:n:n]
-	j.pending = j.pending[n:]
-	return ops
+	ops = j.pending[:n:n]
+	j.pending, j.sliced = j.pending[n:], true
+	return ops, false
 }
 
 // batchLen is how many of ops, from the first, one commit for that many sinks applies: up to
@@ -853,11 +859,11 @@ func batchLen(ops []op, sinks, limit int) int {
 }
 
 // batchDone takes back the array of a batch applied and committed, cleared so that it keeps no
-// event alive, as the next spare: unless one is already spare, or it was grown past twice
-// maxBatch (an initial list's).
-func (j *Journal) batchDone(ops []op) {
+// event alive, as the next spare: unless reuse is false (see takeBatch), one is already spare,
+// or it was grown past twice maxBatch (an initial list's).
+func (j *Journal) batchDone(ops []op, reuse bool) {
 	clear(ops)
-	if cap(ops) > 2*maxBatch {
+	if !reuse || cap(ops) > 2*maxBatch {
 		return
 	}
 	j.mu.Lock()
