@@ -308,17 +308,20 @@ func TestOnlyACommitBufferThatMayBeKeptIsRoundedUp(t *testing.T) {
 
 // TestABatchOfAllThatIsPendingIsTakenWithoutACopy: under a steady stream each batch is
 // everything pending; it is taken as it lies, and the next operations are appended into the
-// array of the batch before, cleared once applied, rather than into a new one.
+// array of the batch before, cleared once applied, rather than into a new one. The
+// acknowledgements pending go with every batch, their array used again so too.
 func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	j, _ := newJournal(t)
+	e := addedAt("a", 1)
 	cycle := func() {
+		j.Record(e)
+		j.Record(e)
 		j.Ack("sink", 1)
-		j.Ack("sink", 2)
-		ops, reuse := j.takeBatch(1)
-		if len(ops) != 2 {
-			t.Fatalf("took %d operations; want 2", len(ops))
+		ops, reuse, acks := j.takeBatch(1)
+		if len(ops) != 2 || len(acks) != 1 {
+			t.Fatalf("took %d operations and %d acknowledgements; want 2 and 1", len(ops), len(acks))
 		}
-		j.batchDone(ops, reuse)
+		j.batchDone(ops, reuse, acks)
 	}
 	cycle()
 	cycle()
@@ -327,18 +330,18 @@ func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	}
 	// More than a batch: the first maxBatch are taken as they lie in the array.
 	for i := range maxBatch + 2 {
-		j.Ack("sink", uint64(3+i))
+		j.Record(addedAt("a", uint64(3+i)))
 	}
 	j.mu.Lock()
 	first := &j.pending[0]
 	j.mu.Unlock()
-	ops, reuse := j.takeBatch(1)
+	ops, reuse, acks := j.takeBatch(1)
 	if len(ops) != maxBatch || &ops[0] != first {
 		t.Errorf("took %d operations of %d pending, copied %v; want %d, not copied", len(ops), maxBatch+2, &ops[0] != first, maxBatch)
 	}
-	j.batchDone(ops, reuse)
-	if rest, _ := j.takeBatch(1); len(rest) != 2 || rest[0].seq != uint64(3+maxBatch) {
-		t.Errorf("then took %d operations; want the 2 left, from %d", len(rest), 3+maxBatch)
+	j.batchDone(ops, reuse, acks)
+	if rest, _, _ := j.takeBatch(1); len(rest) != 2 || rest[0].event.Revision != uint64(3+maxBatch) {
+		t.Errorf("then took %d operations; want the 2 left, from revision %d", len(rest), 3+maxBatch)
 	}
 }
 
@@ -420,6 +423,27 @@ func TestADrainedBacklogLeavesNothingOfItsSize(t *testing.T) {
 	t.Logf("%d KiB kept after %d entries were recorded and acknowledged", kept>>10, entries)
 	if kept > 1<<20 { // the commit buffers kept for use again (maxSpare) and the like
 		t.Errorf("%d KiB kept after %d entries were recorded and acknowledged; want nothing of their number", kept>>10, entries)
+	}
+}
+
+// TestAcknowledgementsWaitInLittle: acknowledgements wait for the next commit (up to
+// ackDelay); a delivered initial list's wait at once. Each takes a sink and a sequence, not a
+// whole operation: 100,000 of them were 19 MB.
+func TestAcknowledgementsWaitInLittle(t *testing.T) {
+	j, _ := newJournal(t)
+	const acks = 20_000
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for seq := range uint64(acks) {
+		j.Ack("sink", seq+1)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / acks
+	t.Logf("%d bytes per acknowledgement pending", per)
+	if per > 64 {
+		t.Errorf("%d bytes per acknowledgement pending; want no more than twice a sink's name and a sequence", per)
 	}
 }
 
