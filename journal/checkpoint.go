@@ -43,11 +43,23 @@ type step struct {
 // object of the initial list, to at least its revision, which the list's own revision is at or
 // after. A relist's events are in no order and move nothing: what a relist finds is recorded
 // by the time the next watch event is.
+// Events of the same stream one after the other make one step, to the highest revision.
 func (b *batch) advance(e dynamicinformer.Event) {
-	if e.Revision != 0 && (e.InOrder || e.InitialList) {
-		b.progress = append(b.progress, step{gvr: e.Resource, stream: e.Stream, rev: e.Revision})
+	if e.Revision == 0 || !(e.InOrder || e.InitialList) {
+		return
 	}
+	if n := len(b.progress); n > 0 {
+		if last := &b.progress[n-1]; last.moves() && last.gvr == e.Resource && last.stream == e.Stream {
+			last.rev = max(last.rev, e.Revision)
+			return
+		}
+	}
+	b.progress = append(b.progress, step{gvr: e.Resource, stream: e.Stream, rev: e.Revision})
 }
+
+// moves reports whether s moves a stream (see advance), rather than starting a list or ending
+// one (see committed).
+func (s *step) moves() bool { return s.streams == nil && !s.synced }
 
 // committed puts into effect what a committed transaction changed in the outboxes and the
 // progress.

@@ -297,7 +297,8 @@ func TestOnlyACommitBufferThatMayBeKeptIsRoundedUp(t *testing.T) {
 	for _, tt := range []struct{ size, want int }{
 		{100, minCommitBuffer},
 		{10 << 10, 16 << 10},
-		{maxSpareBuffer, maxSpareBuffer},
+		{maxRoundedBuffer, maxRoundedBuffer},
+		{maxRoundedBuffer + 1, maxRoundedBuffer + 1},
 		{3<<20 + 1, 3<<20 + 1},
 	} {
 		if got := cap(j.store.begin(tt.size).buf); got != tt.want {
@@ -419,9 +420,9 @@ func TestADrainedBacklogLeavesNothingOfItsSize(t *testing.T) {
 	j.removing.Wait()
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	kept := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	kept := int64(after.HeapAlloc) - int64(before.HeapAlloc) - int64(j.store.spareCap) // the commit buffers kept for use again
 	t.Logf("%d KiB kept after %d entries were recorded and acknowledged", kept>>10, entries)
-	if kept > 1<<20 { // the commit buffers kept for use again (maxSpare) and the like
+	if kept > 2<<20 { // a commit's arrays, kept for the next (batch.reset), and the like
 		t.Errorf("%d KiB kept after %d entries were recorded and acknowledged; want nothing of their number", kept>>10, entries)
 	}
 }
@@ -444,6 +445,40 @@ func TestAcknowledgementsWaitInLittle(t *testing.T) {
 	t.Logf("%d bytes per acknowledgement pending", per)
 	if per > 64 {
 		t.Errorf("%d bytes per acknowledgement pending; want no more than twice a sink's name and a sequence", per)
+	}
+}
+
+// TestACommitOfAnInitialListMakesLittleGarbage: what the journal allocates to record an
+// initial list's events, beside the entries it keeps, is a few bytes per event: the batch's
+// bookkeeping (the entries to queue, the progress of the stream) is not grown anew for every
+// commit. Through the initial list of 20,000 configmaps, 24 MB of it was garbage within a
+// third of a second, the peak of dynwatch's resident memory.
+func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
+	j, _ := newJournal(t)
+	j.targets = func() []Target { return []Target{discarding{}} }
+	const objects = 4 * maxBatch
+	events := make([]dynamicinformer.Event, objects)
+	for i := range events {
+		events[i] = addedAt(fmt.Sprintf("cm-%05d", i), uint64(10+i))
+		events[i].InitialList = true
+	}
+	record := func(from int) {
+		for _, e := range events[from : from+maxBatch] {
+			j.submit(op{kind: opEvent, event: e}) // as Record, without growing pending
+		}
+		flush(t, j)
+	}
+	record(0) // the journal's own arrays and maps, grown once
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for from := maxBatch; from < objects; from += maxBatch {
+		record(from)
+	}
+	runtime.ReadMemStats(&after)
+	per := (after.TotalAlloc - before.TotalAlloc) / (objects - maxBatch)
+	t.Logf("%d bytes allocated per event of an initial list", per)
+	if per > 2400 { // the entry's strings and its state's, and the maps that hold them growing
+		t.Errorf("%d bytes allocated per event of an initial list; want no more than its entry and its state", per)
 	}
 }
 

@@ -55,6 +55,7 @@ type store struct {
 	// until they are; spare are buffers of synced commits, for commits to use again.
 	unsynced []commitBuffer
 	spare    [][]byte
+	spareCap int // the spare buffers' capacity, in all
 }
 
 // commitBuffer is a commit's buffer the log holds, and the number of its frame (see wal.Log.Written).
@@ -63,17 +64,22 @@ type commitBuffer struct {
 	frame uint64
 }
 
-// Commit buffers up to maxSpareBuffer are allocated in sizes of a power of two from
+// Commit buffers up to maxRoundedBuffer are allocated in sizes of a power of two from
 // minCommitBuffer, larger ones as commitSize estimates them (a commit of many small objects,
-// of megabytes, would otherwise be up to twice as large), and at most maxSpare of those no larger
-// than maxSpareBuffer are kept for use again once synced: under a steady stream of changes each
-// commit then takes one. The commits written between two syncs' ends (syncEvery, and the
-// fdatasync that runs beside them: 25 to 40 at 1,000 updates a second) each hold theirs
-// meanwhile, hence 64 (4 MiB kept at most; about 1 MiB of a storm's 8 to 16 KiB buffers).
+// of megabytes, would otherwise be up to twice as large). Once synced, at most maxSpare of
+// them no larger than maxSpareBuffer, maxSpareBytes in all, are kept for later commits: under
+// a steady stream of changes each commit then takes one. The commits written between two
+// syncs' ends (syncEvery, and the fdatasync that runs beside them: 25 to 40 at 1,000 updates a
+// second) each hold theirs meanwhile, hence 64 (about 1 MiB of a storm's 8 to 16 KiB buffers).
+// An initial list's commits, of 1,024 events, take buffers of about 650 KiB with one sink
+// (the objects' JSON is written from where it lies): kept too, the list's 20 commits at 20,000
+// configmaps take three or four rather than allocating 13 MB.
 const (
-	minCommitBuffer = 8 << 10
-	maxSpareBuffer  = 64 << 10
-	maxSpare        = 64
+	minCommitBuffer  = 8 << 10
+	maxRoundedBuffer = 64 << 10
+	maxSpareBuffer   = 1 << 20
+	maxSpareBytes    = 4 << 20
+	maxSpare         = 64
 )
 
 // stored is an object's state as the store holds it: its uid and resourceVersion, and the
@@ -371,11 +377,12 @@ func (s *store) begin(size int) *txn {
 	for i, b := range s.spare {
 		if cap(b) >= size {
 			s.spare = slices.Delete(s.spare, i, i+1)
+			s.spareCap -= cap(b)
 			return &txn{s: s, buf: b}
 		}
 	}
 	n := max(size, minCommitBuffer)
-	if n <= maxSpareBuffer {
+	if n <= maxRoundedBuffer {
 		n = 1 << bits.Len(uint(n-1)) // a size a later commit can take again; a larger one is not kept
 	}
 	return &txn{s: s, buf: make([]byte, 0, n)}
@@ -408,8 +415,9 @@ func (s *store) synced() {
 		if c.frame > durable {
 			break
 		}
-		if cap(c.buf) <= maxSpareBuffer && len(s.spare) < maxSpare {
+		if n := cap(c.buf); n <= maxSpareBuffer && len(s.spare) < maxSpare && s.spareCap+n <= maxSpareBytes {
 			s.spare = append(s.spare, c.buf[:0])
+			s.spareCap += n
 		}
 		n++
 	}
