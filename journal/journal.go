@@ -45,10 +45,11 @@ type Journal struct {
 	// commitBytes bounds a commit's size (see batchLen).
 	commitBytes int
 
-	mu      sync.Mutex
-	pending []op
-	spare   []op // the array of the last batch applied, cleared: pending's next (see takeBatch)
-	sliced  bool // batches were taken from the front of pending's array (see takeBatch)
+	mu sync.Mutex
+	// pending are the operations waiting, in blocks of maxBatch (see takeBatch) from the
+	// oldest; spare is a block applied, cleared, for the next.
+	pending [][]op
+	spare   []op
 	// acks are the acknowledgements pending, apart from the other operations: each takes 24
 	// bytes rather than an operation's 200 (a delivered initial list of 100,000 objects
 	// waited as 19 MB of them), and the next commit applies every one, first.
@@ -524,7 +525,16 @@ func (j *Journal) OutboxLen(sink string) int {
 
 func (j *Journal) submit(o op) {
 	j.mu.Lock()
-	j.pending = append(j.pending, o)
+	n := len(j.pending)
+	if n == 0 || len(j.pending[n-1]) == cap(j.pending[n-1]) {
+		block := j.spare
+		if block == nil {
+			block = make([]op, 0, maxBatch)
+		}
+		j.pending, j.spare = append(j.pending, block), nil
+		n++
+	}
+	j.pending[n-1] = append(j.pending[n-1], o)
 	j.mu.Unlock()
 	select {
 	case j.wake <- struct{}{}:
@@ -778,7 +788,7 @@ func (j *Journal) flush() error {
 // flushBatch applies a batch of pending operations (see batchLen) in one commit.
 func (j *Journal) flushBatch() error {
 	targets := j.targets()
-	ops, reuse, acks := j.takeBatch(len(targets))
+	ops, acks := j.takeBatch(len(targets))
 	if len(ops) == 0 && len(acks) == 0 {
 		return nil
 	}
@@ -812,8 +822,9 @@ func (j *Journal) flushBatch() error {
 			j.seq, j.sinks, j.first = seq, sinks, first
 			j.failed(err)
 			j.mu.Lock()
-			j.pending = append(ops, j.pending...)
-			j.sliced = j.sliced || !reuse // the array of a larger backlog, appended to in place
+			if len(ops) > 0 {
+				j.pending = append([][]op{ops}, j.pending...)
+			}
 			j.acks = append(acks, j.acks...)
 			j.mu.Unlock()
 			return err
@@ -847,35 +858,35 @@ func (j *Journal) flushBatch() error {
 	for _, reply := range b.replies {
 		reply()
 	}
-	j.batchDone(ops, reuse, acks)
+	j.batchDone(ops, acks)
 	j.maybeCompact()
 	return nil
 }
 
 // takeBatch takes the pending operations one commit for that many sinks applies (see
-// batchLen), oldest first. When
-// that is everything pending, it takes the pending array as it is, and later operations are
-// appended into the spare one (see batchDone); under a steady stream every batch is taken so.
-// Otherwise it takes the first slots of the array as they lie, capped so that nothing is
-// appended into them, and the rest stays pending; batchDone clears the slots once applied, so
-// that they keep no event, and its objects, alive as long as the array lives (an initial list
-// of 100,000 events is 40 MB of operations). A backlog of acknowledgements at the start of a
-// storm was 5 MB of copies. reuse is false for a batch that is part of a larger array: kept
-// as the spare, it would keep the whole array of a backlog alive (after the initial deliveries
-// of 20,000 configmaps, an array of 4 MB). Every acknowledgement pending goes with the batch.
-func (j *Journal) takeBatch(sinks int) (ops []op, reuse bool, acks []ack) {
+// batchLen), oldest first, and every acknowledgement pending. Operations wait in blocks of
+// maxBatch, so that a backlog (an initial list's 20,000 events, recorded at once) is not an
+// array grown by copies (18 MB of garbage in a tenth of a second), and a batch is taken from
+// the first block as it lies: the rest of the block when a commit holds all of it, or else
+// its first slots, capped so that nothing is appended into them. batchDone clears them once
+// applied, so that they keep no event, and its objects, alive, and keeps a whole block for
+// the next.
+func (j *Journal) takeBatch(sinks int) (ops []op, acks []ack) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	acks, j.acks, j.spareAcks = j.acks, j.spareAcks, nil
-	n := batchLen(j.pending, sinks, j.commitBytes)
-	if n == len(j.pending) {
-		ops, reuse = j.pending, !j.sliced
-		j.pending, j.spare, j.sliced = j.spare, nil, false
-		return ops, reuse, acks
+	if len(j.pending) == 0 {
+		return nil, acks
 	}
-	ops = j.pending[:n:n]
-	j.pending, j.sliced = j.pending[n:], true
-	return ops, false, acks
+	first := j.pending[0]
+	n := batchLen(first, sinks, j.commitBytes)
+	if n < len(first) {
+		j.pending[0] = first[n:]
+		return first[:n:n], acks
+	}
+	j.pending[0] = nil
+	j.pending = j.pending[:copy(j.pending, j.pending[1:])]
+	return first, acks
 }
 
 // batchLen is how many of ops, from the first, one commit for that many sinks applies: up to
@@ -894,28 +905,20 @@ func batchLen(ops []op, sinks, limit int) int {
 	return len(ops)
 }
 
-// batchDone takes back the array of a batch applied and committed, cleared so that it keeps no
-// event alive, as the next spare: unless reuse is false (see takeBatch), one is already spare,
-// or it was grown past twice maxBatch (an initial list's). The acknowledgements' array is
-// taken back so too.
-func (j *Journal) batchDone(ops []op, reuse bool, acks []ack) {
+// batchDone clears the operations of a batch applied and committed, so that they keep no
+// event alive, and keeps their block for the next operations if they were a whole one and none
+// is spare already. The acknowledgements' array is kept so too, unless a backlog grew it.
+func (j *Journal) batchDone(ops []op, acks []ack) {
 	clear(acks)
-	if cap(acks) <= 2*maxBatch {
-		j.mu.Lock()
-		if j.spareAcks == nil {
-			j.spareAcks = acks[:0]
-		}
-		j.mu.Unlock()
-	}
 	clear(ops)
-	if !reuse || cap(ops) > 2*maxBatch {
-		return
-	}
 	j.mu.Lock()
-	if j.spare == nil {
+	defer j.mu.Unlock()
+	if j.spareAcks == nil && cap(acks) <= 2*maxBatch {
+		j.spareAcks = acks[:0]
+	}
+	if j.spare == nil && cap(ops) == maxBatch {
 		j.spare = ops[:0]
 	}
-	j.mu.Unlock()
 }
 
 // commitSize is about what a commit of ops copies into its buffer with n sinks, so that the
