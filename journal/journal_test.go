@@ -230,14 +230,13 @@ func TestACommitUsesABufferAgainOnceItsFrameIsSynced(t *testing.T) {
 	}
 	j.Record(addedWithData("first", 1, size))
 	flush(t, j)
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for _, e := range events {
-		j.Record(e)
-		flush(t, j)
-	}
-	runtime.ReadMemStats(&after)
-	if per := int64(after.TotalAlloc-before.TotalAlloc) / commits; per > size/2 {
+	total := allocated(func() {
+		for _, e := range events {
+			j.Record(e)
+			flush(t, j)
+		}
+	})
+	if per := int64(total) / commits; per > size/2 {
 		t.Errorf("each commit of an object's state of %d KB, synced, allocated %d bytes; want well under the state's size", size>>10, per)
 	}
 }
@@ -344,6 +343,15 @@ func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	if rest, _ := j.takeBatch(1); len(rest) != 2 || rest[0].event.Revision != uint64(3+maxBatch) {
 		t.Errorf("then took %d operations; want the 2 left, from revision %d", len(rest), 3+maxBatch)
 	}
+}
+
+// allocated is what fn allocates, on every goroutine.
+func allocated(fn func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	fn()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
 }
 
 // discarding selects everything and keeps nothing it is handed.
@@ -469,11 +477,7 @@ func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
 		flush(t, j)
 	}
 	record(events[:maxBatch]) // the journal's own arrays and maps, grown once
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	record(events[maxBatch:])
-	runtime.ReadMemStats(&after)
-	per := (after.TotalAlloc - before.TotalAlloc) / (objects - maxBatch)
+	per := allocated(func() { record(events[maxBatch:]) }) / (objects - maxBatch)
 	t.Logf("%d bytes allocated per event of an initial list", per)
 	if per > 2560 { // the entry's strings and its state's, the maps that hold them growing, commit buffers
 		t.Errorf("%d bytes allocated per event of an initial list; want no more than its entry and its state", per)
@@ -586,17 +590,15 @@ func TestACommitWritesObjectsFromWhereTheyLie(t *testing.T) {
 		e.Type, e.OldObject = dynamicinformer.Modified, events[i].Object
 		events = append(events, e)
 	}
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	for _, e := range events {
-		j.Record(e)
-	}
-	flush(t, j)
-	runtime.ReadMemStats(&after)
-	allocated := after.TotalAlloc - before.TotalAlloc
-	t.Logf("%d MiB allocated to record %d events of objects of 1 MiB", allocated>>20, len(events))
-	if allocated > uint64(len(events)*size/4) {
-		t.Errorf("%d MiB allocated to record %d events of objects of 1 MiB, each written with its entry's body; want a fraction of one MiB each", allocated>>20, len(events))
+	total := allocated(func() {
+		for _, e := range events {
+			j.Record(e)
+		}
+		flush(t, j)
+	})
+	t.Logf("%d MiB allocated to record %d events of objects of 1 MiB", total>>20, len(events))
+	if total > uint64(len(events)*size/4) {
+		t.Errorf("%d MiB allocated to record %d events of objects of 1 MiB, each written with its entry's body; want a fraction of one MiB each", total>>20, len(events))
 	}
 	if len(tg.entries) != len(events) {
 		t.Fatalf("%d entries queued; want %d", len(tg.entries), len(events))
