@@ -45,7 +45,7 @@ type step struct {
 // by the time the next watch event is.
 // Events of the same stream one after the other make one step, to the highest revision.
 func (b *batch) advance(e dynamicinformer.Event) {
-	if e.Revision == 0 || !(e.InOrder || e.InitialList) {
+	if e.Revision == 0 || (!e.InOrder && !e.InitialList) {
 		return
 	}
 	if n := len(b.progress); n > 0 {

@@ -884,8 +884,9 @@ func (j *Journal) takeBatch(sinks int) (ops []op, acks []ack) {
 		j.pending[0] = first[n:]
 		return first[:n:n], acks
 	}
-	j.pending[0] = nil
-	j.pending = j.pending[:copy(j.pending, j.pending[1:])]
+	n = copy(j.pending, j.pending[1:])
+	j.pending[n] = nil // the last block, now also in the slot before
+	j.pending = j.pending[:n]
 	return first, acks
 }
 
