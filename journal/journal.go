@@ -263,6 +263,10 @@ type ack struct {
 	seq  uint64
 }
 
+// ackSize is about what an acknowledgement adds to a commit: its kind, a sink's name and a
+// sequence.
+const ackSize = 32
+
 // New opens the state store at o.Path (none when it is empty), reads the index of its
 // outboxes, and registers the journal's metrics. Nothing is recorded until Run; Close closes
 // the store.
@@ -798,7 +802,7 @@ func (j *Journal) flushBatch() error {
 	defer b.reset()
 	var tx *txn
 	if j.store != nil {
-		tx = j.store.begin(commitSize(ops, len(targets)))
+		tx = j.store.begin(commitSize(ops, len(targets)) + len(acks)*ackSize)
 	}
 	j.see(tx, targets, b)
 	for _, a := range acks {

@@ -306,6 +306,23 @@ func TestOnlyACommitBufferThatMayBeKeptIsRoundedUp(t *testing.T) {
 	}
 }
 
+// TestACommitTakesTheSmallestSpareBufferThatHoldsIt: a commit of a few acknowledgements does
+// not take the buffer of an initial list's commit, which the list's next commit needs.
+func TestACommitTakesTheSmallestSpareBufferThatHoldsIt(t *testing.T) {
+	j, _ := newJournal(t)
+	large, small := make([]byte, 0, 640<<10), make([]byte, 0, minCommitBuffer)
+	j.store.spare, j.store.spareCap = [][]byte{large, small}, cap(large)+cap(small)
+	if got := cap(j.store.begin(100).buf); got != cap(small) {
+		t.Errorf("a commit of 100 bytes took a spare buffer of %d; want the one of %d", got, cap(small))
+	}
+	if got := cap(j.store.begin(600 << 10).buf); got != cap(large) {
+		t.Errorf("a commit of 600 KiB took a buffer of %d; want the spare one of %d", got, cap(large))
+	}
+	if j.store.spareCap != 0 {
+		t.Errorf("%d bytes of spare buffers counted once both were taken; want 0", j.store.spareCap)
+	}
+}
+
 // TestABatchOfAllThatIsPendingIsTakenWithoutACopy: under a steady stream each batch is
 // everything pending; it is taken as it lies, and the next operations are appended into the
 // array of the batch before, cleared once applied, rather than into a new one. The

@@ -375,13 +375,21 @@ type staged struct {
 	off int
 }
 
+// begin starts a commit estimated at size bytes, in the smallest spare buffer that holds them
+// (a commit of a few acknowledgements does not take the one an initial list's next commit
+// needs), or a new one.
 func (s *store) begin(size int) *txn {
+	best := -1
 	for i, b := range s.spare {
-		if cap(b) >= size {
-			s.spare = slices.Delete(s.spare, i, i+1)
-			s.spareCap -= cap(b)
-			return &txn{s: s, buf: b}
+		if cap(b) >= size && (best < 0 || cap(b) < cap(s.spare[best])) {
+			best = i
 		}
+	}
+	if best >= 0 {
+		b := s.spare[best]
+		s.spare = slices.Delete(s.spare, best, best+1)
+		s.spareCap -= cap(b)
+		return &txn{s: s, buf: b}
 	}
 	n := max(size, minCommitBuffer)
 	if n <= maxRoundedBuffer {
@@ -417,9 +425,9 @@ func (s *store) synced() {
 		if c.frame > durable {
 			break
 		}
-		if n := cap(c.buf); n <= maxSpareBuffer && len(s.spare) < maxSpare && s.spareCap+n <= maxSpareBytes {
+		if size := cap(c.buf); size <= maxSpareBuffer && len(s.spare) < maxSpare && s.spareCap+size <= maxSpareBytes {
 			s.spare = append(s.spare, c.buf[:0])
-			s.spareCap += n
+			s.spareCap += size
 		}
 		n++
 	}

@@ -41,6 +41,9 @@ func writeFrame(f *os.File, hdr []byte, parts [][]byte, off int64) error {
 			return nil
 		}
 		n, err := unix.Pwritev(int(f.Fd()), vec, off)
+		if err == unix.EINTR {
+			continue // a signal before anything was written (a network file system)
+		}
 		if err != nil {
 			return err
 		}

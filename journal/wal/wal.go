@@ -424,7 +424,7 @@ func (l *Log) Append(payload []byte) (Pos, error) {
 // it), durable once Sync has returned. The parts are written where they lie, in as few system
 // calls as the kernel takes vectors: a caller passes the large values it holds anyway rather
 // than copying them into a buffer. The log keeps the parts until the sync, to write them again
-// if it fails: the caller must not change them.
+// if it fails: the caller must change neither the slice nor the bytes of any part.
 // A failed Write leaves nothing of its frame behind. After a failed Sync, Write first writes
 // again what that Sync was to make durable.
 func (l *Log) Write(parts ...[]byte) (Pos, error) {
