@@ -1,11 +1,15 @@
 package journal
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/journal/wal"
 )
 
 var configmaps = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
@@ -112,6 +117,60 @@ func TestTrimRemovesWhatACheckpointCoversAndRecordsNothingBelowIt(t *testing.T) 
 	}
 	if len(revs) != 2 || revs[0] != 13 || revs[1] != 14 {
 		t.Errorf("outbox revisions %v; want [13 14]", revs)
+	}
+}
+
+// TestATrimWhoseCommitFailedIsMadeWhenTriedAgain: a Trim's removals are written by the commit
+// that retries it after the first failed. The floor was set before the commit and not put
+// back with the rest when it failed, so the retry found it equal and removed nothing: the
+// entries it covered stayed, to be delivered again.
+func TestATrimWhoseCommitFailedIsMadeWhenTriedAgain(t *testing.T) {
+	var failing atomic.Bool
+	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
+		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return []Target{&target{}} },
+		datasync: func(f *os.File) error {
+			if failing.Load() {
+				return errors.New("input/output error")
+			}
+			return f.Sync()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	// Fill the log's segment, its last commit unsynced: the next commit begins a new segment,
+	// and syncs this one first.
+	segments := func() int64 { _, n := j.store.log.Sizes(); return n }
+	rev := uint64(10)
+	record := func(sync func() error) int64 {
+		before := segments()
+		rev++
+		j.Record(addedWithData(fmt.Sprint("o-", rev), rev, 1<<20))
+		if err := sync(); err != nil {
+			t.Fatal(err)
+		}
+		return segments() - before
+	}
+	step := record(j.Flush)
+	for segments()+step < wal.SegmentSize {
+		record(j.Flush)
+	}
+	record(j.flush)
+	if segments() < wal.SegmentSize || !j.store.log.Unsynced() {
+		t.Fatalf("the log holds %d bytes, unsynced: %v; want a full segment, its last commit unsynced", segments(), j.store.log.Unsynced())
+	}
+	entries := j.OutboxLen("sink")
+	failing.Store(true)
+	j.Trim(Checkpoints{"sink": {configmaps: rev}})
+	if err := j.flush(); err == nil {
+		t.Fatal("the Trim's commit succeeded with every sync failing")
+	}
+	failing.Store(false)
+	if err := j.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := j.OutboxLen("sink"); n != 0 {
+		t.Errorf("%d of %d entries left after the Trim covering them was committed on its second try; want none", n, entries)
 	}
 }
 

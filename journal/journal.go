@@ -796,7 +796,7 @@ func (j *Journal) flushBatch() error {
 	if len(ops) == 0 && len(acks) == 0 {
 		return nil
 	}
-	seq, sinks, first := j.seq, j.sinks, j.first
+	seq, sinks, first, floor := j.seq, j.sinks, j.first, j.floor // put back if the commit fails
 	j.sinks = cloneSinks(sinks)
 	b := &j.batch
 	defer b.reset()
@@ -823,7 +823,7 @@ func (j *Journal) flushBatch() error {
 	if tx != nil {
 		p, err := tx.commit()
 		if err != nil {
-			j.seq, j.sinks, j.first = seq, sinks, first
+			j.seq, j.sinks, j.first, j.floor = seq, sinks, first, floor
 			j.failed(err)
 			j.mu.Lock()
 			if len(ops) > 0 {
