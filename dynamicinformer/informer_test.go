@@ -431,6 +431,47 @@ func TestARelistDatesItsDeletesByTheListAndAResyncChangesNothing(t *testing.T) {
 	}
 }
 
+// TestAMetadataOnlyCacheKeepsTheMetadataAsTheApiserverSentIt: a metadata-only cache keeps each
+// object's metadata as the JSON the apiserver sends (PartialObjectMetadata, asked for as JSON),
+// byte for byte where no transform cuts it, from its initial list and from its watch, as the
+// caches of whole objects keep theirs: nothing is decoded and encoded again.
+func TestAMetadataOnlyCacheKeepsTheMetadataAsTheApiserverSentIt(t *testing.T) {
+	testbed.Need(t)
+	ns := namespaces(t, 1)[0]
+	listed := configMap(ns, "listed", map[string]string{"app": "web", "tier": "front"})
+	listed.Annotations = map[string]string{"team": "storefront"}
+	create(t, listed)
+	m := startManager(t, cluster.Config, fmt.Sprintf(`
+resources:
+  - version: v1
+    resource: configmaps
+    namespaces: [%s]
+    cache: metadata
+    transform: {stripManagedFields: false}
+`, ns))
+	waitReady(t, m)
+	create(t, configMap(ns, "watched", map[string]string{"app": "api"}))
+	r := resource(t, m, "configmaps.v1")
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	for _, name := range []string{"listed", "watched"} {
+		testbed.Eventually(t, 10*time.Second, func() error {
+			sent, err := cs.CoreV1().RESTClient().Get().Namespace(ns).Resource("configmaps").Name(name).
+				SetHeader("Accept", "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1").DoRaw(t.Context())
+			if err != nil {
+				return err
+			}
+			kept, ok := r.Snapshot().Get(ns, name)
+			if !ok {
+				return fmt.Errorf("%s is not cached", name)
+			}
+			if got, want := string(kept.JSON()), strings.TrimSpace(string(sent)); got != want {
+				return fmt.Errorf("%s is cached as\n%s\nwant what the apiserver sends:\n%s", name, got, want)
+			}
+			return nil
+		})
+	}
+}
+
 // TestAMetadataOnlyCacheKeepsNothingButMetadata: with cache: metadata the apiserver sends only
 // metadata, and that is what the cache keeps and the events carry, as PartialObjectMetadata,
 // with the transforms and indexers over metadata applied.

@@ -283,11 +283,14 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	ix := indexersOf(r.cfg)
 	st := newStore(ix)
 	gvk := gvr.GroupVersion().WithKind(api.Kind)
+	if r.cfg.MetadataOnly() {
+		gvk = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadata") // what the cache keeps
+	}
 	var sel *selection
 	if r.cfg.Namespaced != nil {
 		sel = newSelection()
 	}
-	unstructuredOnly := r.cfg.MetadataOnly() || sel != nil
+	unstructuredOnly := sel != nil
 	var objectType runtime.Object = &wire{}
 	if unstructuredOnly {
 		objectType = &unstructured.Unstructured{}

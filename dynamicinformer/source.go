@@ -14,9 +14,10 @@ import (
 )
 
 // source lists and watches a resource's objects as unstructured, namespace by namespace ("" for
-// all): whole objects through the dynamic client, or, for a resource whose cache keeps
-// metadata only, their metadata through the metadata client (the apiserver sends
-// PartialObjectMetadata, as to client-go's metadata informers).
+// all), for a resource whose namespaces a namespaceSelector picks (see objectsOf): whole
+// objects through the dynamic client, or, for a resource whose cache keeps metadata only, their
+// metadata through the metadata client (the apiserver sends PartialObjectMetadata, as to
+// client-go's metadata informers).
 type source interface {
 	Namespace(namespace string) lister
 }
@@ -28,14 +29,19 @@ type objects interface {
 	Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error)
 }
 
-// objectsOf is what the informer of r's objects of kind gvk in namespace reads: whole objects
-// as JSON, or, for a resource whose cache keeps metadata only or whose namespaces a
-// namespaceSelector picks (whose selectWatch works on unstructured), src's unstructured.
+// objectsOf is what the informer of r's objects of kind gvk in namespace reads: the objects'
+// JSON, whole or, for a resource whose cache keeps metadata only, their metadata (gvk is then
+// PartialObjectMetadata's); or, for a resource whose namespaces a namespaceSelector picks
+// (whose selectWatch works on unstructured), src's unstructured.
 func (r *Resource) objectsOf(gvr schema.GroupVersionResource, gvk schema.GroupVersionKind, src source, namespace string, unstructuredOnly bool) objects {
 	if unstructuredOnly {
 		return unstructuredObjects{src.Namespace(namespace)}
 	}
-	l := jsonLister{client: r.m.json, gvr: gvr, namespace: namespace, read: reader{cutsOf(r.cfg), typeMembers(gvk.GroupVersion().String(), gvk.Kind)}}
+	l := jsonLister{client: r.m.json, gvr: gvr, namespace: namespace, metadataOnly: r.cfg.MetadataOnly(),
+		read: reader{cutsOf(r.cfg), typeMembers(gvk.GroupVersion().String(), gvk.Kind)}}
+	if l.metadataOnly {
+		return l // resumes whole objects only (see Resumer)
+	}
 	for _, s := range r.m.subscribers {
 		if from, ok := s.(Resumer); ok {
 			l.resume = &resume{from: from, stream: namespace, selection: selectionOf(r.cfg)}

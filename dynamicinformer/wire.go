@@ -23,10 +23,10 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// NewJSONClient is the client the caches list and watch whole objects with (Options.JSON): it
-// asks the apiserver for JSON only, whatever client.cbor says, because the cache keeps each
-// object's JSON as the apiserver sent it, less what the transforms strip, without decoding it
-// into maps and encoding it again.
+// NewJSONClient is the client the caches list and watch objects with (Options.JSON): it asks the
+// apiserver for JSON only, whatever client.cbor says, because the cache keeps each object's
+// JSON as the apiserver sent it, less what the transforms strip, without decoding it into maps
+// and encoding it again. A cache of metadata only asks for it so too (see jsonLister).
 func NewJSONClient(c *rest.Config) (rest.Interface, error) {
 	c = rest.CopyConfig(c)
 	c.ContentType = "application/json"
@@ -73,14 +73,16 @@ func (l *wireList) DeepCopyObject() runtime.Object {
 	return c
 }
 
-// jsonLister lists and watches whole objects of gvr in namespace ("" for all) as JSON, read into
-// wire objects.
+// jsonLister lists and watches the objects of gvr in namespace ("" for all) as JSON, read into
+// wire objects: whole, or with metadataOnly their metadata, which the apiserver sends as
+// PartialObjectMetadata when asked for it (as client-go's metadata client asks, but in JSON).
 type jsonLister struct {
-	client    rest.Interface
-	gvr       schema.GroupVersionResource
-	namespace string
-	read      reader
-	resume    *resume // nil: nothing to resume from
+	client       rest.Interface
+	gvr          schema.GroupVersionResource
+	namespace    string
+	metadataOnly bool
+	read         reader
+	resume       *resume // nil: nothing to resume from
 }
 
 // reader reads an object's JSON, as received, into a wire object of its own: cut to what the
@@ -108,8 +110,16 @@ func (l jsonLister) request(o metav1.ListOptions) *rest.Request {
 	if l.gvr.Group == "" {
 		prefix = []string{"api", l.gvr.Version}
 	}
-	return l.client.Get().AbsPath(prefix...).NamespaceIfScoped(l.namespace, l.namespace != "").Resource(l.gvr.Resource).
+	req := l.client.Get().AbsPath(prefix...).NamespaceIfScoped(l.namespace, l.namespace != "").Resource(l.gvr.Resource).
 		SpecificallyVersionedParams(&o, metav1.ParameterCodec, metav1.SchemeGroupVersion)
+	if l.metadataOnly {
+		as := "PartialObjectMetadataList"
+		if o.Watch {
+			as = "PartialObjectMetadata" // each event's object
+		}
+		req.SetHeader("Accept", "application/json;as="+as+";g=meta.k8s.io;v=v1")
+	}
+	return req
 }
 
 func (l jsonLister) List(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
