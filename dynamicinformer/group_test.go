@@ -77,7 +77,7 @@ func TestAWholeGroupSelectsThePreferredVersionOfEachListableResource(t *testing.
 }
 
 // loadResources loads the resources of a YAML configuration.
-func loadResources(t *testing.T, yaml string) []config.Resource {
+func loadResources(t testing.TB, yaml string) []config.Resource {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
