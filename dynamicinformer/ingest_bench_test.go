@@ -21,7 +21,7 @@ func BenchmarkIngest(b *testing.B) {
 		{"decoded-for-a-jsonPath-indexer", `[{name: byApp, type: label, key: app}, {name: byNote, type: jsonPath, path: "{.data.operator-note}"}]`},
 	} {
 		cfg := loadResources(b, "resources: [{version: v1, resource: configmaps, indexers: "+c.indexers+"}]\n")[0]
-		r := reader{cutsOf(&cfg), typeMembers("v1", "ConfigMap")}
+		r := reader{cuts: cutsOf(&cfg), typed: typeMembers("v1", "ConfigMap")}
 		transform := ingest(&cfg, indexersOf(&cfg), gvk)
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -37,9 +37,9 @@ func (r *Resource) objectsOf(gvr schema.GroupVersionResource, gvk schema.GroupVe
 	if unstructuredOnly {
 		return unstructuredObjects{src.Namespace(namespace)}
 	}
-	l := jsonLister{client: r.m.json, gvr: gvr, namespace: namespace, metadataOnly: r.cfg.MetadataOnly(),
-		read: reader{cutsOf(r.cfg), typeMembers(gvk.GroupVersion().String(), gvk.Kind)}}
-	if l.metadataOnly {
+	l := jsonLister{client: r.m.json, gvr: gvr, namespace: namespace,
+		read: reader{cuts: cutsOf(r.cfg), typed: typeMembers(gvk.GroupVersion().String(), gvk.Kind), metadataOnly: r.cfg.MetadataOnly()}}
+	if l.read.metadataOnly {
 		return l // resumes whole objects only (see Resumer)
 	}
 	for _, s := range r.m.subscribers {

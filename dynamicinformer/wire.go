@@ -74,15 +74,14 @@ func (l *wireList) DeepCopyObject() runtime.Object {
 }
 
 // jsonLister lists and watches the objects of gvr in namespace ("" for all) as JSON, read into
-// wire objects: whole, or with metadataOnly their metadata, which the apiserver sends as
+// wire objects: whole, or with read.metadataOnly their metadata, which the apiserver sends as
 // PartialObjectMetadata when asked for it (as client-go's metadata client asks, but in JSON).
 type jsonLister struct {
-	client       rest.Interface
-	gvr          schema.GroupVersionResource
-	namespace    string
-	metadataOnly bool
-	read         reader
-	resume       *resume // nil: nothing to resume from
+	client    rest.Interface
+	gvr       schema.GroupVersionResource
+	namespace string
+	read      reader
+	resume    *resume // nil: nothing to resume from
 }
 
 // reader reads an object's JSON, as received, into a wire object of its own: cut to what the
@@ -92,9 +91,18 @@ type jsonLister struct {
 type reader struct {
 	cuts  *cuts
 	typed string // see typeMembers
+	// metadataOnly refuses an object that is not PartialObjectMetadata, a bookmark aside: a
+	// server that ignores the Accept header's as= (an aggregated one) would send whole objects,
+	// which a metadata-only cache must never keep, serve or deliver.
+	metadataOnly bool
 }
 
 func (r reader) read(raw []byte, bookmark bool) (*wire, error) {
+	if r.metadataOnly && !bookmark {
+		if kind := gjson.GetBytes(raw, "kind"); kind.Str != "PartialObjectMetadata" {
+			return nil, fmt.Errorf("decode an object: asked for PartialObjectMetadata, got kind %q", kind.Str)
+		}
+	}
 	if r.cuts == nil || bookmark {
 		return newWire(bytes.Clone(raw), bookmark)
 	}
@@ -112,7 +120,7 @@ func (l jsonLister) request(o metav1.ListOptions) *rest.Request {
 	}
 	req := l.client.Get().AbsPath(prefix...).NamespaceIfScoped(l.namespace, l.namespace != "").Resource(l.gvr.Resource).
 		SpecificallyVersionedParams(&o, metav1.ParameterCodec, metav1.SchemeGroupVersion)
-	if l.metadataOnly {
+	if l.read.metadataOnly {
 		as := "PartialObjectMetadataList"
 		if o.Watch {
 			as = "PartialObjectMetadata" // each event's object

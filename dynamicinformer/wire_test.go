@@ -54,7 +54,7 @@ func TestAnObjectCutAsJSONIsKeptAsTheDecodedObjectWouldBe(t *testing.T) {
 	gvk := schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}
 	for cname, c := range configs {
 		cfg := loadResources(t, fmt.Sprintf("resources:\n  - {version: v1, resource: configmaps, %s, indexers: %s}\n", c, indexers))[0]
-		read := reader{cutsOf(&cfg), typeMembers("v1", "ConfigMap")}
+		read := reader{cuts: cutsOf(&cfg), typed: typeMembers("v1", "ConfigMap")}
 		if cut := read.cuts != nil; cut != (cname != "removeFields decodes") {
 			t.Fatalf("%s: cutsOf says cut = %v", cname, cut)
 		}
@@ -222,5 +222,37 @@ func TestAListPageIsReadAsWireObjects(t *testing.T) {
 	}
 	if c := list.DeepCopyObject().(*wireList); &c.Items[0].raw[0] == &list.Items[0].raw[0] || c.Items[1].Name != "b" {
 		t.Error("DeepCopyObject shares the items' JSON")
+	}
+}
+
+// TestAMetadataOnlyReaderRefusesWholeObjects: a reader of metadata only refuses an object that is
+// not PartialObjectMetadata, naming what it got (an aggregated apiserver that ignores the
+// Accept header's as= would send whole objects), so that a metadata-only cache never keeps,
+// serves or delivers an object's body. A bookmark carries no body, and passes.
+func TestAMetadataOnlyReaderRefusesWholeObjects(t *testing.T) {
+	r := reader{metadataOnly: true}
+	partial := `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{"name":"a","namespace":"n","resourceVersion":"1"}}`
+	list := func(items ...string) []byte {
+		return []byte(`{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"9"},"items":[` + strings.Join(items, ",") + `]}`)
+	}
+	if l, err := r.list(list(partial)); err != nil || len(l.Items) != 1 || l.Items[0].Name != "a" {
+		t.Fatalf("a list of PartialObjectMetadata: %+v, %v", l, err)
+	}
+	if _, obj, err := r.event([]byte(`{"type":"ADDED","object":` + partial + `}`)); err != nil || obj.(*wire).Name != "a" {
+		t.Fatalf("an event of PartialObjectMetadata: %v", err)
+	}
+	for _, whole := range []string{
+		`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"b","namespace":"n","resourceVersion":"2"},"data":{"password":"p"}}`,
+		`{"metadata":{"name":"c","namespace":"n","resourceVersion":"3"},"data":{"password":"p"}}`, // a list's item without its kind
+	} {
+		if _, err := r.list(list(partial, whole)); err == nil || !strings.Contains(err.Error(), "PartialObjectMetadata") {
+			t.Errorf("a list holding %s: err %v, want one naming PartialObjectMetadata", whole, err)
+		}
+		if _, _, err := r.event([]byte(`{"type":"MODIFIED","object":` + whole + `}`)); err == nil || !strings.Contains(err.Error(), "PartialObjectMetadata") {
+			t.Errorf("an event of %s: err %v, want one naming PartialObjectMetadata", whole, err)
+		}
+	}
+	if _, _, err := r.event([]byte(`{"type":"BOOKMARK","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"10"}}}`)); err != nil {
+		t.Errorf("a bookmark: %v", err)
 	}
 }
