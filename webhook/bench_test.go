@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -118,19 +117,7 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 // three containers and its status; the event is a MODIFIED.
 func BenchmarkFilter(b *testing.B) {
 	const filter = `object.metadata.labels["app"] == "web" && (oldObject == null || object.metadata.resourceVersion != oldObject.metadata.resourceVersion)`
-	path := filepath.Join(b.TempDir(), "config.yaml")
-	yamlText := "resources: [{version: v1, resource: configmaps}]\nwebhooks: [{name: f, url: \"http://127.0.0.1:1/\", filter: '" + filter + "'}]\n"
-	if err := os.WriteFile(path, []byte(yamlText), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: cfg.Sinks()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	d := run(b, "  - {name: f, url: \"http://127.0.0.1:1/\", filter: '"+filter+"'}\n") // nothing is queued: no request is made
 	sink := d.current()[0]
 	program := sink.cfg().Program
 	for _, u := range []*unstructured.Unstructured{benchConfigMap(), benchPod()} {

@@ -25,7 +25,7 @@ import (
 )
 
 // run starts a Dispatcher for the webhooks YAML (the resources are fixed) until the test ends.
-func run(t *testing.T, webhooksYAML string) *Dispatcher {
+func run(t testing.TB, webhooksYAML string) *Dispatcher {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte("resources: [{version: v1, resource: configmaps}]\nwebhooks:\n"+webhooksYAML), 0o600); err != nil {
