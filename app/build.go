@@ -98,11 +98,17 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	}); err != nil {
 		return nil, err
 	}
-	reviews, err := kubernetes.NewForConfig(forConcern(restConfig, "reviews", limits.Reviews))
+	tokenReviews, err := kubernetes.NewForConfig(forConcern(restConfig, "reviews", limits.Reviews))
 	if err != nil {
-		return nil, fmt.Errorf("review client: %w", err)
+		return nil, fmt.Errorf("token review client: %w", err)
 	}
-	if s.security, err = httpapi.NewSecurity(log, cfg.API, reviews, limits.Reviews); err != nil {
+	accessReviews, err := kubernetes.NewForConfig(forConcern(restConfig, "access-reviews", limits.AccessReviews))
+	if err != nil {
+		return nil, fmt.Errorf("access review client: %w", err)
+	}
+	if s.security, err = httpapi.NewSecurity(log, cfg.API, httpapi.ReviewClients{
+		Tokens: tokenReviews, TokensLimit: limits.Reviews, Access: accessReviews, AccessLimit: limits.AccessReviews,
+	}); err != nil {
 		return nil, err
 	}
 	if s.api, err = newAPI(log, cfg, restConfig, s, watches, status, reg); err != nil {

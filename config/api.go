@@ -100,10 +100,15 @@ type Limits struct {
 	// MaxWatches and MaxWatchesPerUser cap open watches, in all and per user (429 beyond).
 	MaxWatches        int `mapstructure:"maxWatches"`
 	MaxWatchesPerUser int `mapstructure:"maxWatchesPerUser"`
-	// MaxAuthenticating caps requests whose credential is being reviewed (a TokenReview) at
-	// once, before they hold any other slot; one client address holds at most a quarter of it
-	// (at least 1). Credentials authenticated before are reviewed outside it. 429 beyond.
+	// MaxAuthenticating caps requests whose credential, never authenticated before, is being
+	// reviewed (a TokenReview) at once, before they hold any other slot. They take turns fairly
+	// between client addresses and their connections; a connection has at most two waiting or
+	// under review. Credentials authenticated before are reviewed outside it. 429 beyond.
 	MaxAuthenticating int `mapstructure:"maxAuthenticating"`
+	// MaxAuthorizing caps requests whose decision is being reviewed (a SubjectAccessReview,
+	// for a decision not cached) at once. They take turns fairly between users; a user has at
+	// most a quarter of it (at least 1) waiting or under review. 429 beyond.
+	MaxAuthorizing int `mapstructure:"maxAuthorizing"`
 }
 
 func setAPIDefaults(set func(key string, value any)) {
@@ -131,6 +136,7 @@ func setAPIDefaults(set func(key string, value any)) {
 	set("api.limits.maxWatches", 2000)
 	set("api.limits.maxWatchesPerUser", 200)
 	set("api.limits.maxAuthenticating", 32)
+	set("api.limits.maxAuthorizing", 32)
 }
 
 func (a *API) validate(p *problems) {
@@ -190,6 +196,7 @@ func (a *API) validate(p *problems) {
 		"api.limits.maxURLLength": a.Limits.MaxURLLength, "api.limits.maxInFlight": a.Limits.MaxInFlight,
 		"api.limits.maxInFlightPerUser": a.Limits.MaxInFlightPerUser, "api.limits.maxWatches": a.Limits.MaxWatches,
 		"api.limits.maxWatchesPerUser": a.Limits.MaxWatchesPerUser, "api.limits.maxAuthenticating": a.Limits.MaxAuthenticating,
+		"api.limits.maxAuthorizing": a.Limits.MaxAuthorizing,
 	} {
 		if v < 1 {
 			p.add(path, "must be at least 1, got %d", v)

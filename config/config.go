@@ -121,10 +121,11 @@ type RateLimits struct {
 	Informers RateLimit `mapstructure:"informers"`
 	// LeaderElection renews the Lease and reads and writes the checkpoints.
 	LeaderElection RateLimit `mapstructure:"leaderElection"`
-	// Reviews are the query API's TokenReviews and SubjectAccessReviews. Credentials never
-	// authenticated before may use half of it, so that known callers are re-reviewed promptly
-	// whatever else arrives.
+	// Reviews are the query API's TokenReviews. Credentials never authenticated before may
+	// use half of it, so that known callers are re-reviewed promptly whatever else arrives.
 	Reviews RateLimit `mapstructure:"reviews"`
+	// AccessReviews are the query API's SubjectAccessReviews, shared fairly between users.
+	AccessReviews RateLimit `mapstructure:"accessReviews"`
 	// Reads are what the query API reads from the apiserver itself: OpenAPI documents,
 	// CustomResourceDefinitions and events.
 	Reads RateLimit `mapstructure:"reads"`
@@ -308,7 +309,7 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("metrics.pprof", false)
 	v.SetDefault("discovery.interval", "5s")
 	v.SetDefault("client.cbor", true)
-	for name, l := range map[string]RateLimit{"informers": {50, 100}, "leaderElection": {10, 20}, "reviews": {20, 40}, "reads": {20, 40}} {
+	for name, l := range map[string]RateLimit{"informers": {50, 100}, "leaderElection": {10, 20}, "reviews": {20, 40}, "accessReviews": {20, 40}, "reads": {20, 40}} {
 		v.SetDefault("client.rateLimits."+name+".qps", l.QPS)
 		v.SetDefault("client.rateLimits."+name+".burst", l.Burst)
 	}

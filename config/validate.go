@@ -93,7 +93,7 @@ func (c *Config) validate() error {
 }
 
 func (r RateLimits) validate(p *problems) {
-	for name, l := range map[string]RateLimit{"informers": r.Informers, "leaderElection": r.LeaderElection, "reviews": r.Reviews, "reads": r.Reads} {
+	for name, l := range map[string]RateLimit{"informers": r.Informers, "leaderElection": r.LeaderElection, "reviews": r.Reviews, "accessReviews": r.AccessReviews, "reads": r.Reads} {
 		path := "client.rateLimits." + name
 		if l.QPS <= 0 {
 			p.add(path+".qps", "must be above 0, got %g", l.QPS)

@@ -3,18 +3,12 @@ package httpapi
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
-	"sync"
+	"net"
 	"time"
 
-	"golang.org/x/time/rate"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/utils/lru"
 )
-
-// errReviewsBusy is a credential that could not be reviewed now: too many are being reviewed,
-// or the rate of reviews for unknown credentials is spent. The caller gets 429 at once.
-var errReviewsBusy = errors.New("too many credentials are being reviewed; retry later")
 
 // knownCredentials is how many credentials admission remembers as authenticated before, and
 // for how long after their last success.
@@ -23,36 +17,37 @@ const (
 	knownCredentialTTL = time.Hour
 )
 
-// admission stands between the token cache and the TokenReview webhook: only what the cache
-// does not answer reaches it. A credential authenticated before is reviewed at once; any other
-// needs a share of the concurrency cap (limit in all, a quarter of it per client address) and a
-// token from the unknown-credential rate, or is refused with errReviewsBusy without waiting. So
-// a flood of made-up tokens costs the apiserver no more than that rate, and a known caller is
-// neither queued behind it nor refused.
+// admission stands in front of the token cache and its TokenReviews. A credential
+// authenticated before goes straight on; any other waits for a turn of the unknown-credential
+// queue, fair between client addresses and, within an address, between connections, or is
+// refused with errReviewsBusy. So a flood of made-up tokens costs the apiserver no more than
+// the queue's rate, a known caller is neither queued behind it nor refused, and a valid caller
+// arriving during the flood waits for one turn of each other address and connection, not for
+// the flood to end.
+//
+// It stands in front of the cache, not behind it, because the cache detaches the context of
+// the review it makes (one review may answer several callers): behind it, no caller's address
+// would reach the queue.
 type admission struct {
-	next    authenticator.Token
-	unknown *rate.Limiter
-	limit   int
-
-	mu        sync.Mutex
-	reviewing int
-	bySource  map[string]int
-	known     *lru.Cache // sha256 of a credential → when it was last authenticated
+	next  authenticator.Token
+	queue *fairQueue
+	known *lru.Cache // sha256 of a credential → when it was last authenticated
 }
 
-func newAdmission(next authenticator.Token, limit int, unknown *rate.Limiter) *admission {
-	return &admission{next: next, unknown: unknown, limit: limit, bySource: map[string]int{}, known: lru.New(knownCredentials)}
+func newAdmission(next authenticator.Token, queue *fairQueue) *admission {
+	return &admission{next: next, queue: queue, known: lru.New(knownCredentials)}
 }
 
 // AuthenticateToken implements authenticator.Token.
 func (a *admission) AuthenticateToken(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 	sum := sha256.Sum256([]byte(token))
 	if !a.isKnown(sum) {
-		source := sourceOf(ctx)
-		if !a.enter(source) {
-			return nil, false, errReviewsBusy
+		connection := connectionOf(ctx)
+		done, err := a.queue.wait(ctx, addressOf(connection), connection)
+		if err != nil {
+			return nil, false, err
 		}
-		defer a.leave(source)
+		defer done()
 	}
 	resp, ok, err := a.next.AuthenticateToken(ctx, token)
 	if ok && err == nil {
@@ -66,35 +61,23 @@ func (a *admission) isKnown(sum [sha256.Size]byte) bool {
 	return ok && time.Since(at.(time.Time)) < knownCredentialTTL
 }
 
-// enter takes a share of the cap for source and a token of the unknown-credential rate.
-func (a *admission) enter(source string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.reviewing >= a.limit || a.bySource[source] >= max(1, a.limit/4) || !a.unknown.Allow() {
-		return false
-	}
-	a.reviewing++
-	a.bySource[source]++
-	return true
+type connectionKey struct{}
+
+// withConnection records the connection a request came on (its remote address and port), for
+// admission's fairness.
+func withConnection(ctx context.Context, remoteAddr string) context.Context {
+	return context.WithValue(ctx, connectionKey{}, remoteAddr)
 }
 
-func (a *admission) leave(source string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.reviewing--
-	if a.bySource[source]--; a.bySource[source] == 0 {
-		delete(a.bySource, source)
-	}
-}
-
-type sourceKey struct{}
-
-// withSource records the client address a request came from, for admission's fairness.
-func withSource(ctx context.Context, source string) context.Context {
-	return context.WithValue(ctx, sourceKey{}, source)
-}
-
-func sourceOf(ctx context.Context) string {
-	s, _ := ctx.Value(sourceKey{}).(string)
+func connectionOf(ctx context.Context) string {
+	s, _ := ctx.Value(connectionKey{}).(string)
 	return s
+}
+
+// addressOf is a connection's client address, without its port.
+func addressOf(remoteAddr string) string {
+	if host, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		return host
+	}
+	return remoteAddr
 }

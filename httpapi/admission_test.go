@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/time/rate"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -37,8 +38,10 @@ func (r *reviewer) AuthenticateToken(ctx context.Context, token string) (*authen
 
 func TestAdmissionSpendsTheUnknownRateOnlyOnUnknownCredentials(t *testing.T) {
 	r := &reviewer{}
-	a := newAdmission(r, 32, rate.NewLimiter(0, 2)) // two unknown credentials, then none
-	ctx := withSource(context.Background(), "192.0.2.1")
+	q := newFairQueue(rate.NewLimiter(0, 2), 32, 2, 128, 50*time.Millisecond) // two unknown credentials, then none
+	runQueue(t, q)
+	a := newAdmission(r, q)
+	ctx := withConnection(context.Background(), "192.0.2.1:40000")
 	if _, ok, err := a.AuthenticateToken(ctx, "good"); !ok || err != nil {
 		t.Fatalf("the first review of a good credential: ok %v, err %v", ok, err)
 	}
@@ -58,22 +61,24 @@ func TestAdmissionSpendsTheUnknownRateOnlyOnUnknownCredentials(t *testing.T) {
 	}
 }
 
-func TestAdmissionGivesOneAddressAQuarterOfTheCap(t *testing.T) {
+func TestAdmissionQueuesByTheConnectionItFindsInTheContext(t *testing.T) {
 	r := &reviewer{hold: make(chan struct{}), entered: make(chan struct{}, 8)}
-	a := newAdmission(r, 8, rate.NewLimiter(rate.Inf, 0))
-	flood := withSource(context.Background(), "192.0.2.1")
+	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 8, 2, 32, time.Minute)
+	runQueue(t, q)
+	a := newAdmission(r, q)
+	flood := withConnection(context.Background(), "192.0.2.1:40000")
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() { _, _, _ = a.AuthenticateToken(flood, "forged") })
 		<-r.entered
 	}
 	if _, _, err := a.AuthenticateToken(flood, "forged"); !errors.Is(err, errReviewsBusy) {
-		t.Errorf("a third review from one address with a cap of 8: %v; want errReviewsBusy", err)
+		t.Errorf("a third review on one connection with a share of 2: %v; want errReviewsBusy", err)
 	}
-	other := withSource(context.Background(), "192.0.2.2")
+	other := withConnection(context.Background(), "192.0.2.1:40001")
 	wg.Go(func() {
 		if _, ok, err := a.AuthenticateToken(other, "good"); !ok || err != nil {
-			t.Errorf("another address's review: ok %v, err %v", ok, err)
+			t.Errorf("another connection's review: ok %v, err %v", ok, err)
 		}
 	})
 	<-r.entered

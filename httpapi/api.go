@@ -102,7 +102,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 		openAPI:    newOpenAPI(o.Kubernetes),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_rejected_requests_total",
-			Help: "API requests refused before they were answered, by reason: url_too_long, unauthenticated, forbidden, server_busy, user_busy, authenticating_busy (429), auth_error, timeout.",
+			Help: "API requests refused before they were answered, by reason: url_too_long, unauthenticated, forbidden, server_busy, user_busy, authenticating_busy, authorizing_busy (429), auth_error, timeout.",
 		}, []string{"reason"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_requests_total",

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -26,8 +27,13 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 )
 
-// reviewTimeout bounds one TokenReview or SubjectAccessReview call to the apiserver.
+// reviewTimeout bounds one TokenReview or SubjectAccessReview call to the apiserver, retries
+// included.
 const reviewTimeout = 10 * time.Second
+
+// maxReviewWait is how long a request waits for its turn to be reviewed before it is answered
+// 429.
+const maxReviewWait = 5 * time.Second
 
 // reviewBackoff is how a failed review is retried: the apiserver's own default for
 // delegated authentication and authorization webhooks.
@@ -35,41 +41,74 @@ func reviewBackoff() *wait.Backoff {
 	return &wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
 }
 
-// newDelegatedAuth returns the authenticator and authorizer that kube-apiserver's own
-// aggregated servers use (authenticatorfactory.DelegatingAuthenticatorConfig, assembled from
-// the same parts so that admission can stand between its token cache and its TokenReviews):
-// client certificates against clientCA (when not nil), bearer tokens (in the Authorization
-// header or a websocket's protocol) checked with TokenReview, and every decision taken by
-// SubjectAccessReview, all cached for the configured TTLs. Anonymous requests are not
-// authenticated. Credentials the cache does not know are reviewed only as admission allows:
-// at most maxReviewing at once and, for credentials never authenticated before, half the
-// review client's rate.
-func newDelegatedAuth(client kubernetes.Interface, c config.Auth, maxReviewing int, reviews config.RateLimit, clientCA dynamiccertificates.CAContentProvider) (authenticator.Request, authorizer.Authorizer, error) {
-	webhook, err := webhooktoken.NewFromInterface(client.AuthenticationV1(), nil, *reviewBackoff(), reviewTimeout, webhooktoken.AuthenticatorMetrics{
+// delegatedAuth is the authenticator and authorizer that kube-apiserver's own aggregated
+// servers use (authenticatorfactory.DelegatingAuthenticatorConfig and
+// authorizerfactory.DelegatingAuthorizerConfig, assembled from the same parts so that a fair
+// queue can stand in front of each kind of review): client certificates against clientCA
+// (when not nil), bearer tokens (in the Authorization header or a websocket's protocol)
+// checked with TokenReview, and every decision taken by SubjectAccessReview, all cached for
+// the configured TTLs. Anonymous requests are not authenticated.
+//
+// TokenReviews and SubjectAccessReviews go through clients of their own, each with its own
+// rate limit, so that neither waits behind the other. A credential the token cache does not
+// answer and that was never authenticated before waits for a turn of the unknown-credential
+// queue (admission.go: half the TokenReview client's rate, maxAuthenticating at once, fair
+// between addresses and connections); a decision not cached waits for a turn of the
+// access-review queue (authorization.go: the SubjectAccessReview client's rate, maxAuthorizing
+// at once, fair between users). Run gives out both queues' turns.
+type delegatedAuth struct {
+	authn  authenticator.Request
+	authz  authorizer.Authorizer
+	queues []*fairQueue
+}
+
+// ReviewClients are the clients delegated authentication and authorization review with, and
+// their rate limits.
+type ReviewClients struct {
+	Tokens      kubernetes.Interface // TokenReviews
+	TokensLimit config.RateLimit
+	Access      kubernetes.Interface // SubjectAccessReviews
+	AccessLimit config.RateLimit
+}
+
+func newDelegatedAuth(clients ReviewClients, c config.Auth, limits config.Limits, clientCA dynamiccertificates.CAContentProvider) (*delegatedAuth, error) {
+	webhook, err := webhooktoken.NewFromInterface(clients.Tokens.AuthenticationV1(), nil, *reviewBackoff(), reviewTimeout, webhooktoken.AuthenticatorMetrics{
 		RecordRequestTotal:   authenticatorfactory.RecordRequestTotal,
 		RecordRequestLatency: authenticatorfactory.RecordRequestLatency,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("delegated authentication: %w", err)
+		return nil, fmt.Errorf("delegated authentication: %w", err)
 	}
-	unknown := rate.NewLimiter(rate.Limit(reviews.QPS/2), max(1, reviews.Burst/2))
-	tokens := cache.New(newAdmission(webhook, maxReviewing, unknown), false, c.TokenCacheTTL, c.TokenCacheTTL)
+	unknown := newFairQueue(rate.NewLimiter(rate.Limit(clients.TokensLimit.QPS/2), max(1, clients.TokensLimit.Burst/2)),
+		limits.MaxAuthenticating, 2, 4*limits.MaxAuthenticating, maxReviewWait)
+	tokens := newAdmission(cache.New(webhook, false, c.TokenCacheTTL, c.TokenCacheTTL), unknown)
 	var authenticators []authenticator.Request
 	if clientCA != nil {
 		authenticators = append(authenticators, x509.NewDynamic(clientCA.VerifyOptions, x509.CommonNameUserConversion))
 	}
 	authenticators = append(authenticators, bearertoken.New(tokens), websocket.NewProtocolAuthenticator(tokens))
 	authn := group.NewAuthenticatedGroupAdder(unionauth.New(authenticators...))
-	authz, err := authorizerfactory.DelegatingAuthorizerConfig{
-		SubjectAccessReviewClient: client.AuthorizationV1(),
-		AllowCacheTTL:             c.AllowCacheTTL,
-		DenyCacheTTL:              c.DenyCacheTTL,
+	// The webhook's own cache is off (TTLs of 0): authorization caches per user.
+	sar, err := authorizerfactory.DelegatingAuthorizerConfig{
+		SubjectAccessReviewClient: clients.Access.AuthorizationV1(),
 		WebhookRetryBackoff:       reviewBackoff(),
 	}.New()
 	if err != nil {
-		return nil, nil, fmt.Errorf("delegated authorization: %w", err)
+		return nil, fmt.Errorf("delegated authorization: %w", err)
 	}
-	return authn, authz, nil
+	access := newFairQueue(rate.NewLimiter(rate.Limit(clients.AccessLimit.QPS), clients.AccessLimit.Burst),
+		limits.MaxAuthorizing, max(1, limits.MaxAuthorizing/4), 4*limits.MaxAuthorizing, maxReviewWait)
+	authz := newAuthorization(sar, access, c.AllowCacheTTL, c.DenyCacheTTL, reviewTimeout)
+	return &delegatedAuth{authn: authn, authz: authz, queues: []*fairQueue{unknown, access}}, nil
+}
+
+// Run gives out the review queues' turns until ctx ends.
+func (d *delegatedAuth) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	for _, q := range d.queues {
+		g.Go(func() error { return q.Run(ctx) })
+	}
+	return g.Wait()
 }
 
 // Security is the query API's authentication, authorization and TLS, as configured.
@@ -79,11 +118,13 @@ type Security struct {
 	Authorizer    authorizer.Authorizer
 	// TLS is nil with api.tls.enabled false.
 	TLS *TLS
+	// auth gives out the review queues' turns; nil with api.auth.mode none.
+	auth *delegatedAuth
 }
 
-// NewSecurity builds what c.Auth and c.TLS ask for, with client to reach the apiserver's
-// TokenReview and SubjectAccessReview; reviews is that client's rate limit. It warns about every insecure choice it is given.
-func NewSecurity(log *slog.Logger, c config.API, client kubernetes.Interface, reviews config.RateLimit) (Security, error) {
+// NewSecurity builds what c.Auth and c.TLS ask for, with clients to reach the apiserver's
+// TokenReview and SubjectAccessReview. It warns about every insecure choice it is given.
+func NewSecurity(log *slog.Logger, c config.API, clients ReviewClients) (Security, error) {
 	var s Security
 	if c.TLS.Enabled {
 		t, err := newTLS(log, c)
@@ -102,17 +143,24 @@ func NewSecurity(log *slog.Logger, c config.API, client kubernetes.Interface, re
 	if s.TLS != nil {
 		clientCA = s.TLS.ClientCA()
 	}
-	var err error
-	s.Authenticator, s.Authorizer, err = newDelegatedAuth(client, c.Auth, c.Limits.MaxAuthenticating, reviews, clientCA)
-	return s, err
+	auth, err := newDelegatedAuth(clients, c.Auth, c.Limits, clientCA)
+	if err != nil {
+		return s, err
+	}
+	s.Authenticator, s.Authorizer, s.auth = auth.authn, auth.authz, auth
+	return s, nil
 }
 
-// Run keeps the certificates current until ctx ends.
+// Run keeps the certificates current and gives out the review queues' turns until ctx ends.
 func (s Security) Run(ctx context.Context) error {
-	if s.TLS == nil {
-		return nil
+	g, ctx := errgroup.WithContext(ctx)
+	if s.TLS != nil {
+		g.Go(func() error { return s.TLS.Run(ctx) })
 	}
-	return s.TLS.Run(ctx)
+	if s.auth != nil {
+		g.Go(func() error { return s.auth.Run(ctx) })
+	}
+	return g.Wait()
 }
 
 // ServerTLS is the server's TLS configuration, nil for plain HTTP.

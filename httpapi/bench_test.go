@@ -135,9 +135,13 @@ func newBenchFixture(n int) (*benchFixture, error) {
 		return nil, err
 	}
 	cached := config.Auth{TokenCacheTTL: time.Hour, AllowCacheTTL: time.Hour, DenyCacheTTL: time.Hour}
-	if opts.Authenticator, opts.Authorizer, err = newDelegatedAuth(kubernetes.NewForConfigOrDie(cluster.Config), cached, cfg.API.Limits.MaxAuthenticating, cfg.Client.RateLimits.Reviews, nil); err != nil {
+	reviews := kubernetes.NewForConfigOrDie(cluster.Config)
+	auth, err := newDelegatedAuth(ReviewClients{Tokens: reviews, TokensLimit: cfg.Client.RateLimits.Reviews, Access: reviews, AccessLimit: cfg.Client.RateLimits.AccessReviews}, cached, cfg.API.Limits, nil)
+	if err != nil {
 		return nil, err
 	}
+	go func() { _ = auth.Run(runCtx) }()
+	opts.Authenticator, opts.Authorizer = auth.authn, auth.authz
 	opts.Registerer = prometheus.NewRegistry()
 	f.authorized, err = NewAPI(opts)
 	return f, err

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -31,10 +30,11 @@ const (
 	rejectUserBusy       = "user_busy"
 	rejectAuthError      = "auth_error"
 	rejectAuthenticating = "authenticating_busy"
+	rejectAuthorizing    = "authorizing_busy"
 	rejectRequestTimeout = "timeout"
 )
 
-var rejectReasons = []string{rejectURLTooLong, rejectUnauthorized, rejectForbidden, rejectServerBusy, rejectUserBusy, rejectAuthenticating, rejectAuthError, rejectRequestTimeout}
+var rejectReasons = []string{rejectURLTooLong, rejectUnauthorized, rejectForbidden, rejectServerBusy, rejectUserBusy, rejectAuthenticating, rejectAuthorizing, rejectAuthError, rejectRequestTimeout}
 
 // retryAfterSeconds is the Retry-After of a 429, as the apiserver's max-in-flight filter sends.
 const retryAfterSeconds = 1
@@ -90,8 +90,9 @@ func (a *api) guard(c *gin.Context) {
 	user := ""
 	if g.authn != nil {
 		// Authentication and authorization come first and hold no slot: what they cost is
-		// bounded by admission (see newDelegatedAuth) and the review caches, so that requests
-		// no one vouches for never crowd out the ones being answered.
+		// bounded by the review caches and the fair queues in front of each kind of review (see
+		// delegatedAuth), so that requests no one vouches for never crowd out the ones being
+		// answered.
 		if user = a.authorize(c, info); user == "" {
 			return
 		}
@@ -115,7 +116,7 @@ func (a *api) guard(c *gin.Context) {
 // user's name, or answers the request (401, 403, 429 or 500) and returns "".
 func (a *api) authorize(c *gin.Context, info *request.RequestInfo) string {
 	g := a.gate
-	c.Request = c.Request.WithContext(withSource(c.Request.Context(), clientAddress(c.Request)))
+	c.Request = c.Request.WithContext(withConnection(c.Request.Context(), c.Request.RemoteAddr))
 	resp, ok, err := g.authn.AuthenticateRequest(c.Request)
 	switch {
 	case errors.Is(err, errReviewsBusy):
@@ -135,6 +136,8 @@ func (a *api) authorize(c *gin.Context, info *request.RequestInfo) string {
 	switch {
 	case decision == authorizer.DecisionAllow:
 		return attrs.User.GetName()
+	case errors.Is(err, errReviewsBusy):
+		a.busy(c, rejectAuthorizing, "too many requests are being authorized")
 	case err != nil:
 		// The cause (a timeout, a throttled review) is the operator's to read, not the caller's.
 		a.Logger.Warn("authorization failed", "user", attrs.User.GetName(), "err", err)
@@ -143,14 +146,6 @@ func (a *api) authorize(c *gin.Context, info *request.RequestInfo) string {
 		a.reject(c, rejectForbidden, responsewriters.ForbiddenStatusError(attrs, reason))
 	}
 	return ""
-}
-
-// clientAddress is the address a request came from, without its port.
-func clientAddress(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		return host
-	}
-	return r.RemoteAddr
 }
 
 // attributes are the authorizer attributes the apiserver builds for the same request

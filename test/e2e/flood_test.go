@@ -18,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
@@ -35,27 +37,81 @@ const (
 	floodFor         = 30 * time.Second
 )
 
-// The review client's default rate limit (client.rateLimits.reviews): no more TokenReviews than
-// this may reach the apiserver, whatever arrives.
+// The review clients' default rate limits (client.rateLimits.reviews and .accessReviews): no
+// more TokenReviews, nor SubjectAccessReviews, than this may reach the apiserver, whatever
+// arrives.
 const (
 	reviewsQPS   = 20
 	reviewsBurst = 40
 )
 
+// newcomerAfter is when, into the flood, a valid caller never seen before sends its first
+// request.
+const newcomerAfter = 10 * time.Second
+
 // TestARandomTokenFloodStallsNoOneElse floods the query API with requests that each carry a
 // fresh random bearer token, as anyone who reaches the port can, while a valid caller queries,
-// another tenant's webhook receives updates and the replica holds its Lease: the valid caller's
-// requests all succeed with a p99 under 250 ms, the Lease is renewed every retry period (never
-// more than a second late), the other tenant's updates arrive with a p99 under 250 ms, and the
+// another arrives for the first time 10 s into the flood, another tenant's webhook receives
+// updates and the replica holds its Lease: every valid request succeeds, the newcomer's first
+// within 2 s, with a p99 under 250 ms; the Lease is renewed every retry period (never more
+// than a second late); the other tenant's updates arrive with a p99 under 250 ms; and the
 // TokenReviews that reach the apiserver stay within the review client's rate.
 //
-// It runs alone (no t.Parallel), so that every TokenReview the apiserver counts is this test's.
+// It runs alone (no t.Parallel), so that every review the apiserver counts is this test's.
 func TestARandomTokenFloodStallsNoOneElse(t *testing.T) {
+	f := newFlood(t)
+	f.run(t, func(string) (string, string) { return randomToken(), f.list })
+	f.check(t, "tokenreviews")
+}
+
+// TestAValidTokensFloodOfRandomNamesStallsNoOneElse floods the query API with requests from
+// one valid ServiceAccount token that may read nothing, each for a random namespace and name
+// (each a decision no cache holds), as any pod in the cluster can, with the same callers,
+// webhook and Lease beside it and the same bounds as the random-token flood; and the
+// SubjectAccessReviews that reach the apiserver stay within their client's rate.
+//
+// It runs alone (no t.Parallel), so that every review the apiserver counts is this test's.
+func TestAValidTokensFloodOfRandomNamesStallsNoOneElse(t *testing.T) {
+	f := newFlood(t)
+	token := serviceAccountToken(t, f.cs, f.ns, "flooder")
+	f.run(t, func(base string) (string, string) {
+		return token, base + "/api/v1/namespaces/" + randomToken()[:12] + "/configmaps/" + randomToken()[:12]
+	})
+	f.check(t, "subjectaccessreviews")
+}
+
+// flood is a dynwatch with a webhook, a Lease and a query API, and the measurements taken
+// while something floods its API.
+type flood struct {
+	cs          *kubernetes.Clientset
+	ns          string
+	rc          *receiver
+	roots       *x509.CertPool
+	base, list  string
+	retryPeriod time.Duration
+	reviews     map[string]float64 // apiserver requests by resource, before the flood
+
+	start, deadline time.Time
+	elapsed         time.Duration
+	flooded, busy   atomic.Int64
+	updates         int
+	renewals        *renewals
+	known, newcomer prober
+}
+
+// prober is one valid caller's requests during the flood.
+type prober struct {
+	name     string
+	answers  []time.Duration
+	failures []string
+	first    time.Duration // from the first request to the first 200
+}
+
+func newFlood(t *testing.T) *flood {
 	testbed.Need(t)
-	ns := namespace(t)
-	const retryPeriod = 2 * time.Second
+	f := &flood{ns: namespace(t), retryPeriod: 2 * time.Second, cs: kubernetes.NewForConfigOrDie(cluster.Config)}
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	rc := newJudge(t, func(received, int, http.Header) int { return http.StatusOK })
+	f.rc = newJudge(t, func(received, int, http.Header) int { return http.StatusOK })
 	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%[1]s]}]
 webhooks: [{name: tenant, url: %[2]s, workers: 4, retry: {initialBackoff: 100ms, maxBackoff: 1s}}]
@@ -66,89 +122,142 @@ api:
   tls: {selfSignedCAFile: %[5]s}
   auth: {tokenCacheTTL: 2s}
 metrics: {address: "127.0.0.1:0"}
-`, ns, rc.URL, filepath.Join(t.TempDir(), "state.db"), retryPeriod, caFile))
+`, f.ns, f.rc.URL, filepath.Join(t.TempDir(), "state.db"), f.retryPeriod, caFile))
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	url, _, _ := p.WaitListening(t.Context())
-	grantConfigMapReads(t, ns, "alice")
-	cs := kubernetes.NewForConfigOrDie(cluster.Config)
-	if _, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}}, metav1.CreateOptions{}); err != nil {
+	f.base, _, _ = p.WaitListening(t.Context())
+	f.list = f.base + "/api/v1/namespaces/" + f.ns + "/configmaps"
+	grantConfigMapReads(t, f.ns, "alice")
+	if _, err := f.cs.RbacV1().RoleBindings(f.ns).Create(t.Context(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "bob"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "bob"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.cs.CoreV1().ConfigMaps(f.ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pem, err := os.ReadFile(caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	list := url + "/api/v1/namespaces/" + ns + "/configmaps"
-	valid := floodClient(roots)
-	// The caller is known before the flood, as a real one would be.
-	if code := floodGet(valid, list, cluster.Token("alice")); code != http.StatusOK {
+	f.roots = x509.NewCertPool()
+	f.roots.AppendCertsFromPEM(pem)
+	return f
+}
+
+// run floods the API for floodFor with floodRequests requests at once over floodConnections
+// connections, each asking what next gives (a token and a URL, from the API's base URL),
+// while alice (known before the flood) and bob (new 10 s into it) list their namespace, the
+// tenant's configmap is updated every 200 ms and the Lease's renewals are recorded.
+func (f *flood) run(t *testing.T, next func(base string) (token, url string)) {
+	valid := floodClient(f.roots)
+	if code := floodGet(valid, f.list, cluster.Token("alice")); code != http.StatusOK {
 		t.Fatalf("alice's list before the flood: %d", code)
 	}
-	renewals := watchRenewals(t, cs, ns)
-	reviewsBefore := tokenReviews(t, cs)
+	f.renewals = watchRenewals(t, f.cs, f.ns)
+	f.reviews = apiserverRequests(t, f.cs)
 
-	start := time.Now()
-	deadline := start.Add(floodFor)
+	f.start = time.Now()
+	f.deadline = f.start.Add(floodFor)
 	var wg sync.WaitGroup
-	var flooded, busy atomic.Int64
 	for range floodConnections {
-		client := floodClient(roots)
+		client := floodClient(f.roots)
 		for range floodRequests / floodConnections {
 			wg.Go(func() {
-				for time.Now().Before(deadline) {
-					code := floodGet(client, list, randomToken())
-					flooded.Add(1)
+				for time.Now().Before(f.deadline) {
+					token, url := next(f.base)
+					code := floodGet(client, url, token)
+					f.flooded.Add(1)
 					if code == http.StatusTooManyRequests {
-						busy.Add(1)
+						f.busy.Add(1)
 					}
 				}
 			})
 		}
 	}
-	var answers []time.Duration
-	var failures []string
+	f.known.name, f.newcomer.name = "alice", "bob"
+	wg.Go(func() { f.known.probe(f, valid, f.start) })
 	wg.Go(func() {
-		for time.Now().Before(deadline) {
-			began := time.Now()
-			code := floodGet(valid, list, cluster.Token("alice"))
-			answers = append(answers, time.Since(began))
-			if code != http.StatusOK {
-				failures = append(failures, fmt.Sprintf("%d at %s", code, began.Sub(start).Round(time.Millisecond)))
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		time.Sleep(newcomerAfter)
+		f.newcomer.probe(f, floodClient(f.roots), time.Now())
 	})
-	var updates int
-	wg.Go(func() { updates = stamp(t, cs, ns, "tenant", 200*time.Millisecond, floodFor) })
+	wg.Go(func() { f.updates = stamp(t, f.cs, f.ns, "tenant", 200*time.Millisecond, floodFor) })
 	wg.Wait()
-	elapsed := time.Since(start)
-	reviews := tokenReviews(t, cs) - reviewsBefore
-	t.Logf("%d flood requests in %s, %d answered 429; %d TokenReviews reached the apiserver", flooded.Load(), elapsed.Round(time.Millisecond), busy.Load(), int(reviews))
+	f.elapsed = time.Since(f.start)
+}
 
-	if len(failures) > 0 {
-		t.Errorf("%d of alice's %d requests failed during the flood: %s", len(failures), len(answers), strings.Join(failures, ", "))
+// probe lists the namespace as p's user every 100 ms from from until the flood ends.
+func (p *prober) probe(f *flood, c *http.Client, from time.Time) {
+	p.first = -1
+	for time.Now().Before(f.deadline) {
+		began := time.Now()
+		code := floodGet(c, f.list, cluster.Token(p.name))
+		took := time.Since(began)
+		switch {
+		case code != http.StatusOK:
+			p.failures = append(p.failures, fmt.Sprintf("%d at %s", code, began.Sub(f.start).Round(time.Millisecond)))
+		case p.first < 0:
+			p.first = time.Since(from) // the first answer has a bound of its own
+		default:
+			p.answers = append(p.answers, took)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	if p := percentile(answers, 0.99); p > 250*time.Millisecond {
-		t.Errorf("alice's requests: p99 %s over %d; want at most 250ms", p, len(answers))
-	} else {
-		t.Logf("alice's requests: p99 %s over %d", p, len(answers))
-	}
-	if limit := reviewsQPS*elapsed.Seconds() + reviewsBurst; reviews > limit {
-		t.Errorf("%d TokenReviews reached the apiserver in %s; the review client allows at most %d", int(reviews), elapsed.Round(time.Second), int(limit))
-	}
+}
 
-	gaps := renewals.gaps(start, deadline)
-	if worst := slices.Max(gaps); worst > retryPeriod+time.Second {
-		t.Errorf("Lease renewals %v apart at worst during the flood (all: %v); want at most the retry period %s + 1s", worst, gaps, retryPeriod)
+// check holds the flood's measurements to their bounds; reviewed is the kind of review the
+// flood makes, which may reach the apiserver no faster than its client's rate.
+func (f *flood) check(t *testing.T, reviewed string) {
+	t.Helper()
+	after := apiserverRequests(t, f.cs)
+	t.Logf("%d flood requests in %s, %d answered 429; reached the apiserver: %d TokenReviews, %d SubjectAccessReviews",
+		f.flooded.Load(), f.elapsed.Round(time.Millisecond), f.busy.Load(),
+		int(after["tokenreviews"]-f.reviews["tokenreviews"]), int(after["subjectaccessreviews"]-f.reviews["subjectaccessreviews"]))
+	for _, p := range []*prober{&f.known, &f.newcomer} {
+		if len(p.failures) > 0 {
+			t.Errorf("%d of %s's %d requests failed during the flood: %s", len(p.failures), p.name, len(p.answers)+len(p.failures), strings.Join(p.failures[:min(10, len(p.failures))], ", "))
+		}
+		if q := percentile(p.answers, 0.99); q > 250*time.Millisecond {
+			t.Errorf("%s's requests: p99 %s over %d; want at most 250ms", p.name, q, len(p.answers))
+		} else {
+			t.Logf("%s's requests: p99 %s over %d", p.name, q, len(p.answers))
+		}
+	}
+	switch first := f.newcomer.first; {
+	case first < 0:
+		t.Errorf("bob, new %s into the flood, had no 200 before it ended", newcomerAfter)
+	case first > 2*time.Second:
+		t.Errorf("bob, new %s into the flood, had his first 200 %s after asking; want at most 2s", newcomerAfter, first.Round(time.Millisecond))
+	default:
+		t.Logf("bob, new %s into the flood, had his first 200 %s after asking", newcomerAfter, first.Round(time.Millisecond))
+	}
+	if n, limit := after[reviewed]-f.reviews[reviewed], reviewsQPS*f.elapsed.Seconds()+reviewsBurst; n > limit {
+		t.Errorf("%d %s reached the apiserver in %s; their client allows at most %d", int(n), reviewed, f.elapsed.Round(time.Second), int(limit))
+	}
+	gaps := f.renewals.gaps(f.start, f.deadline)
+	if worst := slices.Max(gaps); worst > f.retryPeriod+time.Second {
+		t.Errorf("Lease renewals %v apart at worst during the flood (all: %v); want at most the retry period %s + 1s", worst, gaps, f.retryPeriod)
 	} else {
 		t.Logf("Lease renewals at most %s apart (%d renewals)", worst, len(gaps))
 	}
+	checkStampLatency(t, f.rc, f.updates, "during the flood")
+}
 
-	checkStampLatency(t, rc, updates, "during the flood")
+// serviceAccountToken creates a ServiceAccount in ns with no grants and returns a token for it,
+// as the kubelet mounts one into every pod.
+func serviceAccountToken(t *testing.T, cs *kubernetes.Clientset, ns, name string) string {
+	t.Helper()
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
 }
 
 // floodClient is one HTTP/2 connection to the API: requests on it share the connection.
@@ -179,20 +288,26 @@ func randomToken() string {
 	return hex.EncodeToString(b)
 }
 
-// tokenReviews is how many TokenReviews the apiserver has answered since it started.
-func tokenReviews(t *testing.T, cs *kubernetes.Clientset) float64 {
+// apiserverRequests is how many requests the apiserver has answered since it started, by
+// resource.
+func apiserverRequests(t *testing.T, cs *kubernetes.Clientset) map[string]float64 {
 	t.Helper()
 	body, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n float64
+	n := map[string]float64{}
 	for line := range strings.SplitSeq(string(body), "\n") {
-		if !strings.HasPrefix(line, "apiserver_request_total{") || !strings.Contains(line, `resource="tokenreviews"`) {
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
 			continue
 		}
+		_, rest, ok := strings.Cut(line, `resource="`)
+		if !ok {
+			continue
+		}
+		resource, _, _ := strings.Cut(rest, `"`)
 		v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		n += v
+		n[resource] += v
 	}
 	return n
 }
