@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/utils/lru"
 )
@@ -27,11 +28,19 @@ const (
 //
 // It stands in front of the cache, not behind it, because the cache detaches the context of
 // the review it makes (one review may answer several callers): behind it, no caller's address
-// would reach the queue.
+// would reach the queue. Like the cache, it takes one turn for every request that carries the
+// same credential meanwhile (200 watches opened at once with a new token make one review).
 type admission struct {
-	next  authenticator.Token
-	queue *fairQueue
-	known *lru.Cache // sha256 of a credential → when it was last authenticated
+	next   authenticator.Token
+	queue  *fairQueue
+	known  *lru.Cache // sha256 of a credential → when it was last authenticated
+	flight singleflight.Group
+}
+
+// authenticated is what a review answered.
+type authenticated struct {
+	resp *authenticator.Response
+	ok   bool
 }
 
 func newAdmission(next authenticator.Token, queue *fairQueue) *admission {
@@ -41,19 +50,31 @@ func newAdmission(next authenticator.Token, queue *fairQueue) *admission {
 // AuthenticateToken implements authenticator.Token.
 func (a *admission) AuthenticateToken(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 	sum := sha256.Sum256([]byte(token))
-	if !a.isKnown(sum) {
-		connection := connectionOf(ctx)
-		done, err := a.queue.wait(ctx, addressOf(connection), connection)
+	if a.isKnown(sum) {
+		return a.next.AuthenticateToken(ctx, token)
+	}
+	// The review may answer several callers: it runs apart from the first one's context.
+	shared := context.WithoutCancel(ctx)
+	result := a.flight.DoChan(string(sum[:]), func() (any, error) {
+		connection := connectionOf(shared)
+		done, err := a.queue.wait(shared, addressOf(connection), connection)
 		if err != nil {
-			return nil, false, err
+			return authenticated{}, err
 		}
 		defer done()
+		resp, ok, err := a.next.AuthenticateToken(shared, token)
+		if ok && err == nil {
+			a.known.Add(sum, time.Now())
+		}
+		return authenticated{resp, ok}, err
+	})
+	select {
+	case r := <-result:
+		v := r.Val.(authenticated)
+		return v.resp, v.ok, r.Err
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
 	}
-	resp, ok, err := a.next.AuthenticateToken(ctx, token)
-	if ok && err == nil {
-		a.known.Add(sum, time.Now())
-	}
-	return resp, ok, err
 }
 
 func (a *admission) isKnown(sum [sha256.Size]byte) bool {

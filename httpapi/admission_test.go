@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,12 @@ func (r *reviewer) AuthenticateToken(ctx context.Context, token string) (*authen
 	return nil, false, nil
 }
 
+func (r *reviewer) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reviews
+}
+
 func TestAdmissionSpendsTheUnknownRateOnlyOnUnknownCredentials(t *testing.T) {
 	r := &reviewer{}
 	q := newFairQueue(rate.NewLimiter(0, 2), 32, 2, 128, 50*time.Millisecond) // two unknown credentials, then none
@@ -56,8 +63,8 @@ func TestAdmissionSpendsTheUnknownRateOnlyOnUnknownCredentials(t *testing.T) {
 			t.Fatalf("a known credential once the rate is spent: ok %v, err %v", ok, err)
 		}
 	}
-	if r.reviews != 5 {
-		t.Errorf("%d reviews reached the reviewer; want 5 (2 unknown, 3 known)", r.reviews)
+	if n := r.count(); n != 5 {
+		t.Errorf("%d reviews reached the reviewer; want 5 (2 unknown, 3 known)", n)
 	}
 }
 
@@ -68,11 +75,11 @@ func TestAdmissionQueuesByTheConnectionItFindsInTheContext(t *testing.T) {
 	a := newAdmission(r, q)
 	flood := withConnection(context.Background(), "192.0.2.1:40000")
 	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() { _, _, _ = a.AuthenticateToken(flood, "forged") })
+	for i := range 2 {
+		wg.Go(func() { _, _, _ = a.AuthenticateToken(flood, fmt.Sprintf("forged-%d", i)) })
 		<-r.entered
 	}
-	if _, _, err := a.AuthenticateToken(flood, "forged"); !errors.Is(err, errReviewsBusy) {
+	if _, _, err := a.AuthenticateToken(flood, "forged-2"); !errors.Is(err, errReviewsBusy) {
 		t.Errorf("a third review on one connection with a share of 2: %v; want errReviewsBusy", err)
 	}
 	other := withConnection(context.Background(), "192.0.2.1:40001")
@@ -81,6 +88,27 @@ func TestAdmissionQueuesByTheConnectionItFindsInTheContext(t *testing.T) {
 			t.Errorf("another connection's review: ok %v, err %v", ok, err)
 		}
 	})
+	<-r.entered
+	close(r.hold)
+	wg.Wait()
+}
+
+// Requests that carry one new credential at once share its review: none is refused for the
+// connection's share, which the first holds until the review answers.
+func TestManyRequestsAtOnceWithOneNewCredentialAreAllAnswered(t *testing.T) {
+	r := &reviewer{hold: make(chan struct{}), entered: make(chan struct{}, 256)}
+	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 8, 2, 32, time.Minute)
+	runQueue(t, q)
+	a := newAdmission(r, q)
+	ctx := withConnection(context.Background(), "192.0.2.1:40000")
+	var wg sync.WaitGroup
+	for range 200 { // as 200 watches opened at once with a new token: far beyond its connection's share of 2
+		wg.Go(func() {
+			if _, ok, err := a.AuthenticateToken(ctx, "good"); !ok || err != nil {
+				t.Errorf("one of 200 requests with one new credential: ok %v, err %v", ok, err)
+			}
+		})
+	}
 	<-r.entered
 	close(r.hold)
 	wg.Wait()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/utils/lru"
 )
@@ -24,17 +25,20 @@ const (
 
 // authorization stands in front of the SubjectAccessReview webhook (whose own cache it turns
 // off). Decisions are cached per user, so that no caller's requests evict another's
-// decisions; a decision not cached waits for a turn of the access-review queue, fair between
-// users, or is refused with errReviewsBusy; and a review that has its turn has timeout to
-// answer. So one caller with a valid token asking for random names costs the apiserver no
-// more than the queue's rate, and delays another caller's review by at most one turn of each
-// user with reviews waiting.
+// decisions; a decision not cached is reviewed once for every request that asks for it
+// meanwhile (200 identical watches opened at once make one review), after a turn of the
+// access-review queue, fair between users, or is refused with errReviewsBusy; and a review
+// that has its turn has timeout to answer. So one caller with a valid token asking for random
+// names costs the apiserver no more than the queue's rate, and delays another caller's review
+// by at most one turn of each user with reviews waiting.
 type authorization struct {
 	next     authorizer.Authorizer
 	queue    *fairQueue
 	allowTTL time.Duration
 	denyTTL  time.Duration
 	timeout  time.Duration
+
+	flight singleflight.Group // by userKey and attributesKey
 
 	mu    sync.Mutex
 	users *lru.Cache // userKey → *lru.Cache of attributesKey → cachedDecision
@@ -56,23 +60,47 @@ func (a *authorization) Authorize(ctx context.Context, attrs authorizer.Attribut
 	if d, ok := a.cached(user, request); ok {
 		return d.decision, d.reason, nil
 	}
+	// The review may answer several callers: it runs apart from the first one's context.
+	shared := context.WithoutCancel(ctx)
+	result := a.flight.DoChan(user+"\xff"+request, func() (any, error) {
+		return a.review(shared, user, request, attrs)
+	})
+	select {
+	case r := <-result:
+		if r.Err != nil {
+			return authorizer.DecisionNoOpinion, "", r.Err
+		}
+		d := r.Val.(cachedDecision)
+		return d.decision, d.reason, nil
+	case <-ctx.Done():
+		return authorizer.DecisionNoOpinion, "", ctx.Err()
+	}
+}
+
+// review waits for a turn of the user's, asks the webhook within the timeout and caches what
+// it answers.
+func (a *authorization) review(ctx context.Context, user, request string, attrs authorizer.Attributes) (cachedDecision, error) {
 	name := attrs.GetUser().GetName()
 	done, err := a.queue.wait(ctx, name, name)
 	if err != nil {
-		return authorizer.DecisionNoOpinion, "", err
+		return cachedDecision{}, err
 	}
 	defer done()
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
 	decision, reason, err := a.next.Authorize(ctx, attrs)
-	if err == nil && len(request) <= maxCachedAttributes {
-		ttl := a.denyTTL
-		if decision == authorizer.DecisionAllow {
-			ttl = a.allowTTL
-		}
-		a.remember(user, request, cachedDecision{decision: decision, reason: reason, expires: time.Now().Add(ttl)})
+	if err != nil {
+		return cachedDecision{}, err
 	}
-	return decision, reason, err
+	ttl := a.denyTTL
+	if decision == authorizer.DecisionAllow {
+		ttl = a.allowTTL
+	}
+	d := cachedDecision{decision: decision, reason: reason, expires: time.Now().Add(ttl)}
+	if len(request) <= maxCachedAttributes {
+		a.remember(user, request, d)
+	}
+	return d, nil
 }
 
 func (a *authorization) cached(user, request string) (cachedDecision, bool) {

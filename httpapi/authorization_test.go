@@ -121,3 +121,23 @@ func TestAReviewThatDoesNotAnswerEndsAtItsDeadlineAndIsNotCached(t *testing.T) {
 		t.Errorf("%d reviews; want 2 (the failure was not cached)", n)
 	}
 }
+
+// Identical requests at once share their review: none is refused for the user's share, which
+// the first holds until the review answers.
+func TestIdenticalRequestsAtOnceBeyondTheUsersShareAreAllAnswered(t *testing.T) {
+	s := &sar{reviews: map[string]int{}, hold: make(chan struct{}), entered: make(chan string, 64)}
+	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 32, 8, 128, time.Minute)
+	runQueue(t, q)
+	a := newAuthorization(s, q, time.Hour, time.Hour, time.Minute)
+	var wg sync.WaitGroup
+	for range 200 { // as 200 watches of one namespace opened at once: far beyond alice's share of 8
+		wg.Go(func() {
+			if d, _, err := a.Authorize(context.Background(), read("alice", "alice", "")); d != authorizer.DecisionAllow || err != nil {
+				t.Errorf("one of 200 identical requests: %v, %v; want allowed", d, err)
+			}
+		})
+	}
+	<-s.entered
+	close(s.hold)
+	wg.Wait()
+}

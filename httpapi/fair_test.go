@@ -204,14 +204,16 @@ func TestAWaiterWhoseTurnDoesNotComeIsRefused(t *testing.T) {
 func TestTurnsComeNoFasterThanTheRate(t *testing.T) {
 	q := newFairQueue(rate.NewLimiter(rate.Limit(1), 2), 8, 8, 32, time.Minute)
 	runQueue(t, q)
-	var turns []chan turn
+	g := make(grants)
 	for range 3 {
-		turns = append(turns, waitFor(q, "u", "alice"))
+		g.wait(q, "alice", "u", "alice")
 	}
-	granted(t, turns[0], "the first")()
-	granted(t, turns[1], "the second")()
+	g.order(t, 2) // the burst
 	// The third waits for the next token, a second away; time enough to see it has not come.
-	time.Sleep(100 * time.Millisecond)
-	notYet(t, turns[2], "the third, beyond the burst")
-	granted(t, turns[2], "the third")()
+	select {
+	case l := <-g:
+		t.Fatalf("a third turn (err %v) within 100ms of a burst of 2 at 1 a second", l.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	g.order(t, 1)
 }
