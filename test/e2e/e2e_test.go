@@ -32,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -115,13 +116,30 @@ func tryStart(t *testing.T, kubeconfig, path string) (*runner.Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	supervise(t, p)
+	return p, nil
+}
+
+// stopTimeout is how long a process has to exit after SIGTERM when its test ends: its drain
+// (shutdownTimeout, 25 s by default) and some.
+const stopTimeout = config.DefaultShutdownTimeout + 10*time.Second
+
+// supervise stops p when the test ends (after a SIGCONT, should the test have paused it) and
+// fails the test, naming p, for every data race p reported, and for an exit status other than
+// 0 that the test did not ask for with Kill, or a stop that did not end it within stopTimeout.
+// Every dynwatch an end-to-end test starts is supervised, so the race detector it is built
+// with sees every process: stopped, reloaded or killed.
+func supervise(t *testing.T, p *runner.Process) {
 	t.Cleanup(func() {
-		_ = p.Stop(10 * time.Second)
+		_ = p.Signal(syscall.SIGCONT)
+		_ = p.Stop(stopTimeout) // its error is Check's
+		if err := p.Check(); err != nil {
+			t.Error(err)
+		}
 		if t.Failed() {
-			t.Logf("dynwatch log:\n%s", p.Log())
+			t.Logf("%s log:\n%s", p.Name(), p.Log())
 		}
 	})
-	return p, nil
 }
 
 func namespace(t *testing.T) string {

@@ -66,13 +66,7 @@ func (f *gapFixture) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.p = p
-	t.Cleanup(func() {
-		_ = p.Signal(syscall.SIGCONT)
-		_ = p.Stop(10 * time.Second)
-		if t.Failed() {
-			t.Logf("dynwatch log:\n%s", p.Log())
-		}
-	})
+	supervise(t, p)
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -239,10 +238,9 @@ func replace(t *testing.T, rs []*replica, r *replica, kind string) {
 	t.Helper()
 	switch kind {
 	case sigkill:
-		if err := r.proc().Signal(syscall.SIGKILL); err != nil {
+		if err := r.proc().Kill(); err != nil {
 			t.Fatal(err)
 		}
-		<-r.proc().Done()
 		waitLeader(t, rs, r)
 	case graceful:
 		// dynwatch may take its shutdownTimeout (25 s by default) to stop gracefully; on a

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -174,10 +173,9 @@ metrics: {address: "127.0.0.1:0"}
 				t.Fatal(err)
 			}
 		case i == 1200:
-			if err := r.proc().Signal(syscall.SIGKILL); err != nil {
+			if err := r.proc().Kill(); err != nil {
 				t.Fatal(err)
 			}
-			<-r.proc().Done()
 			restart(t, r, &wg, errs)
 		}
 	})

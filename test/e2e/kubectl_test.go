@@ -571,7 +571,7 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	supervise(t, p)
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}

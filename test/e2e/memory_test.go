@@ -85,12 +85,7 @@ func TestTheGoMemoryLimitLeavesHeadroomUnderTheContainersLimit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer func() {
-				_ = p.Stop(10 * time.Second) // the process' exit status is not what this test checks
-				if t.Failed() {
-					t.Logf("dynwatch log:\n%s", p.Log())
-				}
-			}()
+			supervise(t, p)
 			if err := p.WaitReady(t.Context()); err != nil {
 				t.Fatal(err)
 			}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -256,7 +255,7 @@ func TestANamespaceSelectionSurvivesAKilledLeader(t *testing.T) {
 			for range 3 * time.Second / (400 * time.Millisecond) { // three checkpoint intervals
 				<-pace.C
 			}
-			if err := leader.proc().Signal(syscall.SIGKILL); err != nil {
+			if err := leader.proc().Kill(); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -189,10 +189,9 @@ func TestSIGKILLWithQueuedEventsLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
-	if err := p.Signal(syscall.SIGKILL); err != nil {
+	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	<-p.Done()
 	tried := ids(0)
 	healthyFrom := len(rc.got()) // every request from here on is answered 200
 	failing.Store(false)
@@ -280,10 +279,9 @@ func TestSIGKILLMidStormLosesNothingAndKeepsEachObjectsOrder(t *testing.T) {
 		}
 		return nil
 	})
-	if err := p.Signal(syscall.SIGKILL); err != nil {
+	if err := p.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	<-p.Done()
 	startProcess(t, configPath)
 	if err := <-stormed; err != nil {
 		t.Fatal(err)

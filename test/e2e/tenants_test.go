@@ -68,7 +68,7 @@ metrics: {address: "127.0.0.1:0"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	supervise(t, p)
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -44,9 +45,9 @@ func Root(t testing.TB) string {
 	return root
 }
 
-// Build compiles dynwatch (with the race detector when race is true) into dir and returns the
-// binary's path.
-func Build(ctx context.Context, dir string, race bool) (string, error) {
+// Build compiles dynwatch (with the race detector when race is true, and any further go build
+// flags) into dir and returns the binary's path.
+func Build(ctx context.Context, dir string, race bool, flags ...string) (string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return "", err
@@ -56,6 +57,7 @@ func Build(ctx context.Context, dir string, race bool) (string, error) {
 	if race {
 		args = append(args, "-race")
 	}
+	args = append(args, flags...)
 	cmd := exec.CommandContext(ctx, "go", append(args, ".")...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -82,6 +84,7 @@ type Options struct {
 // Process is a running dynwatch.
 type Process struct {
 	cmd       *exec.Cmd
+	config    string
 	out       io.Writer
 	apiClient *http.Client
 	done      chan struct{}
@@ -91,7 +94,17 @@ type Process struct {
 	addrs   map[string]string // server name → its base URL
 	waitErr error
 	changed chan struct{} // closed and replaced whenever the log grows
+	races   []string      // the race detector's reports, as they came
+	race    []string      // the lines of the report being read
+	killed  bool          // Kill was called
+	stopErr error         // what Stop found
 }
+
+// The race detector's report starts with raceStart and ends with raceEnd.
+const (
+	raceStart = "WARNING: DATA RACE"
+	raceEnd   = "=================="
+)
 
 // Start starts dynwatch. It does not wait for anything; see WaitListening and WaitReady.
 func Start(o Options) (*Process, error) {
@@ -118,7 +131,7 @@ func Start(o Options) (*Process, error) {
 	if client == nil {
 		client = http.DefaultClient
 	}
-	p := &Process{cmd: cmd, out: o.Log, apiClient: client, done: make(chan struct{}), addrs: map[string]string{}, changed: make(chan struct{})}
+	p := &Process{cmd: cmd, config: o.Config, out: o.Log, apiClient: client, done: make(chan struct{}), addrs: map[string]string{}, changed: make(chan struct{})}
 	go p.read(stderr)
 	return p, nil
 }
@@ -139,6 +152,7 @@ func (p *Process) read(r io.Reader) {
 		}
 		p.mu.Lock()
 		p.log.WriteString(line + "\n")
+		p.readRace(line)
 		close(p.changed)
 		p.changed = make(chan struct{})
 		p.mu.Unlock()
@@ -148,6 +162,69 @@ func (p *Process) read(r io.Reader) {
 	p.waitErr = err
 	p.mu.Unlock()
 	close(p.done)
+}
+
+// readRace collects the race detector's reports from the log's lines.
+func (p *Process) readRace(line string) {
+	switch {
+	case strings.Contains(line, raceStart):
+		p.race = []string{line}
+	case p.race != nil && strings.HasPrefix(line, raceEnd):
+		p.races = append(p.races, strings.Join(p.race, "\n"))
+		p.race = nil
+	case p.race != nil:
+		p.race = append(p.race, line)
+	}
+}
+
+// Races returns the data races the race detector has reported so far. It prints each as it
+// finds it, so a process killed later has reported the races found before.
+func (p *Process) Races() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.race != nil { // a report cut short by the process's end
+		return append(slices.Clone(p.races), strings.Join(p.race, "\n"))
+	}
+	return slices.Clone(p.races)
+}
+
+// Name names the process in a failure: its PID and configuration file.
+func (p *Process) Name() string {
+	return fmt.Sprintf("dynwatch (pid %d, config %s)", p.PID(), p.config)
+}
+
+// Check returns what a test that ran the process must fail for, once it has exited: every
+// data race in its log, and an exit status other than 0 that no Kill asked for (after Stop,
+// Stop's error, with the goroutines of a process that did not stop). It names the process.
+func (p *Process) Check() error {
+	var errs []error
+	for _, r := range p.Races() {
+		errs = append(errs, fmt.Errorf("%s: data race:\n%s", p.Name(), r))
+	}
+	p.mu.Lock()
+	killed, stopErr, waitErr := p.killed, p.stopErr, p.waitErr
+	p.mu.Unlock()
+	switch {
+	case killed:
+	case stopErr != nil:
+		errs = append(errs, fmt.Errorf("%s: %w", p.Name(), stopErr))
+	case waitErr != nil:
+		errs = append(errs, fmt.Errorf("%s exited by itself: %w", p.Name(), waitErr))
+	}
+	return errors.Join(errs...)
+}
+
+// Kill sends SIGKILL and waits for the process to exit: the exit is the caller's, and Check
+// does not hold it against the process.
+func (p *Process) Kill() error {
+	p.mu.Lock()
+	p.killed = true
+	p.mu.Unlock()
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	<-p.done
+	return nil
 }
 
 // Log returns everything dynwatch has logged so far.
@@ -265,6 +342,16 @@ func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig)
 // SIGQUIT, and kills it if it is still running 10 s later. It returns the exit error (nil for
 // exit code 0), or an error saying it did not stop, with the goroutines SIGQUIT printed.
 func (p *Process) Stop(timeout time.Duration) error {
+	err := p.stop(timeout)
+	p.mu.Lock()
+	if p.stopErr == nil {
+		p.stopErr = err
+	}
+	p.mu.Unlock()
+	return err
+}
+
+func (p *Process) stop(timeout time.Duration) error {
 	_ = p.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
