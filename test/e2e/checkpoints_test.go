@@ -135,8 +135,12 @@ func forge(t *testing.T, cs *kubernetes.Clientset, ns string, data, annotations 
 // TestAForgedCheckpointIsRefusedAndReportedAndAFailoverLosesNothing: while the leader is
 // paused (so that it cannot write the checkpoints again), the checkpoint ConfigMap is written
 // with another holder's name, then with the holder's name and a revision far beyond the
-// cluster's; the follower refuses both and says so, then takes the hand-restored ConfigMap at
-// once; it takes over from the paused leader and every change made throughout arrives.
+// cluster's; the follower refuses both and says so, and takes the hand-restored ConfigMap at
+// once. The forgery is written again and left in place: the follower, restarted on it,
+// refuses it from its first read, takes over from the paused leader with it in place, and
+// every change made throughout arrives. (A follower that took the forgery would resume its
+// delivery a billion revisions ahead of the cluster, and the changes after the pause would
+// never arrive.)
 func TestAForgedCheckpointIsRefusedAndReportedAndAFailoverLosesNothing(t *testing.T) {
 	ns := namespace(t)
 	cs, _ := configMaps(ns)
@@ -148,8 +152,8 @@ func TestAForgedCheckpointIsRefusedAndReportedAndAFailoverLosesNothing(t *testin
 		follower = rs[1]
 	}
 	u := newUpdater(t, ns, 10)
-	updates := make(chan struct{})
-	go func() { defer close(updates); u.run(t, 2000, 40, nil) }()
+	updates := make(chan error, 1)
+	go func() { updates <- u.tryRun(t.Context(), 2000, 40, nil) }()
 
 	// The leader has written checkpoints for the sink, and the follower has read them.
 	var good *corev1.ConfigMap
@@ -211,10 +215,28 @@ func TestAForgedCheckpointIsRefusedAndReportedAndAFailoverLosesNothing(t *testin
 	waitReads(t, follower)
 	afterRestore := observe(t.Context(), follower)
 
-	// Failover: the follower takes the Lease over from the paused leader, which then resumes.
-	next := waitLeader(t, rs, leader)
+	// The forgery again, left in place: the follower restarted on it refuses it from the start.
+	forge(t, cs, ns, map[string]string{"checkpoints.json": string(forged)}, good.Annotations)
+	if err := follower.proc().Stop(stopTimeout); err != nil {
+		t.Fatalf("stop %s: %v", follower.name, err)
+	}
+	follower.start(t)
+	waitReads(t, follower)
+	afterRestart := observe(t.Context(), follower)
+
+	// Failover with the forgery in place: the follower takes the Lease over from the paused
+	// leader, which then resumes. Restarted, it waits a whole lease from when it first saw the
+	// Lease before it may take it (client-go's leader election counts from its own observation).
+	var next *replica
+	testbed.Eventually(t, 2*checkpointLease, func() error {
+		if next = leaderOf(t.Context(), rs, leader); next == nil {
+			return fmt.Errorf("no replica but the paused one leads")
+		}
+		return nil
+	})
 	select {
-	case <-updates:
+	case err := <-updates:
+		updates <- err // for the wait below
 		t.Error("the follower took over only after the last change: the failover was not amid changes")
 	default:
 	}
@@ -222,13 +244,19 @@ func TestAForgedCheckpointIsRefusedAndReportedAndAFailoverLosesNothing(t *testin
 		t.Fatal(err)
 	}
 	paused = false
-	<-updates
+	if err := <-updates; err != nil {
+		t.Fatal(err)
+	}
 	dups := u.checkNothingLost(t, rc, 60*time.Second)
 	t.Logf("%d changes, %d delivered twice; %s took over", len(u.want), len(dups), next.name)
 
 	t.Logf("after another holder's write: %s", afterStranger)
 	t.Logf("after the forgery: %s", afterForgery)
 	t.Logf("after the restore: %s", afterRestore)
+	t.Logf("restarted on the forgery: %s", afterRestart)
+	if afterRestart.refused["aheadOfCluster"] < 1 || afterRestart.condition["status"] != "False" || afterRestart.condition["reason"] != "AheadOfCluster" {
+		t.Errorf("the follower restarted on the forgery: %s; want it refused as aheadOfCluster and the condition False", afterRestart)
+	}
 	if afterStranger.refused["notLeaseHolder"] < 1 || afterStranger.condition["status"] != "False" || afterStranger.condition["reason"] != "NotLeaseHolder" {
 		t.Errorf("after a write naming another holder: %s; want it refused as notLeaseHolder and the condition False", afterStranger)
 	}
@@ -240,7 +268,7 @@ func TestAForgedCheckpointIsRefusedAndReportedAndAFailoverLosesNothing(t *testin
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
-	if _, err := follower.proc().WaitLog(ctx, "checkpoints refused"); err != nil {
+	if _, err := follower.proc().WaitLog(ctx, "checkpoints refused"); err != nil { // the restarted process's log
 		t.Error(err)
 	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -44,13 +45,24 @@ func (r *replica) proc() *runner.Process {
 // start runs the replica's process (again), waiting until it is ready.
 func (r *replica) start(t *testing.T) {
 	t.Helper()
-	p := startFile(t, cluster.Kubeconfig, r.config)
-	if err := p.WaitReady(t.Context()); err != nil {
+	if err := r.tryStart(t); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// tryStart is start for a goroutine other than the test's: it returns its error.
+func (r *replica) tryStart(t *testing.T) error {
+	p, err := tryStart(t, cluster.Kubeconfig, r.config)
+	if err != nil {
+		return err
+	}
+	if err := p.WaitReady(t.Context()); err != nil {
+		return fmt.Errorf("%s: %w", r.name, err)
 	}
 	r.mu.Lock()
 	r.p = p
 	r.mu.Unlock()
+	return nil
 }
 
 // haFixture is an HA group of haReplicas in a new namespace delivering to a receiver that
@@ -98,11 +110,16 @@ metrics: {address: "127.0.0.1:0"}
 
 // startAll starts rs side by side and returns them once every one is ready.
 func startAll(t *testing.T, rs []*replica) []*replica {
+	t.Helper()
 	var wg sync.WaitGroup
-	for _, r := range rs {
-		wg.Go(func() { r.start(t) })
+	errs := make([]error, len(rs))
+	for i, r := range rs {
+		wg.Go(func() { errs[i] = r.tryStart(t) })
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 	return rs
 }
 
@@ -158,9 +175,17 @@ func newUpdater(t *testing.T, ns string, objects int) *updater {
 	return u
 }
 
-// run makes n changes at rate per second, calling at(i) before the i-th.
+// run makes n changes at rate per second, calling at(i) before the i-th, on the test's
+// goroutine: it fails the test if a change fails.
 func (u *updater) run(t *testing.T, n, rate int, at func(i int)) {
 	t.Helper()
+	if err := u.tryRun(t.Context(), n, rate, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryRun is run for a goroutine other than the test's: it returns its error.
+func (u *updater) tryRun(ctx context.Context, n, rate int, at func(i int)) error {
 	cs, _ := configMaps(u.ns)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
@@ -172,15 +197,16 @@ func (u *updater) run(t *testing.T, n, rate int, at func(i int)) {
 		k := i % len(u.objects)
 		cm := u.objects[k].DeepCopy()
 		cm.Data["v"] = strconv.Itoa(i)
-		next, err := cs.CoreV1().ConfigMaps(u.ns).Update(t.Context(), cm, metav1.UpdateOptions{})
+		next, err := cs.CoreV1().ConfigMaps(u.ns).Update(ctx, cm, metav1.UpdateOptions{})
 		if err != nil {
-			t.Fatalf("update %d: %v", i, err)
+			return fmt.Errorf("update %d: %w", i, err)
 		}
 		u.objects[k] = next
 		u.mu.Lock()
 		u.want = append(u.want, fmt.Sprintf("%s.%s.modified", next.UID, next.ResourceVersion))
 		u.mu.Unlock()
 	}
+	return nil
 }
 
 // checkNothingLost waits until every change has arrived and checks the order per object of
@@ -226,7 +252,7 @@ func TestAKilledLeaderLosesNothingAndItsSuccessorTakesOverWithinTheLease(t *test
 	var killed time.Time
 	u.run(t, 2000, 200, func(i int) {
 		if i == 1000 {
-			if err := old.proc().Signal(syscall.SIGKILL); err != nil {
+			if err := old.proc().Kill(); err != nil {
 				t.Fatal(err)
 			}
 			killed = time.Now()
@@ -271,27 +297,22 @@ func TestAPausedLeaderDeliversNothingAfterItResumes(t *testing.T) {
 	rc, rs, paused, u := f.rc, f.rs, f.leader, f.u
 
 	var resumed time.Time
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		u.run(t, 1200, 100, func(i int) {
-			switch i {
-			case 200:
-				if err := paused.proc().Signal(syscall.SIGSTOP); err != nil {
-					t.Error(err)
-				}
-			case 200 + 100*int((2*haLease+time.Second)/time.Second): // paused for twice the lease and a second
-				if l := leaderOf(t.Context(), rs, paused); l == nil {
-					t.Error("no other replica took over while the leader was paused")
-				}
-				if err := paused.proc().Signal(syscall.SIGCONT); err != nil {
-					t.Error(err)
-				}
-				resumed = time.Now()
+	u.run(t, 1200, 100, func(i int) {
+		switch i {
+		case 200:
+			if err := paused.proc().Signal(syscall.SIGSTOP); err != nil {
+				t.Error(err)
 			}
-		})
-	}()
-	<-done
+		case 200 + 100*int((2*haLease+time.Second)/time.Second): // paused for twice the lease and a second
+			if l := leaderOf(t.Context(), rs, paused); l == nil {
+				t.Error("no other replica took over while the leader was paused")
+			}
+			if err := paused.proc().Signal(syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+			resumed = time.Now()
+		}
+	})
 	u.checkNothingLost(t, rc, 60*time.Second)
 	for _, r := range rc.got() {
 		// It may have written requests before the pause that arrive during it; nothing after.
@@ -342,15 +363,17 @@ func TestARollingReplacementLosesNothingAndQueriesAreAnsweredThroughout(t *testi
 		}
 	})
 
-	updates := make(chan struct{})
-	go func() { defer close(updates); u.run(t, 1500, 100, nil) }()
+	updates := make(chan error, 1)
+	go func() { updates <- u.tryRun(t.Context(), 1500, 100, nil) }()
 	for _, r := range rs {
 		if err := r.proc().Stop(10 * time.Second); err != nil {
 			t.Errorf("stop %s: %v", r.name, err)
 		}
 		r.start(t)
 	}
-	<-updates
+	if err := <-updates; err != nil {
+		t.Fatal(err)
+	}
 	close(stop)
 	probes.Wait()
 	dups := u.checkNothingLost(t, rc, 60*time.Second)

@@ -136,6 +136,7 @@ func TestHostileRequestsCostLittle(t *testing.T) {
 	t.Run("a scan stops when its client goes away", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
+		began := cpuTime(t, f.p.PID())
 		go func() {
 			defer close(done)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, list+costlySelector(), nil)
@@ -143,7 +144,19 @@ func TestHostileRequestsCostLittle(t *testing.T) {
 				resp.Body.Close()
 			}
 		}()
-		time.Sleep(300 * time.Millisecond)
+		// The scan is under way once dynwatch, otherwise idle, has spent 200 ms of CPU on it:
+		// a fifth of the requestTimeout it would otherwise run to.
+		testbed.Eventually(t, 30*time.Second, func() error {
+			if used := cpuTime(t, f.p.PID()) - began; used < 200*time.Millisecond {
+				return fmt.Errorf("dynwatch has used %s of CPU since the request: the scan has not started", used)
+			}
+			return nil
+		})
+		select {
+		case <-done:
+			t.Fatal("the scan was answered before its client went away: nothing left to stop")
+		default:
+		}
 		cancel()
 		<-done
 		time.Sleep(100 * time.Millisecond)
@@ -238,7 +251,7 @@ metrics: {address: "127.0.0.1:0", pprof: true}
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = p.Stop(10 * time.Second) })
+	supervise(t, p)
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}

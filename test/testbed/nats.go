@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -156,6 +157,48 @@ func (c *NATS) Restart(ctx context.Context, i int) error {
 		return err
 	}
 	return c.waitHealthy(ctx, i)
+}
+
+// Index is the index of the server named name (n1 is 0), -1 for none.
+func (c *NATS) Index(name string) int {
+	for i, s := range c.servers {
+		if s.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Connected is the index of the running server that holds a client connection named name,
+// as its monitoring endpoint /connz reports, or an error if none does.
+func (c *NATS) Connected(ctx context.Context, name string) (int, error) {
+	for i, s := range c.servers {
+		c.mu.Lock()
+		running := s.proc != nil && s.proc.exited() == nil
+		c.mu.Unlock()
+		if !running {
+			continue
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/connz?limit=4096", s.health), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return -1, fmt.Errorf("nats-server %s /connz: %w", s.name, err)
+		}
+		var connz struct {
+			Connections []struct{ Name string } `json:"connections"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&connz)
+		_ = resp.Body.Close() // read whole or failed: either way done with
+		if err != nil {
+			return -1, fmt.Errorf("nats-server %s /connz: %w", s.name, err)
+		}
+		for _, conn := range connz.Connections {
+			if conn.Name == name {
+				return i, nil
+			}
+		}
+	}
+	return -1, fmt.Errorf("no running nats-server holds a connection named %q", name)
 }
 
 // Log returns the tail of server i's log.
