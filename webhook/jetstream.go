@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/utils/lru"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -37,16 +38,21 @@ type jetStreamTransport struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	stream jetstream.Stream // the stream holding the subjects, once known
-	// last is each subject's last sequence as this transport knows it, from its own
-	// acknowledged publishes or the stream; a subject not in it is read from the stream.
-	last map[string]uint64
+	// last is, for at most knownSubjects subjects of objects that exist, the subject's last
+	// sequence as this transport knows it, from its own acknowledged publishes; a subject not
+	// in it is read from the stream.
+	last *lru.Cache
 }
+
+// knownSubjects bounds how many subjects' last sequences a transport keeps (about 150 bytes
+// each): a subject past it costs one read of the stream at its next publish.
+const knownSubjects = 65536
 
 func newJetStream(cfg *config.JetStream, log *slog.Logger, f Fence) *jetStreamTransport {
 	if cfg.TLS.InsecureSkipVerify {
 		log.Warn("TLS certificate verification is off for this sink")
 	}
-	return &jetStreamTransport{cfg: cfg, log: log, fence: f, last: map[string]uint64{}}
+	return &jetStreamTransport{cfg: cfg, log: log, fence: f, last: lru.New(knownSubjects)}
 }
 
 // close implements transport.
@@ -57,7 +63,7 @@ func (t *jetStreamTransport) close() {
 		t.nc.Close()
 	}
 	t.nc, t.js, t.stream = nil, nil, nil
-	clear(t.last)
+	t.last.Clear()
 }
 
 // connect returns the connection's JetStream context, connecting first if need be. A server
@@ -188,10 +194,12 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 		}
 		ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.ID), jetstream.WithExpectLastSequencePerSubject(seq))
 		if err == nil {
-			if !ack.Duplicate {
+			if !ack.Duplicate && d.Event.Type != dynamicinformer.Deleted {
 				t.remember(subject, ack.Sequence)
 			} else {
-				t.forget(subject) // its last message may be later than the original
+				// A duplicate's subject may have moved past the original; a deleted object's
+				// subject is read again should the object be created again.
+				t.forget(subject)
 			}
 			return nil
 		}
@@ -221,11 +229,8 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 // newer version of d's object, errSuperseded. Either way the stream is found and checked
 // first, so that a missing one is named.
 func (t *jetStreamTransport) expect(ctx context.Context, js jetstream.JetStream, subject string, d *Delivery, guess bool) (uint64, error) {
-	t.mu.Lock()
-	seq, known := t.last[subject]
-	t.mu.Unlock()
-	if known {
-		return seq, nil
+	if seq, known := t.last.Get(subject); known {
+		return seq.(uint64), nil
 	}
 	stream, err := t.streamFor(ctx, js, subject) // checked once, then kept
 	if err != nil || guess {
@@ -284,17 +289,13 @@ func (t *jetStreamTransport) streamFor(ctx context.Context, js jetstream.JetStre
 
 func (t *jetStreamTransport) remember(subject string, seq uint64) {
 	t.mu.Lock()
-	if t.js != nil {
-		t.last[subject] = seq
+	defer t.mu.Unlock()
+	if t.js != nil { // not closed meanwhile
+		t.last.Add(subject, seq)
 	}
-	t.mu.Unlock()
 }
 
-func (t *jetStreamTransport) forget(subject string) {
-	t.mu.Lock()
-	delete(t.last, subject)
-	t.mu.Unlock()
-}
+func (t *jetStreamTransport) forget(subject string) { t.last.Remove(subject) }
 
 // covers reports whether one of a stream's subject filters holds every subject under prefix:
 // <prefix>.<resource>.<group>.<namespace>.<name>.

@@ -219,3 +219,34 @@ func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *
 		t.Fatalf("the stream holds %d messages, the object created again ending with resourceVersion %s; want 53, ending with 200", msgs, rv)
 	}
 }
+
+// A transport keeps the last sequence of the subjects of objects that exist, no more than
+// knownSubjects of them: a deleted object's subject is forgotten, and its re-creation, read
+// from the stream, is stored after its deletion.
+func TestATransportForgetsADeletedObjectsSubjectAndStoresItsRecreation(t *testing.T) {
+	stream, cfg := streamS(t)
+	tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
+	t.Cleanup(tr.close)
+	as := func(d *Delivery, typ dynamicinformer.EventType) *Delivery {
+		d.Event.Type = typ
+		d.ID = journal.EventID(d.Event)
+		return d
+	}
+	for _, d := range []*Delivery{as(version(t, "u1", "10"), dynamicinformer.Added), as(version(t, "u1", "11"), dynamicinformer.Deleted)} {
+		if err := tr.send(t.Context(), d, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := tr.last.Len(); n != 0 {
+		t.Errorf("the transport keeps %d subjects after the only object was deleted; want 0", n)
+	}
+	if err := tr.send(t.Context(), as(version(t, "u2", "12"), dynamicinformer.Added), []byte(`{}`)); err != nil {
+		t.Fatalf("the re-created object's ADDED: %v", err)
+	}
+	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.x"); msgs != 3 || rv != "12" {
+		t.Fatalf("the stream holds %d messages ending with resourceVersion %s; want 3 ending with 12", msgs, rv)
+	}
+	if n := tr.last.Len(); n != 1 {
+		t.Errorf("the transport keeps %d subjects for one object; want 1", n)
+	}
+}
