@@ -3,6 +3,11 @@
 
 GO ?= go
 TEST_TIMEOUT ?= 30m
+# The repository's modules: the service, and the test-only modules whose dependencies (a
+# Dockerfile parser; the logs the journal's was measured against) the service must not carry.
+MODULES = . test/image test/walbench
+# each runs a command in every module, stopping at the first that fails
+each = for m in $(MODULES); do (cd $$m && $(1)) || exit 1; done
 
 .PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-wal bench-api bench-webhook vet fmt-check clean lint
 
@@ -28,12 +33,12 @@ demo: testbed
 ## end-to-end tests that share nothing run side by side, TEST_PARALLEL at a time
 TEST_PARALLEL ?= 8
 test: testbed vet fmt-check lint
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) ./...
+	$(call each,$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) ./...)
 
 ## test-unit: the unit tier: every test that needs no test bed (go test -short), with the race
 ## detector; it neither builds nor starts the test bed, and takes under a minute
 test-unit:
-	$(GO) test -race -short -count=1 ./...
+	$(call each,$(GO) test -race -short -count=1 ./...)
 
 ## test-alerts: the alerting rules under promtool (each test group a subtest) and the dashboard's checks
 test-alerts: testbed
@@ -66,7 +71,7 @@ bench-metadata: testbed
 ## bench-wal: the logs the journal could keep its records in (journal/wal, bbolt, raft-wal,
 ## Pebble's WAL writer) under the journal's workload, side by side (about 10 seconds)
 bench-wal:
-	$(GO) test -run XXX -bench . -benchtime 300x ./test/walbench/
+	cd test/walbench && $(GO) test -run XXX -bench . -benchtime 300x .
 
 ## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
 bench-api: testbed
@@ -76,7 +81,7 @@ bench-api: testbed
 bench-webhook:
 	$(GO) test -run '^$$' -bench Delivery -benchtime 10000x ./webhook/
 
-## lint: golangci-lint with .golangci.yml over ./...; the pinned version is built once from the
+## lint: golangci-lint with .golangci.yml over ./... of every module; the pinned version is built once from the
 ## Go module proxy into a cache outside the repo (a directory per version and Go toolchain)
 GOLANGCI_LINT_VERSION ?= v2.15.0
 TOOLS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dynwatch-tools
@@ -84,10 +89,10 @@ GOLANGCI_LINT_DIR = $(TOOLS_CACHE)/golangci-lint-$(GOLANGCI_LINT_VERSION)-$(shel
 lint:
 	@test -x $(GOLANGCI_LINT_DIR)/golangci-lint || { echo "lint: building golangci-lint $(GOLANGCI_LINT_VERSION) into $(GOLANGCI_LINT_DIR) (once; about 2 minutes)"; \
 		GOBIN=$(GOLANGCI_LINT_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); }
-	$(GOLANGCI_LINT_DIR)/golangci-lint run ./...
+	$(call each,$(GOLANGCI_LINT_DIR)/golangci-lint run ./...)
 
 vet:
-	$(GO) vet ./...
+	$(call each,$(GO) vet ./...)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
