@@ -69,10 +69,15 @@ func stampLatencies(rc *receiver, from, to time.Time) []time.Duration {
 // TestASinkAddedByReloadReceivesEveryObjectOnceWhileAnotherKeepsItsLatency adds, by a reload,
 // a webhook with initialState over 10,000 existing configmaps, some of which change while it
 // is replayed: it receives each of them once as ADDED, in key order per object (its later
-// changes after it), and logs the p99 latency of another sink's steady stream of updates
-// before the reload and during the replay.
+// changes after it), and another sink's steady stream of updates keeps a p99 during the
+// replay within maxReplayP99 or 4x its p99 before the reload, whichever is more: a bound for
+// the race build (p99 about 22 ms during, 3.8x, in runs alone), which a replay that held the
+// other sink's events behind its pages (the whole resource in one page: 270 ms, 44x) exceeds.
+// The plain build's target, 2x, is the benchmark's (make bench-initial-state).
+//
+// It runs alone (no t.Parallel), so that what it measures is the replay's cost, not the
+// parallel tests' load.
 func TestASinkAddedByReloadReceivesEveryObjectOnceWhileAnotherKeepsItsLatency(t *testing.T) {
-	t.Parallel()
 	// A cluster of the test's own: in the shared one, every test watching all namespaces would
 	// list and follow its 10,000 objects.
 	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
@@ -196,12 +201,16 @@ metrics: {address: "127.0.0.1:0"}
 
 	during := stampLatencies(steady, reloadAt, replayedAt)
 	before, replaying := percentile(baseline, 0.99), percentile(during, 0.99)
-	// A latency is a measurement, not a pass mark: under the suite's parallel load a single
-	// scheduling stall sets either p99. The ratio is reported, for the record and for a run
-	// alone (go test -run TestASinkAddedByReload -v ./test/e2e/).
 	t.Logf("steady sink p99 update to receipt: %s over %d updates before the reload, %s over %d during the replay (%.2fx; replay %s)",
 		before, len(baseline), replaying, len(during), float64(replaying)/float64(max(before, time.Millisecond)), replayedAt.Sub(reloadAt).Round(time.Millisecond))
+	if bound := max(maxReplayP99, 4*before); replaying > bound {
+		t.Errorf("the steady sink's p99 during the replay is %s; want at most %s (the larger of %s and 4x its %s before)", replaying, bound, maxReplayP99, before)
+	}
 }
+
+// maxReplayP99 is the steady sink's p99 during the replay that always passes: a scheduling
+// stall of the race build, not the replay's doing.
+const maxReplayP99 = 100 * time.Millisecond
 
 // TestARestartWithANewSinkReplaysToItAlone stops dynwatch and starts it again on its state
 // with two new webhooks: the one with initialState receives every existing object as ADDED,
