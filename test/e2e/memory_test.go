@@ -97,8 +97,12 @@ func delegateMemory(dir string) error {
 	if c, err := os.ReadFile(control); err == nil && slices.Contains(strings.Fields(string(c)), "memory") {
 		return nil
 	}
-	if c, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers")); err != nil || !slices.Contains(strings.Fields(string(c)), "memory") {
-		return fmt.Errorf("cgroup v2 %s is not given the memory controller by its parent (cgroup.controllers: %q, %v)", dir, c, err)
+	c, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(strings.Fields(string(c)), "memory") {
+		return fmt.Errorf("cgroup v2 %s is not given the memory controller by its parent (cgroup.controllers: %q)", dir, c)
 	}
 	leaf := filepath.Join(dir, "tests")
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
