@@ -229,13 +229,18 @@ func jetStreamStorm(t *testing.T, n int) {
 			restart(t, r, &restarts, errs)
 		case 1200:
 			restarts.Wait() // the first server back: a second kill leaves the stream its quorum
-			info, err := s.Info(t.Context())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if leader = nc.Index(info.Cluster.Leader); leader < 0 {
-				t.Fatalf("the stream's leader %q is none of the servers", info.Cluster.Leader)
-			}
+			// The cluster may still be electing its meta or the stream's leader after the
+			// restart: the stream answers who leads once it has one.
+			testbed.Eventually(t, time.Minute, func() error {
+				info, err := s.Info(t.Context())
+				if err != nil {
+					return err
+				}
+				if leader = nc.Index(info.Cluster.Leader); leader < 0 {
+					return fmt.Errorf("the stream's leader %q is none of the servers", info.Cluster.Leader)
+				}
+				return nil
+			})
 			nc.Kill(leader)
 		case 1500:
 			restartServer(leader)
