@@ -110,37 +110,32 @@ func (g grants) order(t *testing.T, n int) []string {
 	return who
 }
 
-func TestAFlowArrivingBehindAnothersBacklogWaitsForOneOfItsTurns(t *testing.T) {
-	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 1, 8, 32, time.Minute)
-	runQueue(t, q)
-	release := granted(t, waitFor(q, "10.0.0.1", "mallory"), "mallory's first")
-	g := make(grants)
-	for range 5 {
-		g.wait(q, "mallory", "10.0.0.1", "mallory")
-	}
-	eventuallyWaiting(t, q, 5)
-	g.wait(q, "alice", "10.0.0.2", "alice")
-	eventuallyWaiting(t, q, 6)
-	release()
-	if got := g.order(t, 6); slices.Index(got, "alice") > 1 {
-		t.Errorf("turns %v: alice waited for more than one of mallory's five", got)
-	}
-}
-
-func TestConnectionsOfOneAddressDoNotCrowdOutAnotherAddress(t *testing.T) {
-	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 1, 8, 32, time.Minute)
-	runQueue(t, q)
-	release := granted(t, waitFor(q, "10.0.0.1", "10.0.0.1:1"), "the flood's first")
-	g := make(grants)
-	for i := range 6 {
-		g.wait(q, "flood", "10.0.0.1", fmt.Sprintf("10.0.0.1:%d", i+2))
-	}
-	eventuallyWaiting(t, q, 6)
-	g.wait(q, "other", "10.0.0.2", "10.0.0.2:1")
-	eventuallyWaiting(t, q, 7)
-	release()
-	if got := g.order(t, 7); slices.Index(got, "other") > 1 {
-		t.Errorf("turns %v: another address waited for more than one turn of six connections of one address", got)
+// A newcomer behind another's backlog waits for at most one of its turns: one flow's backlog,
+// or one address's backlog spread over connections.
+func TestANewcomerBehindABacklogWaitsForAtMostOneTurnOfIt(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		flow func(i int) string // the backlog's i-th request's flow, all at 10.0.0.1
+	}{
+		{"one flow's backlog", func(int) string { return "mallory" }},
+		{"six connections of one address", func(i int) string { return fmt.Sprintf("10.0.0.1:%d", i) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 1, 8, 32, time.Minute)
+			runQueue(t, q)
+			release := granted(t, waitFor(q, "10.0.0.1", tt.flow(0)), "the backlog's first")
+			g := make(grants)
+			for i := range 6 {
+				g.wait(q, "backlog", "10.0.0.1", tt.flow(i+1))
+			}
+			eventuallyWaiting(t, q, 6)
+			g.wait(q, "newcomer", "10.0.0.2", "newcomer")
+			eventuallyWaiting(t, q, 7)
+			release()
+			if got := g.order(t, 7); slices.Index(got, "newcomer") > 1 {
+				t.Errorf("turns %v: the newcomer waited for more than one turn of the backlog", got)
+			}
+		})
 	}
 }
 
