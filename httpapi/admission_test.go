@@ -68,11 +68,17 @@ func TestAdmissionSpendsTheUnknownRateOnlyOnUnknownCredentials(t *testing.T) {
 	}
 }
 
-func TestAdmissionQueuesByTheConnectionItFindsInTheContext(t *testing.T) {
-	r := &reviewer{hold: make(chan struct{}), entered: make(chan struct{}, 8)}
-	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 8, 2, 32, time.Minute)
+// heldAdmission is admission over a reviewer that holds every review until released, with a
+// queue of unlimited rate, seats turns at once and perFlow per connection.
+func heldAdmission(t *testing.T, seats, perFlow int) (*reviewer, *admission) {
+	r := &reviewer{hold: make(chan struct{}), entered: make(chan struct{}, 256)}
+	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), seats, perFlow, 4*seats, time.Minute)
 	runQueue(t, q)
-	a := newAdmission(r, q)
+	return r, newAdmission(r, q)
+}
+
+func TestAdmissionQueuesByTheConnectionItFindsInTheContext(t *testing.T) {
+	r, a := heldAdmission(t, 8, 2)
 	flood := withConnection(context.Background(), "192.0.2.1:40000")
 	var wg sync.WaitGroup
 	for i := range 2 {
@@ -96,10 +102,7 @@ func TestAdmissionQueuesByTheConnectionItFindsInTheContext(t *testing.T) {
 // Requests that carry one new credential at once share its review: none is refused for the
 // connection's share, which the first holds until the review answers.
 func TestManyRequestsAtOnceWithOneNewCredentialAreAllAnswered(t *testing.T) {
-	r := &reviewer{hold: make(chan struct{}), entered: make(chan struct{}, 256)}
-	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 8, 2, 32, time.Minute)
-	runQueue(t, q)
-	a := newAdmission(r, q)
+	r, a := heldAdmission(t, 8, 2)
 	ctx := withConnection(context.Background(), "192.0.2.1:40000")
 	var wg sync.WaitGroup
 	for range 200 { // as 200 watches opened at once with a new token: far beyond its connection's share of 2

@@ -80,11 +80,18 @@ func TestOneUsersRandomNamesEvictNoOneElsesDecisions(t *testing.T) {
 	}
 }
 
-func TestAUsersReviewsWaitingDelayNoOneElsesBeyondTheirTurn(t *testing.T) {
+// heldAuthorization is authorization over a stand-in that holds every review until released,
+// with a queue of unlimited rate, seats turns at once and perFlow per user, and a review
+// timeout.
+func heldAuthorization(t *testing.T, seats, perFlow int, timeout time.Duration) (*sar, *authorization) {
 	s := &sar{reviews: map[string]int{}, hold: make(chan struct{}), entered: make(chan string, 64)}
-	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 4, 2, 16, time.Minute)
+	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), seats, perFlow, 4*seats, time.Minute)
 	runQueue(t, q)
-	a := newAuthorization(s, q, time.Hour, time.Hour, time.Minute)
+	return s, newAuthorization(s, q, time.Hour, time.Hour, timeout)
+}
+
+func TestAUsersReviewsWaitingDelayNoOneElsesBeyondTheirTurn(t *testing.T) {
+	s, a := heldAuthorization(t, 4, 2, time.Minute)
 	var wg sync.WaitGroup
 	for i := range 2 { // mallory's share: both under review, held
 		wg.Go(func() { _, _, _ = a.Authorize(context.Background(), read("mallory", fmt.Sprintf("ns-%d", i), "cm")) })
@@ -106,10 +113,7 @@ func TestAUsersReviewsWaitingDelayNoOneElsesBeyondTheirTurn(t *testing.T) {
 }
 
 func TestAReviewThatDoesNotAnswerEndsAtItsDeadlineAndIsNotCached(t *testing.T) {
-	s := &sar{reviews: map[string]int{}, hold: make(chan struct{}), entered: make(chan string, 64)}
-	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 4, 2, 16, time.Minute)
-	runQueue(t, q)
-	a := newAuthorization(s, q, time.Hour, time.Hour, 50*time.Millisecond)
+	s, a := heldAuthorization(t, 4, 2, 50*time.Millisecond)
 	if _, _, err := a.Authorize(context.Background(), read("alice", "alice", "cm")); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a review that never answers: %v; want its deadline", err)
 	}
@@ -125,10 +129,7 @@ func TestAReviewThatDoesNotAnswerEndsAtItsDeadlineAndIsNotCached(t *testing.T) {
 // Identical requests at once share their review: none is refused for the user's share, which
 // the first holds until the review answers.
 func TestIdenticalRequestsAtOnceBeyondTheUsersShareAreAllAnswered(t *testing.T) {
-	s := &sar{reviews: map[string]int{}, hold: make(chan struct{}), entered: make(chan string, 64)}
-	q := newFairQueue(rate.NewLimiter(rate.Inf, 0), 32, 8, 128, time.Minute)
-	runQueue(t, q)
-	a := newAuthorization(s, q, time.Hour, time.Hour, time.Minute)
+	s, a := heldAuthorization(t, 32, 8, time.Minute)
 	var wg sync.WaitGroup
 	for range 200 { // as 200 watches of one namespace opened at once: far beyond alice's share of 8
 		wg.Go(func() {
