@@ -69,7 +69,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 		}
 		election, status = elector, func() any { return elector.Status() }
 	}
-	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Sinks: cfg.Sinks(), StatePath: cfg.State.Path, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
+	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Sinks: cfg.Sinks(), StatePath: cfg.State.Path, MaxPendingBytes: cfg.State.MaxPendingBytes, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
 		Resources: func() []*dynamicinformer.Resource { return s.informers.Resources() }}); err != nil {
 		return nil, err
 	}
@@ -82,7 +82,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	if s.informers, err = dynamicinformer.New(dynamicinformer.Options{
 		Logger: log, JSON: objects, Dynamic: dyn, Metadata: meta, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
-		Subscribers: []dynamicinformer.Subscriber{watches, s.webhooks},
+		Subscribers: []dynamicinformer.Subscriber{watches, s.webhooks}, Gate: s.webhooks,
 	}); err != nil {
 		return nil, err
 	}
@@ -133,6 +133,7 @@ func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *se
 	}
 	return httpapi.NewAPI(httpapi.APIOptions{
 		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus,
+		Journal:     func() any { return s.webhooks.Pressure() },
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 		Authenticator: s.security.Authenticator, Authorizer: s.security.Authorizer, Limits: cfg.API.Limits,
 		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: upstreamClient, Dynamic: upstreamDynamic,

@@ -61,7 +61,15 @@ type State struct {
 	// earlier release, converted at start. Empty keeps state in memory only: events still
 	// queued at shutdown are dead-lettered and a restart delivers every object as ADDED again.
 	Path string `mapstructure:"path"`
+	// MaxPendingBytes bounds the bytes of events recorded and not yet committed (each
+	// object's JSON, its old object's, and 512 bytes): past it, while the disk is full or
+	// fdatasync stalls, the informers stop reading their watches until half of it is
+	// committed. It applies without a path too, where commits are only in memory.
+	MaxPendingBytes int64 `mapstructure:"maxPendingBytes"`
 }
+
+// DefaultMaxPendingBytes is state.maxPendingBytes unless set.
+const DefaultMaxPendingBytes = 16 << 20
 
 // LeaderElection configures high availability: every replica runs the informers, the journal
 // and the query API; the one holding a coordination.k8s.io Lease delivers, and publishes
@@ -313,6 +321,7 @@ func setDefaults(v *viper.Viper) {
 		v.SetDefault("client.rateLimits."+name+".qps", l.QPS)
 		v.SetDefault("client.rateLimits."+name+".burst", l.Burst)
 	}
+	v.SetDefault("state.maxPendingBytes", DefaultMaxPendingBytes)
 	v.SetDefault("log.level", "info")
 	v.SetDefault("log.format", "json")
 	v.SetDefault("shutdownTimeout", DefaultShutdownTimeout.String())

@@ -88,6 +88,9 @@ func (c *Config) validate() error {
 	if c.ShutdownTimeout < time.Second {
 		p.add("shutdownTimeout", "must be at least 1s, got %s", c.ShutdownTimeout)
 	}
+	if c.State.MaxPendingBytes < 1<<20 {
+		p.add("state.maxPendingBytes", "must be at least 1048576 (1 MiB), got %d", c.State.MaxPendingBytes)
+	}
 	c.LeaderElection.validate(c.State, &p)
 	return errors.Join(p...)
 }

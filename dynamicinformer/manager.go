@@ -38,7 +38,10 @@ type Options struct {
 	Resources   []config.Resource
 	Interval    time.Duration // how often discovery runs while a resource is not running, or always with a whole group
 	Subscribers []Subscriber
-	Now         func() time.Time // the clock; time.Now when nil
+	// Gate, when set, holds the informers back while what they handed the subscribers waits
+	// (see Gate).
+	Gate Gate
+	Now  func() time.Time // the clock; time.Now when nil
 }
 
 // Manager runs the informers of every configured resource.
@@ -50,6 +53,7 @@ type Manager struct {
 	discovery   discovery.DiscoveryInterface
 	interval    time.Duration
 	subscribers []Subscriber
+	gate        Gate
 	now         func() time.Time
 	met         *metrics
 
@@ -78,6 +82,7 @@ func New(o Options) (*Manager, error) {
 		discovery:   o.Discovery,
 		interval:    o.Interval,
 		subscribers: o.Subscribers,
+		gate:        o.Gate,
 		now:         o.Now,
 		nudge:       make(chan struct{}, 1),
 		byGVR:       map[schema.GroupVersionResource]*Resource{},

@@ -360,6 +360,11 @@ func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.List
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			tweak(&o)
+			if o.Continue == "" {
+				if err := r.m.waitRoom(ctx); err != nil {
+					return nil, err
+				}
+			}
 			if sel != nil && o.Continue == "" {
 				// Every page of the list is filtered by the selection as it is at its start.
 				cur, err := sel.wait(ctx, selectionWait)
@@ -380,6 +385,9 @@ func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.List
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			tweak(&o)
+			if err := r.m.waitRoom(ctx); err != nil {
+				return nil, err
+			}
 			initial := o.SendInitialEvents != nil && *o.SendInitialEvents
 			if sel != nil && initial {
 				cur, err := sel.wait(ctx, selectionWait)
@@ -401,15 +409,18 @@ func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.List
 				tweak(&opts)
 				sw := &selectWatch{relay: newRelay(w), r: r, client: src, opts: opts, sel: sel, state: selected, moves: mv, initial: initial}
 				go sw.run(ctx, o.ResourceVersion)
-				return sw, nil
+				return r.m.gated(sw), nil
 			}
-			if err == nil && len(r.cfg.ExcludedGlobs) > 0 {
+			if err != nil {
+				return nil, err
+			}
+			if len(r.cfg.ExcludedGlobs) > 0 {
 				w = watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
 					o, ok := e.Object.(interface{ GetNamespace() string })
 					return e, !ok || e.Type == watch.Bookmark || !r.cfg.Excludes(o.GetNamespace())
 				})
 			}
-			return w, err
+			return r.m.gated(w), nil
 		},
 	}
 }

@@ -32,6 +32,9 @@ type StatusResponse struct {
 	Reload config.ReloadStatus `json:"reload"`
 	// LeaderElection is this replica's view of the election; absent without one.
 	LeaderElection any `json:"leaderElection,omitempty"`
+	// Journal is the journal's backpressure: whether the informers are held back, and the
+	// bytes of events waiting to be committed against their limit.
+	Journal any `json:"journal,omitempty"`
 }
 
 // APIOptions are the API handler's dependencies and limits.
@@ -44,6 +47,8 @@ type APIOptions struct {
 	Reloads interface{ Status() config.ReloadStatus }
 	// LeaderElection reports the leader election's state for /status; nil without one.
 	LeaderElection func() any
+	// Journal reports the journal's backpressure for /status; nil leaves it out.
+	Journal func() any
 	// MaxPageSize caps the items of one list response; more come through continue tokens.
 	MaxPageSize int
 	// RequestTimeout bounds writing the answer to a request other than a watch.
@@ -191,6 +196,9 @@ func (a *api) status(c *gin.Context) {
 	resp := StatusResponse{Ready: ok, NotReady: reasons, Resources: a.Informers.Status(), Reload: a.Reloads.Status()}
 	if a.LeaderElection != nil {
 		resp.LeaderElection = a.LeaderElection()
+	}
+	if a.Journal != nil {
+		resp.Journal = a.Journal()
 	}
 	c.JSON(http.StatusOK, resp)
 }

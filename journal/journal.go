@@ -44,6 +44,8 @@ type Journal struct {
 	current func(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool)
 	// commitBytes bounds a commit's size (see batchLen).
 	commitBytes int
+	// pressure bounds the events recorded and not yet committed (see Room).
+	pressure *pressure
 
 	mu sync.Mutex
 	// pending are the operations waiting, in blocks of maxBatch (see takeBatch) from the
@@ -123,6 +125,9 @@ type Options struct {
 	Targets func() []Target
 	// Retired is called, after the commit, for each target RemoveTarget removed.
 	Retired func(Target)
+	// MaxPendingBytes bounds the bytes of events recorded and not yet committed before the
+	// informers are held back (see Room); 0 never holds them back.
+	MaxPendingBytes int64
 	// Workers evaluate the targets' filters for events seen on a watch, off
 	// the writer and in parallel across objects (each object's events in order); 0 leaves it
 	// to the writer. Targets' Selects must then be safe to call from several goroutines.
@@ -282,16 +287,19 @@ func New(o Options) (*Journal, error) {
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, selections: map[string]map[string]string{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
 		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords,
-		order: map[string][]uint64{}, outboxPeak: map[string]int{}, compacted: make(chan compaction, 1)}
+		order: map[string][]uint64{}, outboxPeak: map[string]int{}, compacted: make(chan compaction, 1),
+		pressure: newPressure(o.MaxPendingBytes, o.Now)}
 	if st != nil {
 		j.seq, j.outbox = st.seq, st.outbox
 		for sink, entries := range st.outbox {
 			j.order[sink] = slices.Sorted(maps.Keys(entries))
 		}
 	}
-	if err := o.Registerer.Register(j.m); err != nil {
-		_ = j.Close()
-		return nil, err
+	for _, c := range append(j.pressure.m.collectors(), j.m) {
+		if err := o.Registerer.Register(c); err != nil {
+			_ = j.Close()
+			return nil, err
+		}
 	}
 	if o.Workers > 0 {
 		j.pre = newPreselector(j, o.Workers)
@@ -465,10 +473,13 @@ func (j *Journal) Sinks() ([]string, error) {
 	return slices.Sorted(maps.Keys(j.outbox)), nil
 }
 
-// Record hands an informer's event to the journal. It never blocks. With workers, an event
-// other than an initial list's is filtered by them first; an initial list's, mostly unchanged
-// objects after a restart, goes straight to the writer, which filters only what changed.
+// Record hands an informer's event to the journal. It never blocks: what it holds until the
+// event is committed is bounded by holding the informers back (see Room). With workers, an
+// event other than an initial list's is filtered by them first; an initial list's, mostly
+// unchanged objects after a restart, goes straight to the writer, which filters only what
+// changed.
 func (j *Journal) Record(e dynamicinformer.Event) {
+	j.pressure.take(heldBytes(e))
 	if j.pre != nil && !e.InitialList {
 		j.pre.add(op{kind: opEvent, event: e})
 		return
@@ -840,6 +851,7 @@ func (j *Journal) flushBatch() error {
 		j.recovered()
 	}
 	j.committed(b)
+	j.pressure.give(eventBytes(ops))
 	if b.sinks {
 		j.publishSinks()
 	}
@@ -865,6 +877,17 @@ func (j *Journal) flushBatch() error {
 	j.batchDone(ops, acks)
 	j.maybeCompact()
 	return nil
+}
+
+// eventBytes is what the events of ops held (see heldBytes).
+func eventBytes(ops []op) int64 {
+	var n int64
+	for _, o := range ops {
+		if o.kind == opEvent {
+			n += heldBytes(o.event)
+		}
+	}
+	return n
 }
 
 // takeBatch takes the pending operations one commit for that many sinks applies (see

@@ -27,6 +27,9 @@ type Options struct {
 	// StatePath is the state store's file, which keeps the object state and the outboxes
 	// across restarts; empty keeps them in memory.
 	StatePath string
+	// MaxPendingBytes bounds the events the journal holds before the informers are held back
+	// (see journal.Options.MaxPendingBytes).
+	MaxPendingBytes int64
 	// Election, when set, makes this replica deliver only while it leads; it needs a
 	// StatePath.
 	Election Election
@@ -76,7 +79,7 @@ func New(o Options) (*Dispatcher, error) {
 	if o.Election != nil && o.StatePath == "" {
 		return nil, errors.New("leader election needs a state store (state.path)")
 	}
-	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, Now: d.now, Targets: d.targets, Retired: d.retire,
+	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, MaxPendingBytes: o.MaxPendingBytes, Now: d.now, Targets: d.targets, Retired: d.retire,
 		Workers: filterWorkers(), Bound: d.selectionRevision, Current: d.cached})
 	if err != nil {
 		return nil, err
@@ -124,6 +127,12 @@ func (d *Dispatcher) Ready() (bool, []string) {
 	}
 	return true, nil
 }
+
+// Room implements dynamicinformer.Gate: the journal's room for more events.
+func (d *Dispatcher) Room() <-chan struct{} { return d.journal.Room() }
+
+// Pressure reports the journal's backpressure, for /status.
+func (d *Dispatcher) Pressure() journal.PressureStatus { return d.journal.Pressure() }
 
 // OnEvent implements dynamicinformer.Subscriber: it hands e to the journal, never blocking.
 // Changes of the election's own Lease and checkpoint ConfigMap are not events to deliver: a
