@@ -61,6 +61,11 @@ type Event struct {
 	// at different points agree on a range that holds it: a checkpoint stays below Since
 	// while the change is undelivered, and acknowledges it only once it reaches Revision.
 	Since uint64
+	// Moved is set for an object that came in or went out of the cache with its namespace, as
+	// a namespaceSelector's selection changed: Revision is then the selection's revision at
+	// which it did, and each such coming and going is a change of its own (see Since), though
+	// the object itself did not change.
+	Moved bool
 	// InOrder is set for changes seen on a watch: a stream's InOrder events come in increasing
 	// Revision, and each marks the stream's progress. Initial lists and relists are not in
 	// order.

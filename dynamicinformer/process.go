@@ -53,7 +53,7 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 	rev := e.Revision
 	m, movedWith := mv.movedWith(u)
 	if movedWith {
-		e.Since, e.Revision, e.InOrder = m.since, m.at, false
+		e.Since, e.Revision, e.InOrder, e.Moved = m.since, m.at, false, true
 		rev = 0
 	}
 	if d.Type == cache.Deleted {

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -46,11 +47,18 @@ type Entry struct {
 	FilterError string
 }
 
-// EventID is the event's idempotency key: its object's uid and resourceVersion and its type.
-// It is the same on every redelivery, on a replay of the same change after a restart, and on
-// every replica that records the change.
+// EventID is the event's idempotency key: its object's uid and resourceVersion and its type,
+// and for an object that came in or went out with its namespace (Event.Moved) the selection's
+// revision at which it did, so that a namespace leaving and coming back brings its objects
+// back under ids of their own, which a receiver deduplicating by id does not drop. It is the
+// same on every redelivery, on a replay of the same change after a restart, and on every
+// replica that records the change.
 func EventID(e dynamicinformer.Event) string {
-	return string(e.Object.GetUID()) + "." + e.Object.GetResourceVersion() + "." + e.Type.Lower()
+	id := string(e.Object.GetUID()) + "." + e.Object.GetResourceVersion() + "." + e.Type.Lower()
+	if e.Moved {
+		id += "." + strconv.FormatUint(e.Revision, 10)
+	}
+	return id
 }
 
 // AppendBody appends d's request body to buf: Body, or when that is nil the payload of its

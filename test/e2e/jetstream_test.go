@@ -84,9 +84,9 @@ metrics: {address: "127.0.0.1:0"}
 
 // storedMessage is one message of the stream, as the test reads it back.
 type storedMessage struct {
-	seq               uint64
-	subject, id, ceID string
-	rv                uint64
+	seq                       uint64
+	subject, id, ceID, ceType string
+	rv                        uint64
 }
 
 // readStream reads every message of s in sequence order.
@@ -105,7 +105,7 @@ func readStream(t *testing.T, s jetstream.Stream) []storedMessage {
 		if err != nil {
 			t.Fatalf("read message %d: %v", seq, err)
 		}
-		out = append(out, storedMessage{seq: seq, subject: m.Subject, id: m.Header.Get(jetstream.MsgIDHeader), ceID: m.Header.Get("ce-id"),
+		out = append(out, storedMessage{seq: seq, subject: m.Subject, id: m.Header.Get(jetstream.MsgIDHeader), ceID: m.Header.Get("ce-id"), ceType: m.Header.Get("ce-type"),
 			rv: object.Revision(m.Header.Get("ce-resourceversion"))})
 	}
 	return out
@@ -259,7 +259,8 @@ func jetStreamStorm(t *testing.T, n int) {
 }
 
 // supersededIn are the ids of want not among msgs while a later version of their object is.
-// An id is <uid>.<resourceVersion>.<type>.
+// An id is <uid>.<resourceVersion>.<type> (with .<revision> after it for an object that came
+// or went with its namespace, which this test has none of).
 func supersededIn(msgs []storedMessage, want []string) []string {
 	stored := map[string]bool{}
 	latest := map[string]uint64{} // uid → the newest resourceVersion stored

@@ -24,6 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -404,4 +406,87 @@ func relabelNamespace(t *testing.T, cs kubernetes.Interface, key, ns, value stri
 	}
 	rv, _ := strconv.ParseUint(changed.ResourceVersion, 10, 64)
 	return rv
+}
+
+// TestANamespaceOutAndBackInEndsWithEveryObjectPresent: a namespace of 50 configmaps leaves a
+// namespaceSelector's selection and comes back, well within JetStream's duplicate window. A
+// receiver that deduplicates on webhook-id, as docs/webhooks.md tells it to, and a JetStream
+// stream, which deduplicates on Nats-Msg-Id, must both end with every configmap present: the
+// ADDED that brings each back carries an id of its own, not that of its first ADDED.
+func TestANamespaceOutAndBackInEndsWithEveryObjectPresent(t *testing.T) {
+	t.Parallel()
+	const objects = 50
+	ctx := t.Context()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	ns := namespace(t)
+	key := "outback-" + ns[strings.LastIndexByte(ns, '-')+1:]
+	relabelNamespace(t, cs, key, ns, `"in"`)
+	if err := testbed.CreateConfigMaps(ctx, cluster.Config, objects, testbed.NumberedConfigMap(ns, "cm-%02d")); err != nil {
+		t.Fatal(err)
+	}
+	nats := startNATS(t, 1)
+	s := createStream(t, nats.URLs(), jetstream.StreamConfig{Name: "DYNWATCH", Subjects: []string{"dw.>"}, Duplicates: 2 * time.Minute})
+	rc := newReceiver(t, nil, false)
+	startWithWebhooks(t, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, namespaceSelector: %q}]
+webhooks: [{name: r, url: %q}]
+jetstream: [{name: stream, servers: [%s], subjectPrefix: dw, stream: DYNWATCH}]
+`, key+"=in", rc.URL, strings.Join(nats.URLs(), ", ")))
+	count := func(typ string) int {
+		n := 0
+		for _, r := range rc.got() {
+			if r.payload.Type == typ {
+				n++
+			}
+		}
+		return n
+	}
+	waitCount := func(typ string, want int) {
+		t.Helper()
+		testbed.Eventually(t, time.Minute, func() error {
+			if n := count(typ); n < want {
+				return fmt.Errorf("%d %s events, want %d", n, typ, want)
+			}
+			return nil
+		})
+	}
+	waitCount("ADDED", objects)
+	relabelNamespace(t, cs, key, ns, `"out"`)
+	waitCount("DELETED", objects)
+	relabelNamespace(t, cs, key, ns, `"in"`)
+	waitCount("ADDED", 2*objects)
+
+	// The receiver applies each id once, in the order the events came.
+	present, seen := map[string]bool{}, map[string]bool{}
+	for _, r := range rc.got() {
+		if seen[r.ceID] {
+			continue
+		}
+		seen[r.ceID] = true
+		present[subjectName(r)] = r.payload.Type != "DELETED"
+	}
+	if missing := absent(present, objects); len(missing) > 0 {
+		t.Errorf("a receiver deduplicating on webhook-id ends without %d of %d configmaps, e.g. %v", len(missing), objects, missing[0])
+	}
+	testbed.Eventually(t, time.Minute, func() error {
+		last := map[string]bool{}
+		for _, m := range readStream(t, s) {
+			last[m.subject[strings.LastIndexByte(m.subject, '.')+1:]] = !strings.HasSuffix(m.ceType, ".deleted")
+		}
+		if missing := absent(last, objects); len(missing) > 0 {
+			return fmt.Errorf("the stream ends without %d of %d configmaps, e.g. %v", len(missing), objects, missing[0])
+		}
+		return nil
+	})
+}
+
+// absent are the configmaps cm-00 to cm-<n-1> not present.
+func absent(present map[string]bool, n int) []string {
+	var out []string
+	for i := range n {
+		if name := fmt.Sprintf("cm-%02d", i); !present[name] {
+			out = append(out, name)
+		}
+	}
+	return out
 }
