@@ -111,6 +111,8 @@ func (m *Manager) newResource(cfg *config.Resource) *Resource {
 		r.relistEvents[t] = m.met.relistEvents.WithLabelValues(r.name, string(t))
 	}
 	r.watchErrs = m.met.watchErrors.WithLabelValues(r.name)
+	r.transitions.applied = m.met.transitions.WithLabelValues(r.name, "applied")
+	r.transitions.deferred = m.met.transitions.WithLabelValues(r.name, "deferred")
 	return r
 }
 

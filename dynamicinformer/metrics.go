@@ -10,6 +10,7 @@ type metrics struct {
 	events            *prometheus.CounterVec
 	relistEvents      *prometheus.CounterVec
 	watchErrors       *prometheus.CounterVec
+	transitions       *prometheus.CounterVec
 	discoveryFailures prometheus.Counter
 	objects           *prometheus.Desc
 	synced, stale     *prometheus.Desc
@@ -31,6 +32,10 @@ func newMetrics(m *Manager) *metrics {
 			Name: "dynwatch_informer_watch_errors_total",
 			Help: "List and watch errors reported by the informers of a watched resource.",
 		}, []string{"resource"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_informer_selection_transitions_total",
+			Help: "Changes of a namespaceSelector's selection brought into a watch of the resource (applied), and those that first waited out the one-second debounce (deferred); a namespace that leaves and comes back within it produces no events.",
+		}, []string{"resource", "result"}),
 		discoveryFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dynwatch_discovery_failures_total",
 			Help: "Discovery runs that failed.",
@@ -51,6 +56,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	x.events.Describe(ch)
 	x.relistEvents.Describe(ch)
 	x.watchErrors.Describe(ch)
+	x.transitions.Describe(ch)
 	x.discoveryFailures.Describe(ch)
 	ch <- x.objects
 	ch <- x.synced
@@ -63,6 +69,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	x.events.Collect(ch)
 	x.relistEvents.Collect(ch)
 	x.watchErrors.Collect(ch)
+	x.transitions.Collect(ch)
 	x.discoveryFailures.Collect(ch)
 	for _, r := range x.m.Resources() {
 		st := r.State()
@@ -75,7 +82,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 
 // forget drops a removed resource's series.
 func (x *metrics) forget(resource string) {
-	for _, v := range []*prometheus.CounterVec{x.events, x.relistEvents, x.watchErrors} {
+	for _, v := range []*prometheus.CounterVec{x.events, x.relistEvents, x.watchErrors, x.transitions} {
 		v.DeletePartialMatch(prometheus.Labels{"resource": resource})
 	}
 }

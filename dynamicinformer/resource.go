@@ -65,6 +65,9 @@ type Resource struct {
 	events       map[EventType]counter
 	relistEvents map[EventType]counter
 	watchErrs    counter
+	// transitions count a namespaceSelector's changes applied, and those that waited out
+	// selectionDebounce (see selectWatch.run).
+	transitions struct{ applied, deferred counter }
 
 	// emitting is read-held by the informers' processing around each change to the store and
 	// its events, and held by Read: see snapshot.go.

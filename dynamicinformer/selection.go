@@ -235,33 +235,49 @@ type selectWatch struct {
 	initial bool              // a watch-list stream's initial events are still coming
 }
 
+// selectionDebounce is how often, at most, a watch brings in the changes of its selection: a
+// namespace relabelled in and out many times a second costs one transition a second, and one
+// that leaves and comes back within it none. It bounds what a tenant allowed to label its own
+// namespace can make every sink receive.
+const selectionDebounce = time.Second
+
 // run passes events on until the watch under it ends or Stop. rv is the revision the watch
-// starts from.
+// starts from. The selection's changes are brought in at most once every selectionDebounce:
+// one that comes sooner waits, and what has changed by then is brought in at once.
 func (w *selectWatch) run(ctx context.Context, rv string) {
 	defer close(w.out)
 	defer w.in.Stop()
 	cur := w.state.get()
+	debounce := time.NewTimer(selectionDebounce)
+	debounce.Stop()
+	defer debounce.Stop()
+	var due <-chan time.Time // a change waits out the debounce
+	var last time.Time       // when the last change was brought in
 	for {
 		var changed <-chan struct{}
-		if !w.initial {
+		if !w.initial && due == nil {
 			changed = cur.changed
 		}
 		select {
 		case <-w.stop:
 			return
 		case <-changed:
-			next := w.sel.view()
-			if err := w.transition(ctx, rv, cur, next); errors.Is(err, errStopped) {
-				return
-			} else if err != nil {
-				w.r.m.log.Info("namespace selection changed: listing again", "resource", w.r.name, "err", err)
-				status := apierrors.NewResourceExpired(fmt.Sprintf("namespace selection changed, and %v", err)).ErrStatus
-				w.send(watch.Event{Type: watch.Error, Object: &status})
+			if wait := selectionDebounce - time.Since(last); wait > 0 {
+				w.r.transitions.deferred.Inc()
+				debounce.Reset(wait)
+				due = debounce.C
+				continue
+			}
+			if !w.bringIn(ctx, rv, &cur) {
 				return
 			}
-			cur = next
-			w.state.put(cur)
-			w.moves.selectionApplied(cur.rev, false)
+			last = time.Now()
+		case <-due:
+			due = nil
+			if !w.bringIn(ctx, rv, &cur) {
+				return
+			}
+			last = time.Now()
 		case e, ok := <-w.in.ResultChan():
 			if !ok {
 				return
@@ -281,6 +297,26 @@ func (w *selectWatch) run(ctx context.Context, rv string) {
 			}
 		}
 	}
+}
+
+// bringIn brings the selection as it is now into the watch, from cur, which it then sets to
+// it; false when the watch is to end: stopped, or unable to (it has then sent an Expired
+// error, and the reflector lists again).
+func (w *selectWatch) bringIn(ctx context.Context, rv string, cur *selected) bool {
+	next := w.sel.view()
+	if err := w.transition(ctx, rv, *cur, next); errors.Is(err, errStopped) {
+		return false
+	} else if err != nil {
+		w.r.m.log.Info("namespace selection changed: listing again", "resource", w.r.name, "err", err)
+		status := apierrors.NewResourceExpired(fmt.Sprintf("namespace selection changed, and %v", err)).ErrStatus
+		w.send(watch.Event{Type: watch.Error, Object: &status})
+		return false
+	}
+	w.r.transitions.applied.Inc()
+	*cur = next
+	w.state.put(next)
+	w.moves.selectionApplied(next.rev, false)
+	return true
 }
 
 // passes reports whether an event of u goes on: its namespace is selected, not excluded, and
