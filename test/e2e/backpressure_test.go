@@ -273,10 +273,7 @@ type updates struct {
 }
 
 func newUpdates(cfg *rest.Config, ns string) (*updates, error) {
-	unlimited := rest.CopyConfig(cfg)
-	unlimited.QPS, unlimited.Burst = -1, 0 // the limiter paces the writes
-	unlimited.ContentType = "application/vnd.kubernetes.protobuf"
-	cs, err := kubernetes.NewForConfig(unlimited)
+	cs, err := pacedWriter(cfg)
 	if err != nil {
 		return nil, err
 	}

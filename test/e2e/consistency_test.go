@@ -220,14 +220,20 @@ type churn struct {
 }
 
 func newChurn(cfg *rest.Config, ns string) (*churn, error) {
-	unlimited := rest.CopyConfig(cfg)
-	unlimited.QPS, unlimited.Burst = -1, 0 // the limiter paces the writes
-	unlimited.ContentType = "application/vnd.kubernetes.protobuf"
-	cs, err := kubernetes.NewForConfig(unlimited)
+	cs, err := pacedWriter(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return &churn{cs: cs, ns: ns, limiter: rate.NewLimiter(churnRate, 1)}, nil
+}
+
+// pacedWriter is a client for writes that a limiter of the test's paces: none of client-go's
+// own, and protobuf, which costs the apiserver and a client under the race detector less.
+func pacedWriter(cfg *rest.Config) (kubernetes.Interface, error) {
+	unlimited := rest.CopyConfig(cfg)
+	unlimited.QPS, unlimited.Burst = -1, 0
+	unlimited.ContentType = "application/vnd.kubernetes.protobuf"
+	return kubernetes.NewForConfig(unlimited)
 }
 
 // start runs churnWriters writers until ctx ends, each over its own share of names, which must
