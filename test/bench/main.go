@@ -827,26 +827,8 @@ func saveURL(ctx context.Context, url, path string) error {
 type resident struct{ now, anon, file, peak uint64 }
 
 func residentMemory(pid int) resident {
-	var r resident
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return r
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		name, value, _ := strings.Cut(line, ":")
-		kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
-		switch name {
-		case "VmRSS":
-			r.now = kb << 10
-		case "VmHWM":
-			r.peak = kb << 10
-		case "RssAnon":
-			r.anon = kb << 10
-		case "RssFile":
-			r.file = kb << 10
-		}
-	}
-	return r
+	r := runner.ResidentMemory(pid)
+	return resident{now: r.Now, anon: r.Anon, file: r.File, peak: r.Peak}
 }
 
 // firstEvents are, sorted, the times from a watch request to its first event and to its

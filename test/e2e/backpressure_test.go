@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -367,34 +365,10 @@ func (s *sampler) stop() {
 	<-s.stopped
 }
 
-// readMemory reads VmRSS, RssAnon and RssFile from /proc/pid/status; zero where it cannot.
+// readMemory reads the process's resident memory; zero where it cannot.
 func readMemory(pid int) measured {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return measured{}
-	}
-	defer func() { _ = f.Close() }()
-	var m measured
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		key, value, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
-		if err != nil {
-			continue
-		}
-		switch key {
-		case "VmRSS":
-			m.rss = kb << 10
-		case "RssAnon":
-			m.anon = kb << 10
-		case "RssFile":
-			m.file = kb << 10
-		}
-	}
-	return m
+	r := runner.ResidentMemory(pid)
+	return measured{rss: int64(r.Now), anon: int64(r.Anon), file: int64(r.File)}
 }
 
 // scrape reads one unlabelled series from a metrics endpoint; 0 when it cannot.
