@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -119,14 +120,53 @@ func (p *process) exited() error {
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, for a server a test
+// starts: one below the kernel's ephemeral range, never handed out before by this process.
+//
+// A port from the ephemeral range (what listening on port 0 gives) is also where the kernel
+// takes the local port of every outgoing connection, and the suite makes thousands: between
+// FreePort and the server's own bind, one of them took etcd's port (CI: "bind: address already
+// in use"), and a server restarted on its port (the NATS storm) could find it taken the same way.
+// Below the range only another listener that names the port can take it.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	low, high := portRange()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
+		port := low + mrand.IntN(high-low)
+		if portsGiven[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // another process's listener
+		}
+		_ = l.Close() // only a probe: the server binds the port itself
+		portsGiven[port] = true
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free port in [%d, %d)", low, high)
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// portRange is where FreePort chooses: from 10000 up to the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range, 32768 by default).
+func portRange() (low, high int) {
+	low, high = 10000, 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return low, high
+	}
+	if f := strings.Fields(string(b)); len(f) == 2 {
+		if n, err := strconv.Atoi(f[0]); err == nil && n > low+1000 {
+			high = n
+		}
+	}
+	return low, high
 }
 
 // Start builds the binaries if needed, starts etcd and kube-apiserver, and returns once the
