@@ -82,6 +82,33 @@ func revisionOf(e dynamicinformer.Event) uint64 {
 	return rvOf(e.Object)
 }
 
+// after reports whether a watch from resourceVersion rv is to get e: e happened after rv, or
+// e is one of the objects a selection's change brought in or took out at rv. Those share the
+// selection's revision (see served), and a client that resumes from it may have been sent only
+// some of them: it gets them all again, a repeat rather than a loss.
+func after(e dynamicinformer.Event, rv uint64) bool {
+	r := revisionOf(e)
+	return r > rv || r == rv && e.Moved
+}
+
+// served is the object a watch event carries: e's, or for an object that came in or went out
+// with its namespace (Event.Moved) a copy at the selection's revision. The object's own
+// resourceVersion is older than the events the watch has sent before it, and a client resumes
+// from the last one it was sent: so a watch's resourceVersions never go back, and a client
+// that resumes from the transition gets what followed it (see after). A list or get still
+// gives the object's own.
+func served(e dynamicinformer.Event) *dynamicinformer.Object {
+	if !e.Moved || e.Revision == 0 || e.Revision == rvOf(e.Object) {
+		return e.Object
+	}
+	u, err := e.Object.Decode()
+	if err != nil {
+		return e.Object // no copy to be had: the object as it is, as before the transition's revision was served
+	}
+	u.SetResourceVersion(strconv.FormatUint(e.Revision, 10))
+	return dynamicinformer.NewObject(u)
+}
+
 func (s *stream) publish(e dynamicinformer.Event) {
 	rv := revisionOf(e)
 	s.mu.Lock()
@@ -99,7 +126,7 @@ func (s *stream) publish(e dynamicinformer.Event) {
 		s.next = (s.next + 1) % len(s.ring)
 	}
 	for w := range s.watchers {
-		if rv <= w.minRV {
+		if !after(e, w.minRV) {
 			continue
 		}
 		if len(w.pending) >= watcherBuffer { // too slow: disconnect it
@@ -150,7 +177,7 @@ func (s *stream) resume(rv uint64) (*watcher, *apierrors.StatusError) {
 	var replay []dynamicinformer.Event
 	for i := range s.n {
 		e := s.ring[(s.next-s.n+i+len(s.ring))%len(s.ring)]
-		if revisionOf(e) > rv {
+		if after(e, rv) {
 			replay = append(replay, e)
 		}
 	}
@@ -267,7 +294,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		case <-w.wake:
 			batch, done := s.take(w)
 			for _, e := range batch {
-				if typ := q.transition(e, t.namespace); typ != "" && !send(typ, e.Object) {
+				if typ := q.transition(e, t.namespace); typ != "" && !send(typ, served(e)) {
 					return
 				}
 			}

@@ -68,3 +68,43 @@ func TestAWatchFromBeforeTheHistoryIsGone(t *testing.T) {
 		t.Errorf("the watch from 11 got %q; want %q", got, want)
 	}
 }
+
+// TestAWatchsResourceVersionsNeverGoBackAcrossASelectionsChange: objects that come in (or go
+// out) with their namespace carry their own, older resourceVersions; a watch serves them at
+// the selection's revision, so what it sends never goes back, and a client that resumes from
+// that revision having been sent only some of them gets them all again, then what followed.
+func TestAWatchsResourceVersionsNeverGoBackAcrossASelectionsChange(t *testing.T) {
+	s := NewHub(10).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
+	moved := func(typ dynamicinformer.EventType, name string, own, at uint64) dynamicinformer.Event {
+		e := event(typ, name, own)
+		e.Revision, e.Moved = at, true
+		return e
+	}
+	live := s.follow()
+	s.publish(event(dynamicinformer.Modified, "a", 20))
+	s.publish(moved(dynamicinformer.Added, "x", 5, 30))
+	s.publish(moved(dynamicinformer.Added, "y", 7, 30))
+	s.publish(event(dynamicinformer.Modified, "a", 31))
+	s.publish(moved(dynamicinformer.Deleted, "x", 5, 40))
+	batch, _ := s.take(live)
+	var rvs []string
+	for _, e := range batch {
+		rvs = append(rvs, served(e).GetResourceVersion())
+	}
+	if want := []string{"20", "30", "30", "31", "40"}; !slices.Equal(rvs, want) {
+		t.Errorf("the watch served resourceVersions %q; want %q", rvs, want)
+	}
+	if got := batch[1].Object.GetResourceVersion(); got != "5" {
+		t.Errorf("the cache's object was changed to resourceVersion %s; want its own, 5", got)
+	}
+
+	w, serr := s.resume(30)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	s.publish(moved(dynamicinformer.Added, "z", 8, 50))
+	batch, _ = s.take(w)
+	if got, want := typesAndNames(batch), []string{"ADDED x", "ADDED y", "MODIFIED a", "DELETED x", "ADDED z"}; !slices.Equal(got, want) {
+		t.Errorf("the watch from 30 got %q; want %q", got, want)
+	}
+}
