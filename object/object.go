@@ -103,6 +103,17 @@ func OrderingKey(gvr schema.GroupVersionResource, namespace, name string) string
 	return ResourceName(gvr) + "|" + Key(namespace, name)
 }
 
+// OrderingKeyNamespace is the namespace of an ordering key: "" for a cluster-scoped object's,
+// and for a key OrderingKey did not make.
+func OrderingKeyNamespace(key string) string {
+	_, k, ok := strings.Cut(key, "|")
+	if !ok {
+		return ""
+	}
+	ns, _ := SplitKey(k)
+	return ns
+}
+
 // OrderingKeyResource is the resource of an ordering key.
 func OrderingKeyResource(key string) (schema.GroupVersionResource, error) {
 	name, _, ok := strings.Cut(key, "|")

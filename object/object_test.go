@@ -30,6 +30,12 @@ func TestResourceNamesParseBackToTheirResource(t *testing.T) {
 			if r, err := OrderingKeyResource(key); err != nil || r != tc.gvr {
 				t.Fatalf("OrderingKeyResource(%q) = %v, %v; want %v", key, r, err, tc.gvr)
 			}
+			if ns := OrderingKeyNamespace(key); ns != "ns" {
+				t.Fatalf("OrderingKeyNamespace(%q) = %q; want ns", key, ns)
+			}
+			if key := OrderingKey(tc.gvr, "", "node"); OrderingKeyNamespace(key) != "" {
+				t.Fatalf("OrderingKeyNamespace(%q) = %q; want none for a cluster-scoped object", key, OrderingKeyNamespace(key))
+			}
 		})
 	}
 }

@@ -4,12 +4,14 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Delivery is one journal entry on its way to its sink.
@@ -24,18 +26,18 @@ type Delivery struct {
 // ErrFull is returned by Push when the queue holds its capacity.
 var ErrFull = errors.New("queue full")
 
-// Queue holds a sink's deliveries until a worker has made them: a FIFO of ready keys over
-// per-key FIFOs, and a timer heap of keys waiting to retry. A key is blocked from the moment
-// one of its deliveries is popped until it is done, so deliveries of one key are made one at a
-// time and in order; a delivery waiting to retry keeps its key blocked without holding a
-// worker. It is safe for concurrent use.
+// Queue holds a sink's deliveries until a worker has made them: ready keys taken in turns
+// between namespaces (see turns) over per-key FIFOs, and a timer heap of keys waiting to
+// retry. A key is blocked from the moment one of its deliveries is popped until it is done, so
+// deliveries of one key are made one at a time and in order; a delivery waiting to retry keeps
+// its key blocked without holding a worker. It is safe for concurrent use.
 type Queue struct {
 	wake chan struct{} // a token for one waiting Pop
 
 	mu       sync.Mutex
 	capacity int
 	pending  map[string][]Delivery // queued deliveries per key, oldest first
-	ready    []string              // keys with pending deliveries and none in progress
+	ready    turns                 // keys with pending deliveries and none in progress
 	blocked  map[string]bool       // keys with a delivery in progress or waiting to retry
 	delayed  delayHeap             // keys waiting to retry, soonest first
 	size     int
@@ -45,6 +47,63 @@ type Queue struct {
 func NewQueue(capacity int) *Queue {
 	return &Queue{capacity: capacity, wake: make(chan struct{}, 1), pending: map[string][]Delivery{}, blocked: map[string]bool{}}
 }
+
+// turns holds ready keys by their namespace (object.OrderingKeyNamespace), oldest first within
+// each, and hands them out a namespace at a time in turn. So a sink shared by tenants gives
+// each namespace its share of the workers: a burst of one namespace's changes (a namespace
+// joining a selection brings all its objects at once, a tenant's bulk update) waits behind the
+// other namespaces' one key each, not they behind the whole burst.
+type turns struct {
+	order []string            // namespaces with ready keys, the next one's turn first
+	keys  map[string][]string // namespace → its ready keys, oldest first
+	n     int
+}
+
+// push makes key ready, after its namespace's others.
+func (r *turns) push(key string) { r.add(key, false) }
+
+// pushFront makes key ready first: its namespace's next, and its namespace's turn next.
+func (r *turns) pushFront(key string) { r.add(key, true) }
+
+func (r *turns) add(key string, front bool) {
+	ns := object.OrderingKeyNamespace(key)
+	if r.keys == nil {
+		r.keys = map[string][]string{}
+	}
+	keys, waiting := r.keys[ns]
+	if front {
+		r.keys[ns] = append([]string{key}, keys...)
+		r.order = append([]string{ns}, slices.DeleteFunc(r.order, func(o string) bool { return o == ns })...)
+	} else {
+		r.keys[ns] = append(keys, key)
+		if !waiting {
+			r.order = append(r.order, ns)
+		}
+	}
+	r.n++
+}
+
+// pop takes the next namespace's oldest ready key; that namespace, if it has more, goes to the
+// end of the turns.
+func (r *turns) pop() (string, bool) {
+	if len(r.order) == 0 {
+		return "", false
+	}
+	ns := r.order[0]
+	r.order = r.order[1:]
+	keys := r.keys[ns]
+	key := keys[0]
+	if len(keys) == 1 {
+		delete(r.keys, ns)
+	} else {
+		r.keys[ns] = keys[1:]
+		r.order = append(r.order, ns)
+	}
+	r.n--
+	return key, true
+}
+
+func (r *turns) len() int { return r.n }
 
 func (q *Queue) signal() {
 	select {
@@ -63,7 +122,7 @@ func (q *Queue) Push(d Delivery) error {
 	}
 	q.size++
 	if len(q.pending[d.Key]) == 0 && !q.blocked[d.Key] {
-		q.ready = append(q.ready, d.Key)
+		q.ready.push(d.Key)
 		q.signal()
 	}
 	q.pending[d.Key] = append(q.pending[d.Key], d)
@@ -84,11 +143,9 @@ func (q *Queue) Pop(ctx context.Context) (Delivery, error) {
 		for len(q.delayed) > 0 && !q.delayed[0].at.After(now) {
 			key := heap.Pop(&q.delayed).(delayed).key
 			delete(q.blocked, key)
-			q.ready = append(q.ready, key)
+			q.ready.push(key)
 		}
-		if len(q.ready) > 0 {
-			key := q.ready[0]
-			q.ready = q.ready[1:]
+		if key, ok := q.ready.pop(); ok {
 			list := q.pending[key]
 			d := list[0]
 			if len(list) == 1 {
@@ -97,7 +154,7 @@ func (q *Queue) Pop(ctx context.Context) (Delivery, error) {
 				q.pending[key] = list[1:]
 			}
 			q.blocked[key] = true
-			if len(q.ready) > 0 || len(q.delayed) > 0 {
+			if q.ready.len() > 0 || len(q.delayed) > 0 {
 				q.signal() // more work, now or later: wake another worker
 			}
 			q.mu.Unlock()
@@ -128,7 +185,7 @@ func (q *Queue) Done(d Delivery) {
 	delete(q.blocked, d.Key)
 	q.size--
 	if len(q.pending[d.Key]) > 0 {
-		q.ready = append(q.ready, d.Key)
+		q.ready.push(d.Key)
 		q.signal()
 	}
 }
@@ -149,7 +206,7 @@ func (q *Queue) Return(d Delivery) {
 	defer q.mu.Unlock()
 	delete(q.blocked, d.Key)
 	q.pending[d.Key] = append([]Delivery{d}, q.pending[d.Key]...)
-	q.ready = append([]string{d.Key}, q.ready...)
+	q.ready.pushFront(d.Key)
 	q.signal()
 }
 
@@ -186,7 +243,7 @@ func (q *Queue) Drain() []Delivery {
 	for _, d := range q.delayed {
 		delete(q.blocked, d.key)
 	}
-	q.ready, q.delayed = nil, nil
+	q.ready, q.delayed = turns{}, nil
 	q.size -= len(out)
 	return out
 }

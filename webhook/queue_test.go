@@ -3,10 +3,15 @@ package webhook
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 func delivery(key, id string) Delivery { return Delivery{Entry: journal.Entry{Key: key, ID: id}} }
@@ -92,5 +97,43 @@ func TestQueuePopFailsOnceItsContextHasEndedEvenWithDeliveriesReady(t *testing.T
 	}
 	if q.Len() != 1 {
 		t.Errorf("%d deliveries queued; want the one pushed", q.Len())
+	}
+}
+
+// TestQueueGivesEachNamespaceItsTurn: a burst of one namespace's changes (its objects brought
+// in by a selection) queued before another namespace's one change does not hold it up: the
+// workers take the namespaces' keys in turns, and each namespace's in the order they came.
+func TestQueueGivesEachNamespaceItsTurn(t *testing.T) {
+	q := NewQueue(100)
+	key := func(ns, name string) string {
+		return object.OrderingKey(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ns, name)
+	}
+	for i := range 5 {
+		_ = q.Push(delivery(key("burst", fmt.Sprint(i)), fmt.Sprint("burst/", i)))
+	}
+	_ = q.Push(delivery(key("other", "x"), "other/x"))
+	_ = q.Push(delivery(key("", "node"), "node")) // cluster-scoped: a namespace of its own
+	var got []string
+	for range 7 {
+		d, err := q.Pop(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d.ID)
+		q.Done(d)
+	}
+	want := []string{"burst/0", "other/x", "node", "burst/1", "burst/2", "burst/3", "burst/4"}
+	if !slices.Equal(got, want) {
+		t.Errorf("popped %q; want %q", got, want)
+	}
+
+	// A delivery put back goes first again, ahead of the other namespaces' turns.
+	for _, id := range []string{"a", "b"} {
+		_ = q.Push(delivery(key(id, "o"), id))
+	}
+	first, _ := q.Pop(t.Context())
+	q.Return(first)
+	if again, _ := q.Pop(t.Context()); again.ID != first.ID {
+		t.Errorf("after Return of %s, popped %s; want %s again", first.ID, again.ID, first.ID)
 	}
 }
