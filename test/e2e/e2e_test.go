@@ -44,6 +44,12 @@ var (
 
 // Every test here runs dynwatch against the test bed: under -short none runs.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if !testing.Short() {
+		// Both builds go on while the test bed starts, not in the first tests that need them.
+		go raceBinary.make()
+		go noRaceBinary.make()
+	}
 	code := testbed.MainAll(m, &cluster)
 	raceBinary.remove()
 	noRaceBinary.remove()
@@ -70,6 +76,15 @@ type build struct {
 
 func (b *build) get(t *testing.T) string {
 	t.Helper()
+	b.make()
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
+
+// make builds the binary, or waits for the build under way; only the first call builds.
+func (b *build) make() {
 	b.once.Do(func() {
 		b.dir, b.err = os.MkdirTemp("", "dynwatch-e2e-")
 		if b.err != nil {
@@ -77,14 +92,12 @@ func (b *build) get(t *testing.T) string {
 		}
 		b.path, b.err = runner.Build(context.Background(), b.dir, b.race)
 	})
-	if b.err != nil {
-		t.Fatal(b.err)
-	}
-	return b.path
 }
 
-// remove deletes the build's directory, once no test runs the binary any more.
+// remove deletes the build's directory, once no test runs the binary any more (and the build,
+// if one is under way, has ended).
 func (b *build) remove() {
+	b.once.Do(func() {}) // waits for a build under way; marks one never begun as done
 	if b.dir != "" {
 		_ = os.RemoveAll(b.dir) // a leftover temporary directory harms nothing
 	}

@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
@@ -179,13 +180,7 @@ func newUpdater(t *testing.T, ns string, objects int) *updater {
 // goroutine: it fails the test if a change fails.
 func (u *updater) run(t *testing.T, n, rate int, at func(i int)) {
 	t.Helper()
-	if err := u.tryRun(t.Context(), n, rate, at); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// tryRun is run for a goroutine other than the test's: it returns its error.
-func (u *updater) tryRun(ctx context.Context, n, rate int, at func(i int)) error {
+	ctx := t.Context()
 	cs, _ := configMaps(u.ns)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
@@ -194,19 +189,48 @@ func (u *updater) tryRun(ctx context.Context, n, rate int, at func(i int)) error
 		if at != nil {
 			at(i)
 		}
-		k := i % len(u.objects)
-		cm := u.objects[k].DeepCopy()
-		cm.Data["v"] = strconv.Itoa(i)
-		next, err := cs.CoreV1().ConfigMaps(u.ns).Update(ctx, cm, metav1.UpdateOptions{})
-		if err != nil {
-			return fmt.Errorf("update %d: %w", i, err)
+		if err := u.change(ctx, cs, i); err != nil {
+			t.Fatal(err)
 		}
-		u.objects[k] = next
-		u.mu.Lock()
-		u.want = append(u.want, fmt.Sprintf("%s.%s.modified", next.UID, next.ResourceVersion))
-		u.mu.Unlock()
 	}
+}
+
+// change makes the i-th change, to the objects round-robin, recording its event id.
+func (u *updater) change(ctx context.Context, cs kubernetes.Interface, i int) error {
+	k := i % len(u.objects)
+	cm := u.objects[k].DeepCopy()
+	cm.Data["v"] = strconv.Itoa(i)
+	next, err := cs.CoreV1().ConfigMaps(u.ns).Update(ctx, cm, metav1.UpdateOptions{})
+	if err != nil {
+		return fmt.Errorf("update %d: %w", i, err)
+	}
+	u.objects[k] = next
+	u.mu.Lock()
+	u.want = append(u.want, fmt.Sprintf("%s.%s.modified", next.UID, next.ResourceVersion))
+	u.mu.Unlock()
 	return nil
+}
+
+// goOn waits until the updater, running from runUntil and reporting its end on ended, has made
+// n more changes; it fails the test if the changes end first.
+func (u *updater) goOn(t *testing.T, ended <-chan error, n int) {
+	t.Helper()
+	u.mu.Lock()
+	from := len(u.want)
+	u.mu.Unlock()
+	testbed.Eventually(t, time.Minute, func() error {
+		select {
+		case err := <-ended:
+			t.Fatalf("the changes ended early: %v", err)
+		default:
+		}
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if made := len(u.want) - from; made < n {
+			return fmt.Errorf("%d of %d more changes made", made, n)
+		}
+		return nil
+	})
 }
 
 // checkNothingLost waits until every change has arrived and checks the order per object of
@@ -296,23 +320,31 @@ func TestAPausedLeaderDeliversNothingAfterItResumes(t *testing.T) {
 	f := newHAFixture(t, 10)
 	rc, rs, paused, u := f.rc, f.rs, f.leader, f.u
 
-	var resumed time.Time
-	u.run(t, 1200, 100, func(i int) {
-		switch i {
-		case 200:
-			if err := paused.proc().Signal(syscall.SIGSTOP); err != nil {
-				t.Error(err)
-			}
-		case 200 + 100*int((2*haLease+time.Second)/time.Second): // paused for twice the lease and a second
-			if l := leaderOf(t.Context(), rs, paused); l == nil {
-				t.Error("no other replica took over while the leader was paused")
-			}
-			if err := paused.proc().Signal(syscall.SIGCONT); err != nil {
-				t.Error(err)
-			}
-			resumed = time.Now()
+	updates, stopUpdates := make(chan error, 1), make(chan struct{})
+	go func() {
+		_, err := u.runUntil(t.Context(), 100, stopUpdates)
+		updates <- err
+	}()
+	u.goOn(t, updates, 200)
+	if err := paused.proc().Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Resumed as soon as another replica leads: its lease has just run out, the closest call.
+	testbed.Eventually(t, 2*haLease+time.Second, func() error {
+		if leaderOf(t.Context(), rs, paused) == nil {
+			return errors.New("no other replica has taken over from the paused leader")
 		}
+		return nil
 	})
+	if err := paused.proc().Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	u.goOn(t, updates, 200)
+	close(stopUpdates)
+	if err := <-updates; err != nil {
+		t.Fatal(err)
+	}
 	u.checkNothingLost(t, rc, 60*time.Second)
 	for _, r := range rc.got() {
 		// It may have written requests before the pause that arrive during it; nothing after.
@@ -363,14 +395,19 @@ func TestARollingReplacementLosesNothingAndQueriesAreAnsweredThroughout(t *testi
 		}
 	})
 
-	updates := make(chan error, 1)
-	go func() { updates <- u.tryRun(t.Context(), 1500, 100, nil) }()
+	updates, stopUpdates := make(chan error, 1), make(chan struct{})
+	go func() {
+		_, err := u.runUntil(t.Context(), 100, stopUpdates)
+		updates <- err
+	}()
 	for _, r := range rs {
 		if err := r.proc().Stop(10 * time.Second); err != nil {
 			t.Errorf("stop %s: %v", r.name, err)
 		}
 		r.start(t)
 	}
+	u.goOn(t, updates, 100) // a second of changes after the last replica is back
+	close(stopUpdates)
 	if err := <-updates; err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -265,17 +263,9 @@ func (u *updater) runUntil(ctx context.Context, rate int, stop <-chan struct{}) 
 			return i, nil
 		case <-tick.C:
 		}
-		k := i % len(u.objects)
-		cm := u.objects[k].DeepCopy()
-		cm.Data["v"] = strconv.Itoa(i)
-		next, err := cs.CoreV1().ConfigMaps(u.ns).Update(ctx, cm, metav1.UpdateOptions{})
-		if err != nil {
-			return i, fmt.Errorf("update %d: %w", i, err)
+		if err := u.change(ctx, cs, i); err != nil {
+			return i, err
 		}
-		u.objects[k] = next
-		u.mu.Lock()
-		u.want = append(u.want, fmt.Sprintf("%s.%s.modified", next.UID, next.ResourceVersion))
-		u.mu.Unlock()
 	}
 }
 
