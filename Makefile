@@ -2,7 +2,7 @@
 # Everything else they use is built from the Go module proxy by the targets below.
 
 GO ?= go
-TEST_TIMEOUT ?= 30m
+TEST_TIMEOUT ?= 45m
 # The repository's modules: the service, and the test-only modules whose dependencies (a
 # Dockerfile parser; the logs the journal's was measured against) the service must not carry.
 MODULES = . test/image test/walbench
