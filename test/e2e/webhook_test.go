@@ -81,6 +81,18 @@ func newJudge(t *testing.T, judge func(r received, n int, h http.Header) int) *r
 	return rc
 }
 
+// newDiscard is a receiver that reads each request and answers 200, keeping and parsing
+// nothing: for sinks whose deliveries a test does not check, where a receiver parsing large
+// bodies in the test's own process (under the race detector) would take the CPU whose share
+// to others the test measures.
+func newDiscard(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // what a receiver does with it is not under test
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
 func newReceiver(t *testing.T, answer func(n int) int, hang bool) *receiver {
 	rc := &receiver{perID: map[string]int{}, answer: answer}
 	if hang {
