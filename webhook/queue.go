@@ -56,7 +56,7 @@ func NewQueue(capacity int) *Queue {
 type turns struct {
 	order []string            // namespaces with ready keys, the next one's turn first
 	keys  map[string][]string // namespace → its ready keys, oldest first
-	n     int
+	n     int                 // ready keys in all
 }
 
 // push makes key ready, after its namespace's others.
