@@ -41,9 +41,10 @@ type Config struct {
 	State     State     `mapstructure:"state"`
 	// LeaderElection lets several replicas run, one of which delivers.
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
-	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: in-flight deliveries are
-	// cut and dead letters not yet written by then are abandoned (with a state store they stay
-	// in the outbox for the next start). Keep it below the pod's termination grace period.
+	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: requests under way have
+	// half of it to finish, then are cut; dead letters not yet written at its end are abandoned
+	// (with a state store both stay in the outbox for the next start). Keep it below the pod's
+	// termination grace period.
 	ShutdownTimeout time.Duration `mapstructure:"shutdownTimeout"`
 }
 

@@ -53,10 +53,14 @@ type Dispatcher struct {
 	// abandon ends when the shutdown deadline passes: work still running then is cut short.
 	abandon       context.Context
 	abandonCancel context.CancelFunc
-	retiring      sync.WaitGroup
-	resources     func() []*dynamicinformer.Resource
-	replays       sync.WaitGroup  // the initialState replays
-	replayCtx     context.Context // Run's, once it runs: Update starts replays under it
+	// finish ends half way to the shutdown deadline: requests still under way then are cut
+	// short, and the rest of the time is the dead letters'.
+	finish       context.Context
+	finishCancel context.CancelFunc
+	retiring     sync.WaitGroup
+	resources    func() []*dynamicinformer.Resource
+	replays      sync.WaitGroup  // the initialState replays
+	replayCtx    context.Context // Run's, once it runs: Update starts replays under it
 
 	life  sync.Mutex // held by Update, and by Run while it starts and stops
 	mu    sync.RWMutex
@@ -75,6 +79,7 @@ func New(o Options) (*Dispatcher, error) {
 		d.shutdownTimeout = config.DefaultShutdownTimeout
 	}
 	d.abandon, d.abandonCancel = context.WithCancel(context.Background())
+	d.finish, d.finishCancel = context.WithCancel(context.Background())
 	var err error
 	if o.Election != nil && o.StatePath == "" {
 		return nil, errors.New("leader election needs a state store (state.path)")
@@ -205,6 +210,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	<-ctx.Done()
 	deadline := time.AfterFunc(d.shutdownTimeout, d.abandonCancel)
 	defer deadline.Stop()
+	finishBy := time.AfterFunc(d.shutdownTimeout/2, d.finishCancel)
+	defer finishBy.Stop()
 	elected.Wait() // the lease is given up only once delivery has stopped
 	d.replays.Wait()
 	d.life.Lock()
@@ -248,7 +255,7 @@ func (d *Dispatcher) lead(ctx context.Context) error {
 	sinks := d.sinks
 	d.mu.Unlock()
 	for _, s := range sinks {
-		s.startWorkers(ctx)
+		s.startWorkers(ctx, d.finish)
 	}
 	return nil
 }
@@ -391,14 +398,14 @@ func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
 	d.mu.Unlock()
 
 	for _, c := range changes {
-		c.s.reconfigure(ctx, c.st)
+		c.s.reconfigure(ctx, d.finish, c.st)
 		c.s.log.Info("webhook reconfigured")
 	}
 	for _, s := range old {
 		if s.stopReplay != nil {
 			s.stopReplay()
 		}
-		s.stopWorkers()
+		s.cutWorkers()
 		s.cur.Load().transport.close()
 		d.journal.RemoveTarget(s)
 		s.log.Info("webhook removed")
@@ -406,7 +413,7 @@ func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
 	for _, s := range started {
 		s.dead.start()
 		if ctx != nil {
-			s.startWorkers(ctx)
+			s.startWorkers(ctx, d.finish)
 		}
 		if d.replayCtx != nil && d.replayCtx.Err() == nil {
 			d.startReplay(d.replayCtx, s)

@@ -86,7 +86,7 @@ func TestWorkersStopWhenLeadershipEndsWithTheFenceLapsedAndEventsQueued(t *testi
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel() // the leadership is over: the workers are started only to be stopped
-	s.startWorkers(ctx)
+	s.startWorkers(ctx, ctx)
 	stopped := make(chan struct{})
 	go func() { s.stopWorkers(); close(stopped) }()
 	select {

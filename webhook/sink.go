@@ -45,8 +45,9 @@ type Sink struct {
 	// filterLog lets through at most one log line a second of the filter's errors.
 	filterLog rate.Sometimes
 
-	run     sync.Mutex // guards cancel and workers
-	cancel  context.CancelFunc
+	run     sync.Mutex         // guards cancel, cut and workers
+	cancel  context.CancelFunc // stops the workers taking deliveries
+	cut     context.CancelFunc // cuts their requests under way
 	workers sync.WaitGroup
 
 	stopReplay context.CancelFunc // ends its initialState replay; guarded by the Dispatcher's life
@@ -239,35 +240,53 @@ func (s *Sink) refill(force bool) {
 	}
 }
 
-func (s *Sink) startWorkers(ctx context.Context) {
+// startWorkers starts the workers: they take deliveries until ctx ends or they are stopped.
+// A request under way then finishes and its answer is recorded, unless finish ends first
+// (half way to the shutdown deadline), the fence lapses, or cutWorkers stopped them: a stop
+// does not repeat what the destination has acknowledged.
+func (s *Sink) startWorkers(ctx, finish context.Context) {
 	s.run.Lock()
 	defer s.run.Unlock()
 	ctx, s.cancel = context.WithCancel(ctx)
+	finish, s.cut = context.WithCancel(finish)
 	for range s.cfg().Workers {
-		s.workers.Go(func() { s.work(ctx) })
+		s.workers.Go(func() { s.work(ctx, finish) })
 	}
 }
 
-// stopWorkers stops the workers; a delivery in progress goes back to the head of the queue.
-func (s *Sink) stopWorkers() {
+// stopWorkers stops the workers once their requests under way have finished (see
+// startWorkers); a request cut short goes back to the head of the queue.
+func (s *Sink) stopWorkers() { s.halt(false) }
+
+// cutWorkers stops the workers at once: their requests under way are cut short and go back
+// to the head of the queue, to be sent again. A reload does not wait on a hanging destination.
+func (s *Sink) cutWorkers() { s.halt(true) }
+
+func (s *Sink) halt(cut bool) {
 	s.run.Lock()
 	defer s.run.Unlock()
-	if s.cancel != nil {
-		s.cancel()
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	if cut {
+		s.cut()
 	}
 	s.workers.Wait()
+	s.cut()
 }
 
-// reconfigure puts new settings of the same webhook into effect: the workers stop, the
-// settings are swapped, and the workers start again under ctx (nil: not running).
-func (s *Sink) reconfigure(ctx context.Context, st *settings) {
-	s.stopWorkers()
+// reconfigure puts new settings of the same webhook into effect: the workers stop (a request
+// under way is cut, and sent again under the new settings), the settings are swapped, and the
+// workers start again under ctx (nil: not running) and finish.
+func (s *Sink) reconfigure(ctx, finish context.Context, st *settings) {
+	s.cutWorkers()
 	old := s.cur.Swap(st)
 	old.transport.close()
 	s.queue.SetCapacity(st.cfg.QueueSize)
 	s.dead.setTarget(st.src)
 	if ctx != nil {
-		s.startWorkers(ctx)
+		s.startWorkers(ctx, finish)
 		s.refill(false)
 	}
 }
@@ -284,16 +303,17 @@ func (s *Sink) deadLetterQueue(reason string) {
 	}
 }
 
-// work delivers until ctx ends. A failed attempt that may be retried goes back to the queue
-// with the time of its next attempt, so the worker moves on to other objects. Under leader
-// election a request is made only while the fence holds, and is cut short when it lapses.
-func (s *Sink) work(ctx context.Context) {
+// work delivers until ctx ends; a request under way then runs on until finish ends. A failed
+// attempt that may be retried goes back to the queue with the time of its next attempt, so the
+// worker moves on to other objects. Under leader election a request is made only while the
+// fence holds, and is cut short when it lapses.
+func (s *Sink) work(ctx, finish context.Context) {
 	for {
 		d, err := s.queue.Pop(ctx)
 		if err != nil {
 			return
 		}
-		sendCtx, cancel, held := s.fence.Bound(ctx)
+		sendCtx, cancel, held := s.fence.Bound(finish)
 		if !held {
 			// The lease may have passed to another replica: deliver nothing until it is renewed.
 			cancel()
@@ -304,7 +324,7 @@ func (s *Sink) work(ctx context.Context) {
 		cut := s.deliver(sendCtx, &d)
 		cancel()
 		if cut {
-			s.queue.Return(d) // stopped, or the lease lapsed: delivered later, here or by the next leader
+			s.queue.Return(d) // cut (a stop, a reload), or the lease lapsed: delivered later, here or by the next leader
 			if ctx.Err() != nil {
 				return
 			}

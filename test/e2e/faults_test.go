@@ -212,6 +212,7 @@ webhooks:
   - {name: fast, url: %[6]s, headers: [{name: X-Round, value: "%[7]d"}]}%[8]s
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
+shutdownTimeout: 4s
 `, ns, secrets, hanging.URL, 1+i%2, 30+i%5, fast.URL, i, extra)
 	}
 	writeFile(t, configPath, configAt(0))

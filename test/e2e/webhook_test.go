@@ -446,6 +446,7 @@ resources:
 webhooks:
   - {name: hanging, url: %[2]s, namespaces: [%[1]s], workers: 1, queueSize: 2, timeout: 1m, deadLetter: {file: %[4]s}}
   - {name: fast, url: %[3]s, namespaces: [%[1]s]}
+shutdownTimeout: 4s
 `, ns, hanging.URL, fast.URL, deadLetters))
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	for i := range 6 {
@@ -474,7 +475,8 @@ webhooks:
 	if v := metricValue(t, metrics, `dynwatch_webhook_queue_length{sink="hanging"}`); v != 2 {
 		t.Errorf("queue_length = %v, want 2", v)
 	}
-	// Stopping: the delivery in progress and the queued one are dead-lettered, not lost.
+	// Stopping: the delivery in progress, cut half way to the shutdown deadline, and the queued
+	// one are dead-lettered, not lost.
 	if err := p.Stop(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
