@@ -3,7 +3,7 @@
 // that let several replicas share the work of one leader.
 //
 // The journal alone opens, reads and closes the store: New opens it (dropping a torn tail,
-// setting damage aside, converting the bbolt file of an earlier release), ReadOutbox is the
+// setting damage aside), ReadOutbox is the
 // one way an outbox is read back, Close closes it.
 //
 // Vocabulary: the store is a log (package wal) in the directory state.path: each commit is one

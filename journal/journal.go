@@ -286,7 +286,7 @@ func New(o Options) (*Journal, error) {
 	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, current: o.Current, commitBytes: cmp.Or(o.commitBytes, maxCommitBytes), m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, selections: map[string]map[string]string{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
-		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh || st.NoSinkRecords,
+		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh,
 		order: map[string][]uint64{}, outboxPeak: map[string]int{}, compacted: make(chan compaction, 1),
 		pressure: newPressure(o.MaxPendingBytes, o.Now)}
 	if st != nil {
@@ -317,9 +317,6 @@ func open(log *slog.Logger, path string, datasync func(*os.File) error) (*store,
 	st, err := openStore(path, datasync)
 	if err != nil {
 		return nil, err
-	}
-	if st.Converted != "" {
-		log.Info("state store converted from the format of an earlier release: the old file is set aside", "path", path, "setAside", st.Converted)
 	}
 	if st.TornTail > 0 {
 		log.Warn("state store: a commit cut short by a crash was dropped; what it held is derived again from the initial lists", "path", path, "bytes", st.TornTail)

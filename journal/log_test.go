@@ -13,113 +13,11 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
-
-// testdata/format6.db was written by the last release that kept a bbolt store (commit
-// 12674a5), with two sinks: a, which was handed ADDED cm-0 to cm-3 (revisions 10 to 13), MODIFIED
-// cm-1 (14), DELETED cm-2 (15) and ADDED deployment web (16), and acknowledged the first two,
-// with a retry deadline on the third; and b, configured later with initialState, whose replay
-// of configmaps had reached ns/cm-1 (entries 8 and 9). The stored objects: cm-0@10, cm-1@14,
-// cm-3@13 and web@16.
-
-// TestAStoreWrittenByTheLastBboltReleaseIsConvertedWithNothingLost: every outbox entry is there
-// with its sequence, id, body and deadline; b's replay resumes at its cursor; the stored objects
-// are compared with the initial lists as before; new entries follow the old sequences; the old
-// file is set aside, and the log reads the same when opened again.
-func TestAStoreWrittenByTheLastBboltReleaseIsConvertedWithNothingLost(t *testing.T) {
-	path := oldStore(t, "testdata/format6.db")
-	a, b := &recorder{name: "a"}, &recorder{name: "b", initial: true}
-	targets := []Target{a, b}
-	j := openJournal(t, path, &targets)
-	if aside, _ := filepath.Glob(path + ".bbolt-*"); len(aside) != 1 {
-		t.Errorf("set aside: %v; want the bbolt file, once", aside)
-	}
-	if fi, err := os.Stat(path); err != nil || !fi.IsDir() {
-		t.Fatalf("the store is not a log directory after the conversion: %v", err)
-	}
-	outboxes := func(j *Journal) []string {
-		var got []string
-		for _, sink := range []string{"a", "b"} {
-			if _, _, err := j.ReadOutbox(sink, 0, 0, func(e Entry) bool {
-				s := fmt.Sprintf("%s %d %s %s", sink, e.Seq, e.ID, e.Key)
-				if !e.Deadline.IsZero() {
-					s += " deadline " + strconv.FormatInt(e.Deadline.Unix(), 10)
-				}
-				if !strings.Contains(string(e.Body), `"name":"`+e.Event.Object.GetName()+`"`) {
-					s += " (the body is not the object's)"
-				}
-				got = append(got, s)
-				return true
-			}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return got
-	}
-	want := []string{
-		"a 3 uid-cm-2.12.added configmaps.v1|ns/cm-2 deadline 1700000600",
-		"a 4 uid-cm-3.13.added configmaps.v1|ns/cm-3",
-		"a 5 uid-cm-1.14.modified configmaps.v1|ns/cm-1",
-		"a 6 uid-cm-2.15.deleted configmaps.v1|ns/cm-2",
-		"a 7 uid-web.16.added deployments.v1.apps|ns/web",
-		"b 8 uid-cm-0.10.added configmaps.v1|ns/cm-0",
-		"b 9 uid-cm-1.14.added configmaps.v1|ns/cm-1",
-	}
-	if got := outboxes(j); !slices.Equal(got, want) {
-		t.Fatalf("the outboxes after the conversion:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
-	reply := make(chan ReplayStatus, 1)
-	j.submit(op{kind: opReplayStatus, control: &control{target: b, status: reply}})
-	flush(t, j)
-	if st := <-reply; st.Done || st.Resource != configmaps || st.After != "ns/cm-1" {
-		t.Errorf("b's replay after the conversion: %+v; want configmaps after ns/cm-1", st)
-	}
-
-	// The lists: cm-0 unchanged, cm-1 changed, cm-3 gone; web unchanged.
-	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
-	cm := func(name string, rev int) *dynamicinformer.Object {
-		return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{
-			"namespace": "ns", "name": name, "uid": "uid-" + name, "resourceVersion": strconv.Itoa(rev)}, "data": map[string]any{"v": "1"}}})
-	}
-	j.ListStarted(configmaps, 1, nil)
-	j.ListStarted(deployments, 1, nil)
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: cm("cm-0", 10), InitialList: true, Revision: 10})
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: cm("cm-1", 20), InitialList: true, Revision: 20})
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: deployments, Object: cm("web", 16), InitialList: true, Revision: 16})
-	j.ListSynced(configmaps, 1, 30)
-	j.ListSynced(deployments, 1, 30)
-	flush(t, j)
-	var got []string
-	for _, e := range a.entries {
-		s := fmt.Sprintf("%d %s %s", e.Seq, e.Event.Type, e.Key)
-		if e.Event.OldObject != nil {
-			s += " old@" + e.Event.OldObject.GetResourceVersion()
-		}
-		got = append(got, s)
-	}
-	if w := []string{"10 MODIFIED configmaps.v1|ns/cm-1 old@14", "12 DELETED configmaps.v1|ns/cm-3"}; !slices.Equal(got, w) {
-		t.Errorf("a was handed %q after the lists; want %q", got, w)
-	}
-	// b has replayed cm-1 (at its cursor), so it is owed cm-1's change; cm-3 is past the cursor.
-	if len(b.entries) != 1 || b.entries[0].Seq != 11 || b.entries[0].Key != "configmaps.v1|ns/cm-1" {
-		t.Errorf("b, replaying configmaps from ns/cm-1, was handed %v; want cm-1's MODIFIED alone, as entry 11", describe(b.entries))
-	}
-	if err := j.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	j = openJournal(t, path, &targets)
-	want = append(want[:len(want):len(want)], "a 10 uid-cm-1.20.modified configmaps.v1|ns/cm-1", "a 12 uid-cm-3.13.deleted configmaps.v1|ns/cm-3", "b 11 uid-cm-1.20.modified configmaps.v1|ns/cm-1")
-	slices.SortStableFunc(want, func(x, y string) int { return strings.Compare(x[:1], y[:1]) })
-	if got := outboxes(j); !slices.Equal(got, want) {
-		t.Errorf("the outboxes opened again:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
-}
 
 // TestACompactedStoreReadsBackAsItWas: once the log has grown past twice the state it leads
 // to (most of the outbox acknowledged) it is replaced by a snapshot, written while commits go on; the store then holds one snapshot and the segments
@@ -279,21 +177,6 @@ func TestAFailedCompactionIsNotRetriedOnEveryCommit(t *testing.T) {
 			t.Fatal("a compaction began again at the next commits, right after one failed")
 		}
 	}
-}
-
-// oldStore copies the bbolt store at testdata into a directory of the test's own, as
-// state.path, and returns its path.
-func oldStore(t *testing.T, testdata string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "state.db")
-	old, err := os.ReadFile(testdata)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, old, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // TestASnapshotCopiesOutboxEntriesWithoutABufferEach: a compaction reads every entry still in

@@ -31,9 +31,8 @@ const (
 	recRevision                   // resource, stream, selection, revision: the stream's objects' states hold every change through revision (see Journal.Resume)
 )
 
-// logFormat is the log's format. 7 follows the bbolt store's 6 (see legacyFormat), whose
-// records it keeps: outbox entries are encoded as format 6 encoded them.
-// 8 adds recRevision; a log of format 7 is read, and written on as 8.
+// logFormat is the log's format. 7 was the log's first (it follows the numbering of a store
+// before the log, never released); 8 adds recRevision; a log of format 7 is read, and written on as 8.
 const logFormat = "8"
 
 // priorFormat is the log format before logFormat, which this release reads and writes on.
@@ -175,11 +174,6 @@ func indexEntry(v []byte) indexed {
 		}
 	}
 	return x
-}
-
-// resourceBucket is the name of a resource's bucket under objects.
-func resourceBucket(gvr schema.GroupVersionResource) []byte {
-	return []byte(object.ResourceName(gvr))
 }
 
 // decodeEntry decodes an outbox entry as appendEntry encoded it. Its Body is the end of v: v

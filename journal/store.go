@@ -30,13 +30,8 @@ type store struct {
 	// Damaged, when set, is where damaged records were moved, and DamageErr what was wrong.
 	Damaged   string
 	DamageErr error
-	// NoSinkRecords is true when the store was converted from a bbolt store of a format before
-	// 5, which kept no record of the sinks it had seen.
-	NoSinkRecords bool
 	// TornTail is how many bytes of a commit cut short by a crash were dropped at open.
 	TornTail int64
-	// Converted, when set, is where the bbolt store this one was converted from was set aside.
-	Converted string
 
 	objects map[string]map[string]stored // resource name → cache key → state
 	// revisions are, per resource name and stream, the revision through which the objects'
@@ -105,21 +100,13 @@ type revision struct {
 var errLocked = errors.New("another process has the store open")
 
 // openStore opens or creates the store at path. It fails at once if another process holds
-// it. A bbolt store written by an earlier release is converted first (see convertLegacy). A
-// torn tail is dropped; damage is set aside (see package wal), and what came before it read
+// it. A torn tail is dropped; damage is set aside (see package wal), and what came before it read
 // back: what followed is derived again at the next lists, with the same event ids.
 func openStore(path string, datasync func(*os.File) error) (*store, error) {
-	if err := finishConversion(path); err != nil {
-		return nil, fmt.Errorf("state.path %s: %w", path, err)
+	if fi, err := os.Stat(path); err == nil && !fi.IsDir() {
+		return nil, fmt.Errorf("state.path %s: is a file; the state store is a directory", path)
 	}
 	s := &store{Path: path, objects: map[string]map[string]stored{}, revisions: map[string]map[string]revision{}, records: map[string][]byte{}, outbox: map[string]map[uint64]indexed{}, Fresh: true}
-	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
-		c, err := convertLegacy(path)
-		if err != nil {
-			return nil, fmt.Errorf("state.path %s: %w", path, err)
-		}
-		s.NoSinkRecords, s.Converted, s.Damaged, s.DamageErr = c.noSinkRecords, c.setAside, c.damaged, c.damageErr
-	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("state.path %s: %w", path, err)
 	}

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"crypto/rand"
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,12 +11,8 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -206,106 +200,6 @@ func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
 			t.Errorf("%d queue_full dead letters with a state store", n)
 		}
 	})
-}
-
-func TestACorruptStoredObjectAffectsOnlyItself(t *testing.T) {
-	t.Parallel()
-	rc := newReceiver(t, nil, false)
-	f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: r, url: %s}]", rc.URL) })
-	cs, create := configMaps(f.ns)
-	for _, name := range []string{"a", "b", "c"} {
-		if err := create(t.Context(), name, "1"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p := startProcess(t, f.config)
-	rc.waitFor(t, 3, 20*time.Second)
-	if err := p.Stop(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	a, err := cs.CoreV1().ConfigMaps(f.ns).Get(t.Context(), "a", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The store as the last bbolt release kept it (format 6), converted at the next start:
-	// b and c as stored, and a with its uid, an older resourceVersion, and JSON cut short.
-	if err := os.RemoveAll(f.state); err != nil {
-		t.Fatal(err)
-	}
-	db, err := bolt.Open(f.state, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored := func(uid, rv string, json []byte) []byte {
-		v := binary.AppendUvarint(nil, uint64(len(uid)))
-		v = append(v, uid...)
-		v = binary.AppendUvarint(v, uint64(len(rv)))
-		v = append(v, rv...)
-		return append(v, json...)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucket([]byte("meta"))
-		if err == nil {
-			err = meta.Put([]byte("format"), []byte("6"))
-		}
-		for _, name := range []string{"outbox", "sinks"} {
-			if err == nil {
-				_, err = tx.CreateBucket([]byte(name))
-			}
-		}
-		if err == nil {
-			err = tx.Bucket([]byte("sinks")).Put([]byte("r"), []byte("{}"))
-		}
-		var b *bolt.Bucket
-		if err == nil {
-			b, err = tx.CreateBucketIfNotExists([]byte("objects"))
-		}
-		if err == nil {
-			b, err = b.CreateBucket([]byte(object.ResourceName(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})))
-		}
-		for _, name := range []string{"b", "c"} {
-			cm, gerr := cs.CoreV1().ConfigMaps(f.ns).Get(t.Context(), name, metav1.GetOptions{})
-			if err = errors.Join(err, gerr); err != nil {
-				return err
-			}
-			cm.APIVersion, cm.Kind = "v1", "ConfigMap"
-			j, merr := json.Marshal(cm)
-			if err = errors.Join(err, merr, b.Put([]byte(f.ns+"/"+name), stored(string(cm.UID), cm.ResourceVersion, j))); err != nil {
-				return err
-			}
-		}
-		if err != nil {
-			return err
-		}
-		return b.Put([]byte(f.ns+"/a"), stored(string(a.UID), "1", []byte(`{"metadata":{"na`)))
-	})
-	if err := errors.Join(err, db.Close()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().ConfigMaps(f.ns).Patch(t.Context(), "b", "application/merge-patch+json", []byte(`{"data":{"v":"2"}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	p = startProcess(t, f.config)
-	waitSummary(t, rc, "MODIFIED b v=2 old=1", "ADDED a v=1")
-	_, metrics, _ := p.WaitListening(t.Context())
-	if v := metricValue(t, metrics, "dynwatch_state_commit_errors_total"); v != 0 {
-		t.Errorf("commit errors = %v: one corrupt entry must not fail its batch", v)
-	}
-	if v := metricValue(t, metrics, "dynwatch_state_corrupt_entries_total"); v != 1 {
-		t.Errorf("corrupt entries = %v, want 1", v)
-	}
-	if err := p.Stop(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	before := len(rc.got())
-	startProcess(t, f.config)
-	if err := create(t.Context(), "sentinel", "1"); err != nil {
-		t.Fatal(err)
-	}
-	waitSummary(t, rc, "ADDED sentinel v=1")
-	if got := summary(rc)[before:]; len(got) != 1 {
-		t.Errorf("after a clean restart the receiver got %v; want only the sentinel", got)
-	}
 }
 
 // setFileSizeLimit sets the process's RLIMIT_FSIZE: a write past it fails with EFBIG, the way
