@@ -57,6 +57,11 @@
 //     its own events); checkpoints then stay below every event the
 //     preselector still holds, and a list's start and end wait until it holds nothing.
 //
+// Files: journal.go holds the contract and the operations callers submit, ops.go what a commit
+// is made of, writer.go the loop that commits them (Run), apply.go the restart decision
+// (decide) and the fan-out, outbox.go the reading of outboxes, store.go and txn.go the store
+// and one commit's transaction, records.go the records' encoding.
+//
 // Concurrency: Record, Ack and the other operations never block and do no I/O (ListStarted and
 // ListSynced wait, with workers, for the preselector to empty); one goroutine (Run) applies
 // them, a batch per commit (one frame appended, one fdatasync). Targets' Queue is called from that goroutine; their Selects
