@@ -22,7 +22,7 @@ const memoryLimitRatio = 0.9
 const memoryLimitRefresh = time.Minute
 
 // gcPercent is dynwatch's GOGC: how far the heap grows past what the last collection left
-// before the next one. The cache is kept as bytes (see dynamicinformer.Object), which the
+// before the next one. The cache is kept as bytes (see object.Object), which the
 // collector does not scan, so a collection costs little and comes often: at 20,000 configmaps,
 // going from Go's 100 to 25 took resident anonymous memory after sync from 263 to 137 MiB
 // (live heap 77 MiB) for CPU per update within the runs' spread (736 and 774 µs). Measured

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // cuts are the transforms of a resource that its objects' JSON can be cut to without decoding
@@ -29,8 +30,8 @@ func cutsOf(r *config.Resource) *cuts {
 // typeMembers are the members "apiVersion":...,"kind":... of an object of that apiVersion and
 // kind, which apply puts in an object that has neither.
 func typeMembers(apiVersion, kind string) string {
-	b := append([]byte(`"apiVersion":`), AppendString(nil, apiVersion)...)
-	b = append(append(b, `,"kind":`...), AppendString(nil, kind)...)
+	b := append([]byte(`"apiVersion":`), object.AppendString(nil, apiVersion)...)
+	b = append(append(b, `,"kind":`...), object.AppendString(nil, kind)...)
 	return string(b)
 }
 

@@ -15,9 +15,9 @@
 // members, one Resource per resource of the API group (resource.version.group), each with the
 // entry's settings and a state of its own; a member Stale before its first list holds back
 // neither readiness nor the others. A member no longer served or no longer selected is retired:
-// the objects its cache still held are handed out as Deleted. An Event is what a change
-// becomes: Added, Modified (with the old object) or Deleted (with the last known object: the
-// watch's, or for a delete a relist found, the one the cache held).
+// the objects its cache still held are handed out as deleted. A change becomes an object.Event:
+// Added, Modified (with the old object) or Deleted (with the last known object: the watch's,
+// or for a delete a relist found, the one the cache held).
 //
 // With a namespaceSelector, one informer watches the resource cluster-wide and a reflector
 // follows the Namespaces the selector matches (the selection): objects of other namespaces are
@@ -25,8 +25,8 @@
 // namespaces that joined in as ADDED and those that left out as DELETED, listed at the
 // revision the watch has reached (for those that joined, at least the selection's). Such
 // events, and deletes a relist found, carry the range of revisions the change happened in
-// (Event.Since to Revision) rather than one, and are not in the watch's order; a resource's
-// SelectionRevision is the selection's revision whose changes have been emitted.
+// (object.Event's Since to Revision) rather than one, and are not in the watch's order; a
+// resource's SelectionRevision is the selection's revision whose changes have been emitted.
 //
 // Whole objects are listed and watched as JSON (NewJSONClient), and each object, as it streams
 // in, is cut to what the cache keeps (the managedFields and the last-applied annotation, as the

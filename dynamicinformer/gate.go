@@ -14,7 +14,7 @@ import (
 // events then wait in the apiserver, which ends a watcher that does not read once its
 // buffer for it is full; the informer watches again from where it was once there is room,
 // or lists again if that is too old, and the list's differences become the events (see
-// Event.Since). So what the informers hold in memory meanwhile is bounded: an event per
+// object.Event.Since). So what the informers hold in memory meanwhile is bounded: an event per
 // watch, and what the connection buffers.
 type Gate interface {
 	Room() <-chan struct{}

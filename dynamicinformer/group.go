@@ -276,8 +276,8 @@ func (r *Resource) retire() {
 	if st == nil {
 		return
 	}
-	var gone []*Object
-	st.current().Scan("", Key{}, func(u *Object) bool {
+	var gone []*object.Object
+	st.current().Scan("", Key{}, func(u *object.Object) bool {
 		gone = append(gone, u)
 		return true
 	})
@@ -286,7 +286,7 @@ func (r *Resource) retire() {
 		if len(r.cfg.Namespaces) > 0 {
 			stream = u.GetNamespace()
 		}
-		r.emit(Event{Type: Deleted, Resource: gvr, Object: u, Stream: stream})
+		r.emit(object.Event{Type: object.Deleted, Resource: gvr, Object: u, Stream: stream})
 	}
 	r.m.log.Info("resource no longer watched: its cached objects were handed out as deleted", "resource", r.name, "objects", len(gone))
 }

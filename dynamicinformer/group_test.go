@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -203,7 +204,7 @@ func TestAWholeGroupFollowsItsCRDsAndAForbiddenMemberIsStaleAlone(t *testing.T) 
 		}
 		return nil
 	})
-	if evs := rec.find(ns, "a1"); len(evs) != 2 || evs[1].Type != Deleted || evs[1].Resource != alphaGVR {
+	if evs := rec.find(ns, "a1"); len(evs) != 2 || evs[1].Type != object.Deleted || evs[1].Resource != alphaGVR {
 		t.Errorf("events of a1: %d, want ADDED then DELETED", len(evs))
 	}
 	if names := m.Status()[0].Members; !slices.Equal(names, []string{"betas.v1." + group, "gammas.v1." + group}) {
@@ -239,13 +240,13 @@ func TestAMemberAReloadExcludesLeavesWithItsObjectsAsDeleted(t *testing.T) {
 		return nil
 	})
 	evs := rec.find(ns, "gear")
-	if len(evs) != 2 || evs[1].Type != Deleted || evs[1].Resource != thingGVR || evs[1].Stream != ns || evs[1].Revision != 0 || evs[1].InOrder {
+	if len(evs) != 2 || evs[1].Type != object.Deleted || evs[1].Resource != thingGVR || evs[1].Stream != ns || evs[1].Revision != 0 || evs[1].InOrder {
 		t.Fatalf("events of gear: %+v; want ADDED, then a DELETED of its stream, with no revision", evs)
 	}
 	// The member kept restarts with the new configuration: its object is listed again, and
 	// was not deleted.
 	cog := rec.find(ns, "cog")
-	if slices.ContainsFunc(cog, func(e Event) bool { return e.Type == Deleted }) {
+	if slices.ContainsFunc(cog, func(e object.Event) bool { return e.Type == object.Deleted }) {
 		t.Errorf("events of cog: %+v; a member still watched must not delete its objects", cog)
 	}
 	if st := m.Status()[0]; st.State != StateExpanded || !strings.Contains(st.Reason, "things (excludeResources)") {

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -27,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -37,20 +37,20 @@ func TestMain(m *testing.M) { os.Exit(testbed.Main(m, &cluster)) }
 // recorder is a Subscriber that keeps every event.
 type recorder struct {
 	mu     sync.Mutex
-	events []Event
+	events []object.Event
 }
 
-func (r *recorder) OnEvent(e Event) {
+func (r *recorder) OnEvent(e object.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events = append(r.events, e)
 }
 
 // find returns the events for namespace/name, in order.
-func (r *recorder) find(namespace, name string) []Event {
+func (r *recorder) find(namespace, name string) []object.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []Event
+	var out []object.Event
 	for _, e := range r.events {
 		if e.Object.GetNamespace() == namespace && e.Object.GetName() == name {
 			out = append(out, e)
@@ -147,7 +147,7 @@ func namespaces(t *testing.T, n int) []string {
 }
 
 // decoded is o decoded, nil for nil.
-func decoded(t testing.TB, o *Object) *unstructured.Unstructured {
+func decoded(t testing.TB, o *object.Object) *unstructured.Unstructured {
 	t.Helper()
 	if o == nil {
 		return nil
@@ -160,7 +160,7 @@ func decoded(t testing.TB, o *Object) *unstructured.Unstructured {
 }
 
 // names returns the sorted namespace/name keys of objs.
-func names(objs []*Object) string {
+func names(objs []*object.Object) string {
 	keys := make([]string, 0, len(objs))
 	for _, o := range objs {
 		keys = append(keys, strings.TrimPrefix(o.GetNamespace()+"/"+o.GetName(), "/"))
@@ -170,9 +170,9 @@ func names(objs []*Object) string {
 }
 
 // scanned is every object s's Scan of namespace ("" for all) yields, in its order.
-func scanned(s Snapshot, namespace string) []*Object {
-	var objs []*Object
-	s.Scan(namespace, Key{}, func(o *Object) bool {
+func scanned(s Snapshot, namespace string) []*object.Object {
+	var objs []*object.Object
+	s.Scan(namespace, Key{}, func(o *object.Object) bool {
 		objs = append(objs, o)
 		return true
 	})
@@ -231,24 +231,27 @@ func jsonClient(t *testing.T, c *rest.Config) rest.Interface {
 }
 
 // valuesOf is each of o's indexers' values, in the store's order.
-func valuesOf(o *Object) [][]string {
-	out := make([][]string, o.hdr.indexers())
+func valuesOf(o *object.Object) [][]string {
+	out := make([][]string, o.IndexCount())
 	for i := range out {
-		for j := range o.valueCount(i) {
-			out[i] = append(out[i], o.value(i, j))
+		for j := range o.IndexValueCount(i) {
+			out[i] = append(out[i], o.IndexValue(i, j))
 		}
 	}
 	return out
 }
 
 // withValues is o with values as its indexers' values, for a store of as many indexers.
-func withValues(o *Object, values ...[]string) *Object {
-	m := o.GetObjectMeta()
-	h := headerFields{namespace: m.GetNamespace(), name: m.GetName(), uid: string(m.GetUID()), resourceVersion: m.GetResourceVersion(), values: values}
-	for _, k := range slices.Sorted(maps.Keys(m.GetLabels())) {
-		h.labels = append(h.labels, k, m.GetLabels()[k])
+func withValues(o *object.Object, values ...[]string) *object.Object {
+	u, err := o.Decode()
+	if err != nil {
+		panic(err)
 	}
-	return &Object{json: o.json, hdr: packHeader(o.json, &h)}
+	ix := make([]object.Indexer, len(values))
+	for i, v := range values {
+		ix[i].Values = func(*unstructured.Unstructured) []string { return v }
+	}
+	return object.NewIndexed(u, ix, nil)
 }
 
 // keptPer is the live heap fn leaves behind, divided by n: the heap after a collection, after

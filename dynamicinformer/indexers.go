@@ -8,27 +8,17 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
-// indexer is one configured indexer: its name, and the values it gives an object, computed
-// once as the object comes in (see Object).
-type indexer struct {
-	name   string
-	values func(u *unstructured.Unstructured) []string
-	// fromJSON gives the same values read from the object's JSON, its metadata meta (read
-	// from json) and its labels; nil for a jsonPath indexer, which needs the object decoded
-	// (cutsOf).
-	fromJSON func(meta gjson.Result, json []byte, labels labelPairs) []string
-}
-
-// indexersOf are r's configured indexers, by name: the order of an Object's values and of the
+// indexersOf are r's configured indexers, by name: the order of an object.Object's values and of the
 // store's indexes. The namespace index, which every cache has, is the store's order itself.
-func indexersOf(r *config.Resource) []indexer {
-	out := make([]indexer, 0, len(r.Indexers))
+func indexersOf(r *config.Resource) []object.Indexer {
+	out := make([]object.Indexer, 0, len(r.Indexers))
 	for i := range r.Indexers {
 		ix := &r.Indexers[i]
 		f := indexFunc(ix)
-		x := indexer{name: ix.Name, values: func(u *unstructured.Unstructured) []string {
+		x := object.Indexer{Name: ix.Name, Values: func(u *unstructured.Unstructured) []string {
 			vs, err := f(u)
 			if err != nil {
 				return nil // an object the index function fails on is in none of its values
@@ -37,7 +27,7 @@ func indexersOf(r *config.Resource) []indexer {
 			return slices.Compact(vs)
 		}}
 		if g := jsonIndexFunc(ix); g != nil {
-			x.fromJSON = func(meta gjson.Result, json []byte, labels labelPairs) []string {
+			x.FromJSON = func(meta gjson.Result, json []byte, labels object.LabelPairs) []string {
 				vs := g(meta, json, labels)
 				slices.Sort(vs)
 				return slices.Compact(vs)
@@ -45,7 +35,7 @@ func indexersOf(r *config.Resource) []indexer {
 		}
 		out = append(out, x)
 	}
-	slices.SortFunc(out, func(a, b indexer) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(out, func(a, b object.Indexer) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
@@ -81,17 +71,17 @@ func indexFunc(ix *config.Indexer) func(u *unstructured.Unstructured) ([]string,
 
 // jsonIndexFunc is indexFunc's function read from an object's metadata, meta, read from its
 // JSON, json, and its labels; nil for a jsonPath indexer.
-func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, json []byte, labels labelPairs) []string {
+func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, json []byte, labels object.LabelPairs) []string {
 	switch ix.Type {
 	case config.IndexLabel:
-		return func(_ gjson.Result, _ []byte, labels labelPairs) []string {
+		return func(_ gjson.Result, _ []byte, labels object.LabelPairs) []string {
 			if v, ok := labels.Lookup(ix.Key); ok {
 				return []string{v}
 			}
 			return nil
 		}
 	case config.IndexAnnotation:
-		return func(meta gjson.Result, json []byte, _ labelPairs) []string {
+		return func(meta gjson.Result, json []byte, _ object.LabelPairs) []string {
 			a := field(meta, "annotations")
 			if !a.IsObject() || a.Index == 0 {
 				return nil
@@ -107,7 +97,7 @@ func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, json []byte, labe
 			return []string{gjson.Parse(docOf(json[ms[i].value:ms[i].end])).Str}
 		}
 	case config.IndexOwner:
-		return func(meta gjson.Result, _ []byte, _ labelPairs) []string {
+		return func(meta gjson.Result, _ []byte, _ object.LabelPairs) []string {
 			var keys []string
 			field(meta, "ownerReferences").ForEach(func(_, ref gjson.Result) bool {
 				var kind, name, uid string

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/dynwatch/dynwatch/object"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -27,9 +28,9 @@ resources:
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	indexers := map[string]indexer{}
+	indexers := map[string]object.Indexer{}
 	for _, ix := range indexersOf(loadResource(t, path)) {
-		indexers[ix.name] = ix
+		indexers[ix.Name] = ix
 	}
 	pod := &unstructured.Unstructured{Object: map[string]any{
 		"metadata": map[string]any{
@@ -67,7 +68,7 @@ resources:
 			if !ok {
 				t.Fatalf("no index %s among %v", tt.index, slices.Sorted(maps.Keys(indexers)))
 			}
-			if got := ix.values(tt.obj); !slices.Equal(got, tt.want) {
+			if got := ix.Values(tt.obj); !slices.Equal(got, tt.want) {
 				t.Errorf("%s of %s = %q, want %q", tt.index, tt.obj.GetName(), got, tt.want)
 			}
 		})

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -185,7 +186,7 @@ resources:
 	}
 	for _, tt := range tests {
 		snap := tt.r.Snapshot()
-		var objs []*Object
+		var objs []*object.Object
 		if tt.index == "namespace" {
 			objs = scanned(snap, tt.value)
 		} else {
@@ -246,9 +247,9 @@ resources:
 		return v
 	}
 	want := []struct {
-		typ      EventType
+		typ      object.EventType
 		obj, old string
-	}{{Added, "1", "<nil>"}, {Modified, "2", "1"}, {Deleted, "2", "<nil>"}}
+	}{{object.Added, "1", "<nil>"}, {object.Modified, "2", "1"}, {object.Deleted, "2", "<nil>"}}
 	for i, w := range want {
 		e := events[i]
 		obj, old := decoded(t, e.Object), decoded(t, e.OldObject)
@@ -260,7 +261,7 @@ resources:
 			t.Errorf("event %d carries managedFields: events must carry transformed objects", i)
 		}
 	}
-	if before := rec.find(ns, "before"); len(before) != 1 || !before[0].InitialList || before[0].Type != Added {
+	if before := rec.find(ns, "before"); len(before) != 1 || !before[0].InitialList || before[0].Type != object.Added {
 		t.Errorf("events for an object that existed at start = %+v, want one initial-list ADDED", before)
 	}
 	if got := metricValue(t, m, "dynwatch_informer_events_total", "configmaps.v1", "MODIFIED"); got != 1 {
@@ -340,7 +341,7 @@ resources:
 	if things.running() || things.Snapshot().Len() != 0 {
 		t.Errorf("informers still run or cache still holds objects after the CRD went away")
 	}
-	if evs := rec.find(ns, "gear"); len(evs) != 2 || evs[1].Type != Deleted {
+	if evs := rec.find(ns, "gear"); len(evs) != 2 || evs[1].Type != object.Deleted {
 		t.Errorf("events for the custom object = %d, want ADDED then DELETED", len(evs))
 	}
 	// Stopped, not retrying: the watch error count does not grow while it is not served.
@@ -409,7 +410,7 @@ func TestARelistDatesItsDeletesByTheListAndAResyncChangesNothing(t *testing.T) {
 	r := resource(t, m, "configmaps.v1")
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 	process := r.process(gvr, "ns", &moves{}, newStore(nil))
-	obj := NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+	obj := object.New(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": "gone", "resourceVersion": "7", "uid": string(types.UID("u1")),
 	}}})
 	for i, d := range []cache.Delta{
@@ -422,7 +423,7 @@ func TestARelistDatesItsDeletesByTheListAndAResyncChangesNothing(t *testing.T) {
 		}
 	}
 	events := rec.find("ns", "gone")
-	if len(events) != 2 || events[0].Type != Added || events[1].Type != Deleted || events[1].Object != obj {
+	if len(events) != 2 || events[0].Type != object.Added || events[1].Type != object.Deleted || events[1].Object != obj {
 		t.Fatalf("events = %+v; want ADDED, then one DELETED carrying the cached object", events)
 	}
 	// The object's resourceVersion is from before the deletion; the relist's is after it.

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dynwatch/dynwatch/object"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkIngest(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if got := o.(*Object); got.GetName() != "cm-00001" || strings.Contains(string(got.JSON()), "managedFields") {
+				if got := o.(*object.Object); got.GetName() != "cm-00001" || strings.Contains(string(got.JSON()), "managedFields") {
 					b.Fatalf("ingested %s", got.JSON())
 				}
 			}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Options are a Manager's dependencies.
@@ -102,11 +103,11 @@ func New(o Options) (*Manager, error) {
 }
 
 func (m *Manager) newResource(cfg *config.Resource) *Resource {
-	r := &Resource{cfg: cfg, name: cfg.String(), m: m, state: StatePending, events: map[EventType]counter{}, relistEvents: map[EventType]counter{}}
+	r := &Resource{cfg: cfg, name: cfg.String(), m: m, state: StatePending, events: map[object.EventType]counter{}, relistEvents: map[object.EventType]counter{}}
 	if cfg.IsWildcard() {
 		return r // a whole group: its members have the informers and the metrics
 	}
-	for _, t := range EventTypes {
+	for _, t := range object.EventTypes {
 		r.events[t] = m.met.events.WithLabelValues(r.name, string(t))
 		r.relistEvents[t] = m.met.relistEvents.WithLabelValues(r.name, string(t))
 	}

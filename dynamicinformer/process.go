@@ -45,11 +45,11 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 	case cache.DeletedFinalStateUnknown:
 		d.Object = info.Obj
 	}
-	u, ok := d.Object.(*Object)
+	u, ok := d.Object.(*object.Object)
 	if !ok {
 		return
 	}
-	e := Event{Resource: gvr, Object: u, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: true}
+	e := object.Event{Resource: gvr, Object: u, Stream: stream, Revision: object.Revision(u.GetResourceVersion()), InOrder: true}
 	rev := e.Revision
 	m, movedWith := mv.movedWith(u)
 	if movedWith {
@@ -61,7 +61,7 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 			return // never cached: nothing to tell
 		}
 		r.objects.Add(-1)
-		e.Type = Deleted
+		e.Type = object.Deleted
 		r.emit(e)
 		return
 	}
@@ -69,22 +69,22 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 	switch {
 	case old == nil:
 		r.objects.Add(1)
-		e.Type = Added
+		e.Type = object.Added
 	case old.GetResourceVersion() == u.GetResourceVersion():
 		return // a transition of an unchanged object
 	default:
-		e.Type, e.OldObject = Modified, old
+		e.Type, e.OldObject = object.Modified, old
 	}
 	r.emit(e)
 }
 
 // replace applies a list of stream's objects at its revision: the initial list's objects are
-// Added with InitialList set; a relist's changes are counted, and not in order. A delete a
+// object.Added with InitialList set; a relist's changes are counted, and not in order. A delete a
 // relist found happened after the object's last known resourceVersion, by the list's.
 func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *store, info cache.ReplacedAllInfo, initial bool) {
-	objs := make([]*Object, 0, len(info.Objects))
+	objs := make([]*object.Object, 0, len(info.Objects))
 	for _, o := range info.Objects {
-		if u, ok := o.(*Object); ok {
+		if u, ok := o.(*object.Object); ok {
 			objs = append(objs, u)
 		}
 	}
@@ -92,20 +92,20 @@ func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *s
 	gone, changes := st.replace(stream, objs, rev)
 	for _, u := range gone {
 		r.objects.Add(-1)
-		r.relistEvents[Deleted].Inc()
+		r.relistEvents[object.Deleted].Inc()
 		last := object.Revision(u.GetResourceVersion())
-		r.emit(Event{Type: Deleted, Resource: gvr, Object: u, Stream: stream, Since: object.After(last), Revision: rev})
+		r.emit(object.Event{Type: object.Deleted, Resource: gvr, Object: u, Stream: stream, Since: object.After(last), Revision: rev})
 	}
 	for _, c := range changes {
-		e := Event{Resource: gvr, Object: c.new, Stream: stream, Revision: object.Revision(c.new.GetResourceVersion())}
+		e := object.Event{Resource: gvr, Object: c.new, Stream: stream, Revision: object.Revision(c.new.GetResourceVersion())}
 		switch {
 		case c.old == nil:
 			r.objects.Add(1)
-			e.Type, e.InitialList = Added, initial
+			e.Type, e.InitialList = object.Added, initial
 		case c.old.GetResourceVersion() == c.new.GetResourceVersion():
 			continue // unchanged
 		default:
-			e.Type, e.OldObject = Modified, c.old
+			e.Type, e.OldObject = object.Modified, c.old
 		}
 		if !initial {
 			r.relistEvents[e.Type].Inc()
@@ -114,7 +114,7 @@ func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *s
 	}
 }
 
-func (r *Resource) emit(e Event) {
+func (r *Resource) emit(e object.Event) {
 	e.Observed = r.m.now()
 	r.lastEvent.Store(e.Observed.UnixNano())
 	r.events[e.Type].Inc()
@@ -141,7 +141,7 @@ type moves struct {
 }
 
 // moved is an object, at resourceVersion rv, that came in or went out of the cache with its
-// namespace, as a namespaceSelector changed somewhere from since to at (see Event.Since).
+// namespace, as a namespaceSelector changed somewhere from since to at (see object.Event.Since).
 type moved struct {
 	rv        string
 	since, at uint64

@@ -1,6 +1,7 @@
 package dynamicinformer
 
 import (
+	"github.com/dynwatch/dynwatch/object"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -28,7 +29,7 @@ func (r *Resource) SelectionRevision() (uint64, bool) {
 
 // Get is the cached object namespace/name ("" namespace for a cluster-scoped object), as a
 // snapshot would show it now; false while the informers do not run.
-func (r *Resource) Get(namespace, name string) (*Object, bool) {
+func (r *Resource) Get(namespace, name string) (*object.Object, bool) {
 	r.mu.RLock()
 	st := r.store
 	r.mu.RUnlock()

@@ -62,8 +62,8 @@ type Resource struct {
 
 	objects      atomic.Int64 // objects in the cache, counted as changes are applied
 	lastEvent    atomic.Int64 // unix nanoseconds of the last event, 0 if none
-	events       map[EventType]counter
-	relistEvents map[EventType]counter
+	events       map[object.EventType]counter
+	relistEvents map[object.EventType]counter
 	watchErrs    counter
 	// transitions count a namespaceSelector's changes applied, and those that waited out
 	// selectionDebounce (see selectWatch.run).

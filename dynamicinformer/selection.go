@@ -222,7 +222,7 @@ func (a *applied) put(cur selected) {
 // watch's revision and cur, and its watch events up to that revision dropped, so nothing of it
 // from before t is passed on; one that left has its objects listed at the watch's revision, as
 // the cache holds them. Their events carry the range from just after the last applied revision
-// to that later one (Event.Since and Revision), which holds t on every replica.
+// to that later one (object.Event.Since and Revision), which holds t on every replica.
 type selectWatch struct {
 	*relay
 	r       *Resource

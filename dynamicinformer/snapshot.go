@@ -29,15 +29,15 @@ func (r *Resource) Read(fn func(Snapshot)) bool {
 // after ("" for the first), in list order, and with more set when others follow them. Page
 // reports false, without calling fn, while the informers do not run. Its objects are shared
 // with the cache: fn must not modify them.
-func (r *Resource) Page(after string, limit int, fn func(objs []*Object, more bool)) bool {
+func (r *Resource) Page(after string, limit int, fn func(objs []*object.Object, more bool)) bool {
 	var from Key
 	if after != "" {
 		from.Namespace, from.Name = object.SplitKey(after)
 	}
 	return r.Read(func(s Snapshot) {
-		objs := make([]*Object, 0, limit)
+		objs := make([]*object.Object, 0, limit)
 		more := false
-		s.Scan("", from, func(u *Object) bool {
+		s.Scan("", from, func(u *object.Object) bool {
 			if len(objs) == limit {
 				more = true
 				return false

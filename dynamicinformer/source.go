@@ -129,7 +129,7 @@ func (l metadataLister) Watch(ctx context.Context, o metav1.ListOptions) (watch.
 }
 
 // partialToUnstructured is p, an object's metadata as the apiserver sends it, as the cache
-// keeps it (see Object): apiVersion meta.k8s.io/v1, kind PartialObjectMetadata, and metadata.
+// keeps it (see object.Object): apiVersion meta.k8s.io/v1, kind PartialObjectMetadata, and metadata.
 func partialToUnstructured(p *metav1.PartialObjectMetadata) (*unstructured.Unstructured, error) {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/google/btree"
 )
 
@@ -16,7 +17,7 @@ const storeDegree = 32
 // the version that made them.
 type entry struct {
 	key string
-	obj *Object
+	obj *object.Object
 }
 
 // storeKey is the key the store orders an object by: its namespace and name joined by a NUL,
@@ -64,7 +65,7 @@ func lessIndexed(a, b indexed) bool {
 
 // store is a resource's cache: its objects in list order, the objects of each value of each
 // configured indexer in list order, and for each of its streams (one list and watch, see
-// Event.Stream) the revision through which that stream's changes are applied. Only the
+// object.Event.Stream) the revision through which that stream's changes are applied. Only the
 // informers' processing changes it, one change at a time and before the change's event is
 // emitted; readers take snapshots, in O(1): the trees are shared copy-on-write, so later
 // changes copy the few nodes they touch and do not show in a snapshot.
@@ -78,7 +79,7 @@ func lessIndexed(a, b indexed) bool {
 type store struct {
 	mu      sync.Mutex
 	t       *btree.BTreeG[entry]
-	indexes []string                          // the configured indexers' names, in the order of an Object's values
+	indexes []string                          // the configured indexers' names, in the order of an object.Object's values
 	idx     map[string]*btree.BTreeG[indexed] // index name → its objects by value
 	revs    map[string]uint64                 // stream → revision applied through
 	frozen  *Snapshot                         // what snapshots show while a change has no revision yet
@@ -87,24 +88,24 @@ type store struct {
 
 // newStore keeps objects in order, and by the values of the indexers ix, which computed their
 // objects' values.
-func newStore(ix []indexer) *store {
+func newStore(ix []object.Indexer) *store {
 	s := &store{t: btree.NewG(storeDegree, lessEntry), idx: map[string]*btree.BTreeG[indexed]{}, revs: map[string]uint64{}}
 	for _, x := range ix {
-		s.indexes = append(s.indexes, x.name)
-		s.idx[x.name] = btree.NewG(storeDegree, lessIndexed)
+		s.indexes = append(s.indexes, x.Name)
+		s.idx[x.Name] = btree.NewG(storeDegree, lessIndexed)
 	}
 	return s
 }
 
 // change is one object's change by a list: old is nil for an object that was not cached.
 type change struct {
-	old, new *Object
+	old, new *object.Object
 }
 
 // replace makes stream's objects (those of its namespace, or every object for the stream of
 // all namespaces) objs, as a list at revision rev shows them, in one step. It returns the
 // objects that are no longer there, and every object of the list with what it replaced.
-func (s *store) replace(stream string, objs []*Object, rev uint64) (gone []*Object, changes []change) {
+func (s *store) replace(stream string, objs []*object.Object, rev uint64) (gone []*object.Object, changes []change) {
 	listed := make(map[Key]struct{}, len(objs))
 	for _, u := range objs {
 		listed[Key{u.GetNamespace(), u.GetName()}] = struct{}{}
@@ -142,7 +143,7 @@ func (s *store) scan(t *btree.BTreeG[entry], namespace string, fn func(entry)) {
 
 // set caches u as stream's change: at revision rev, or with no revision of its own when rev
 // is 0. It returns the object u replaced, or nil.
-func (s *store) set(stream string, u *Object, rev uint64) *Object {
+func (s *store) set(stream string, u *object.Object, rev uint64) *object.Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.advance(stream, rev)
@@ -150,7 +151,7 @@ func (s *store) set(stream string, u *Object, rev uint64) *Object {
 }
 
 // remove drops u as stream's change, as set does; it returns the object it dropped, or nil.
-func (s *store) remove(stream string, u *Object, rev uint64) *Object {
+func (s *store) remove(stream string, u *object.Object, rev uint64) *object.Object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.advance(stream, rev)
@@ -181,7 +182,7 @@ func (s *store) advance(stream string, rev uint64) {
 // thaw lets snapshots show the store as it is again.
 func (s *store) thaw() { s.frozen = nil }
 
-func (s *store) setLocked(u *Object) *Object {
+func (s *store) setLocked(u *object.Object) *object.Object {
 	e := entry{key: s.probeLocked(u.GetNamespace(), u.GetName()), obj: u}
 	old, had := s.t.Get(e)
 	if had { // the key the index entries share
@@ -226,14 +227,14 @@ func ownValue(ix *btree.BTreeG[indexed], v string) string {
 func (s *store) reindex(old, e entry) {
 	for i, name := range s.indexes {
 		ix := s.idx[name]
-		was, is := old.obj.valueCount(i), e.obj.valueCount(i) // each sorted, without repeats
+		was, is := old.obj.IndexValueCount(i), e.obj.IndexValueCount(i) // each sorted, without repeats
 		for j, k := 0, 0; j < was || k < is; {
 			var a, b string
 			if j < was {
-				a = old.obj.value(i, j)
+				a = old.obj.IndexValue(i, j)
 			}
 			if k < is {
-				b = e.obj.value(i, k)
+				b = e.obj.IndexValue(i, k)
 			}
 			switch {
 			case k == is || (j < was && a < b):
@@ -249,7 +250,7 @@ func (s *store) reindex(old, e entry) {
 	}
 }
 
-func (s *store) removeLocked(u *Object) *Object {
+func (s *store) removeLocked(u *object.Object) *object.Object {
 	old, had := s.t.Delete(entry{key: s.probeLocked(u.GetNamespace(), u.GetName())})
 	if !had {
 		return nil
@@ -263,16 +264,16 @@ func (s *store) removeLocked(u *Object) *Object {
 func (s *store) index(e entry) {
 	for i, name := range s.indexes {
 		ix := s.idx[name]
-		for j := range e.obj.valueCount(i) {
-			ix.ReplaceOrInsert(indexed{value: ownValue(ix, e.obj.value(i, j)), key: e.key})
+		for j := range e.obj.IndexValueCount(i) {
+			ix.ReplaceOrInsert(indexed{value: ownValue(ix, e.obj.IndexValue(i, j)), key: e.key})
 		}
 	}
 }
 
 func (s *store) unindex(e entry) {
 	for i, name := range s.indexes {
-		for j := range e.obj.valueCount(i) {
-			s.idx[name].Delete(indexed{value: e.obj.value(i, j), key: e.key})
+		for j := range e.obj.IndexValueCount(i) {
+			s.idx[name].Delete(indexed{value: e.obj.IndexValue(i, j), key: e.key})
 		}
 	}
 }
@@ -289,7 +290,7 @@ func (s *store) snapshot() Snapshot {
 
 // get is the object namespace/name as snapshots show it now, without taking one: a snapshot
 // makes the next changes copy the nodes they touch.
-func (s *store) get(namespace, name string) (*Object, bool) {
+func (s *store) get(namespace, name string) (*object.Object, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.frozen != nil {
@@ -351,7 +352,7 @@ func (s Snapshot) Revision(namespace string) uint64 {
 }
 
 // Get is the object namespace/name ("" namespace for a cluster-scoped object).
-func (s Snapshot) Get(namespace, name string) (*Object, bool) {
+func (s Snapshot) Get(namespace, name string) (*object.Object, bool) {
 	if s.t == nil {
 		return nil, false
 	}
@@ -380,7 +381,7 @@ func (s Snapshot) ByIndex(index, value string) (Snapshot, bool) {
 // Scan calls fn with the objects of namespace ("" for every namespace) that come after the
 // object namespace/name of after ("" for none; a cluster-scoped object's is its name), in
 // order, until fn returns false.
-func (s Snapshot) Scan(namespace string, after Key, fn func(*Object) bool) {
+func (s Snapshot) Scan(namespace string, after Key, fn func(*object.Object) bool) {
 	if s.t == nil {
 		return
 	}
@@ -419,7 +420,7 @@ type Key struct {
 
 // NewSnapshot builds a snapshot of objects held outside a cache, for code that pages them the
 // way it pages a cache's.
-func NewSnapshot(objs ...*Object) Snapshot {
+func NewSnapshot(objs ...*object.Object) Snapshot {
 	s := newStore(nil)
 	for _, u := range objs {
 		s.setLocked(u)

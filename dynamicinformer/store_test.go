@@ -26,13 +26,13 @@ type orderChecker struct {
 	errs []string
 }
 
-func (c *orderChecker) OnEvent(e Event) {
+func (c *orderChecker) OnEvent(e object.Event) {
 	r := c.r()
 	if r == nil {
 		return
 	}
-	var found *Object
-	r.Snapshot().Scan(e.Object.GetNamespace(), Key{}, func(o *Object) bool {
+	var found *object.Object
+	r.Snapshot().Scan(e.Object.GetNamespace(), Key{}, func(o *object.Object) bool {
 		if o.GetName() == e.Object.GetName() {
 			found = o
 			return false
@@ -41,16 +41,16 @@ func (c *orderChecker) OnEvent(e Event) {
 	})
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e.Type == Deleted && found != nil {
+	if e.Type == object.Deleted && found != nil {
 		c.errs = append(c.errs, fmt.Sprintf("%s is still in order after its DELETED event", object.KeyOf(e.Object)))
-	} else if e.Type != Deleted && found != e.Object {
+	} else if e.Type != object.Deleted && found != e.Object {
 		c.errs = append(c.errs, fmt.Sprintf("%s in order is %p, not the %s event's object %p", object.KeyOf(e.Object), found, e.Type, e.Object))
 	}
 }
 
 func orderedKeys(s Snapshot, namespace string, after Key) []string {
 	var keys []string
-	s.Scan(namespace, after, func(o *Object) bool {
+	s.Scan(namespace, after, func(o *object.Object) bool {
 		keys = append(keys, object.KeyOf(o))
 		return true
 	})
@@ -171,11 +171,11 @@ resources:
 // a scan keeps to its namespace, resumes after a key whether or not an object has it, and stops
 // when its function says so.
 func TestASnapshotScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
-	obj := func(namespace, name string) *Object {
+	obj := func(namespace, name string) *object.Object {
 		u := &unstructured.Unstructured{}
 		u.SetNamespace(namespace)
 		u.SetName(name)
-		return NewObject(u)
+		return object.New(u)
 	}
 	s := NewSnapshot(obj("b", "y"), obj("a", "z"), obj("", "node-2"), obj("b", "x"), obj("a", "m"), obj("", "node-1"), obj("c", "a"))
 	for _, tt := range []struct {
@@ -202,7 +202,7 @@ func TestASnapshotScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
 		})
 	}
 	var read []string
-	s.Scan("", Key{}, func(u *Object) bool {
+	s.Scan("", Key{}, func(u *object.Object) bool {
 		read = append(read, object.KeyOf(u))
 		return len(read) < 3
 	})
@@ -214,12 +214,12 @@ func TestASnapshotScansInListOrderAndResumesAfterAnyKey(t *testing.T) {
 	}
 }
 
-func cached(namespace, name string, rv int) *Object {
+func cached(namespace, name string, rv int) *object.Object {
 	u := &unstructured.Unstructured{}
 	u.SetNamespace(namespace)
 	u.SetName(name)
 	u.SetResourceVersion(fmt.Sprint(rv))
-	return NewObject(u)
+	return object.New(u)
 }
 
 // keysAt is a snapshot's objects as namespace/name@resourceVersion, in order.
@@ -244,7 +244,7 @@ func TestAStoreShowsEachChangeWithItsRevision(t *testing.T) {
 			t.Errorf("%s: snapshot at %d holds %v; want %d and %v", step, snap.Revision(""), got, wantRV, want)
 		}
 	}
-	gone, changes := s.replace("", []*Object{cached("ns", "a", 5), cached("ns", "b", 6)}, 10)
+	gone, changes := s.replace("", []*object.Object{cached("ns", "a", 5), cached("ns", "b", 6)}, 10)
 	if len(gone) != 0 || len(changes) != 2 || changes[0].old != nil {
 		t.Fatalf("the first list: %d gone, %d changes; want 0 and 2 additions", len(gone), len(changes))
 	}
@@ -257,7 +257,7 @@ func TestAStoreShowsEachChangeWithItsRevision(t *testing.T) {
 	check("while an object comes in with its namespace", 11, "ns/a@11", "ns/b@6")
 	s.bookmark("", 12)
 	check("after the bookmark that follows it", 12, "joined/c@3", "ns/a@11", "ns/b@6")
-	gone, _ = s.replace("", []*Object{cached("ns", "a", 11), cached("ns", "d", 13)}, 14)
+	gone, _ = s.replace("", []*object.Object{cached("ns", "a", 11), cached("ns", "d", 13)}, 14)
 	if got := keysAt(NewSnapshot(gone...)); !slices.Equal(got, []string{"joined/c@3", "ns/b@6"}) {
 		t.Errorf("a relist deleted %v; want c and b", got)
 	}
@@ -269,8 +269,8 @@ func TestAStoreShowsEachChangeWithItsRevision(t *testing.T) {
 // the oldest of them.
 func TestAStoreKeepsARevisionPerStream(t *testing.T) {
 	s := newStore(nil)
-	s.replace("ns1", []*Object{cached("ns1", "x", 4)}, 5)
-	s.replace("ns2", []*Object{cached("ns2", "y", 7)}, 8)
+	s.replace("ns1", []*object.Object{cached("ns1", "x", 4)}, 5)
+	s.replace("ns2", []*object.Object{cached("ns2", "y", 7)}, 8)
 	s.set("ns2", cached("ns2", "y", 9), 9)
 	snap := s.snapshot()
 	if got := []uint64{snap.Revision("ns1"), snap.Revision("ns2"), snap.Revision("")}; !slices.Equal(got, []uint64{5, 9, 5}) {
@@ -285,8 +285,8 @@ func TestAStoreKeepsARevisionPerStream(t *testing.T) {
 // TestAnUpdateMovesAnObjectBetweenItsIndexValues: an object changed from the values a, b to b,
 // c is found under b and c, as its new version, and no longer under a; deleted, under none.
 func TestAnUpdateMovesAnObjectBetweenItsIndexValues(t *testing.T) {
-	s := newStore([]indexer{{name: "byTag"}})
-	tagged := func(rv int, tags ...string) *Object {
+	s := newStore([]object.Indexer{{Name: "byTag"}})
+	tagged := func(rv int, tags ...string) *object.Object {
 		return withValues(cached("ns", "a", rv), tags)
 	}
 	lookup := func(value string) []string {
@@ -327,9 +327,9 @@ func TestAnUpdateMovesAnObjectBetweenItsIndexValues(t *testing.T) {
 // that made them. They held its namespace, name and values as substrings of its JSON, and so
 // kept every updated object's old JSON alive beside the new one.
 func TestAnIndexDoesNotKeepAnUpdatedObjectsOldVersionAlive(t *testing.T) {
-	s := newStore([]indexer{{name: "byTag"}})
-	version := func(rv int) *Object {
-		o, err := ObjectFromJSON(fmt.Appendf(nil, `{"metadata":{"namespace":"ns","name":"a","resourceVersion":"%d","labels":{"tag":"x"}}}`, rv))
+	s := newStore([]object.Indexer{{Name: "byTag"}})
+	version := func(rv int) *object.Object {
+		o, err := object.FromJSON(fmt.Appendf(nil, `{"metadata":{"namespace":"ns","name":"a","resourceVersion":"%d","labels":{"tag":"x"}}}`, rv))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -370,9 +370,9 @@ func TestAStoreKeyOrdersAsTheAPIServerLists(t *testing.T) {
 // strings and a pointer and index entries of three strings kept 384, and 408 once they kept
 // copies of their own.
 func TestAStoreKeepsLittlePerObject(t *testing.T) {
-	s := newStore([]indexer{{name: "byApp"}, {name: "byTeam"}, {name: "byTier"}})
+	s := newStore([]object.Indexer{{Name: "byApp"}, {Name: "byTeam"}, {Name: "byTier"}})
 	const n = 10000
-	objs := make([]*Object, n)
+	objs := make([]*object.Object, n)
 	for i := range objs {
 		objs[i] = withValues(cached("shop", fmt.Sprintf("settings-%05d", i), i), []string{"web"}, []string{"storefront"}, []string{fmt.Sprint("tier-", i%3)})
 	}

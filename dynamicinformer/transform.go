@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // LastAppliedAnnotation is the annotation kubectl apply keeps the last applied configuration in.
@@ -60,14 +61,14 @@ func NewTransform(r *config.Resource) cache.TransformFunc {
 	}
 }
 
-// ingest is the informers' transform for r: an object is stripped and kept as an Object with
+// ingest is the informers' transform for r: an object is stripped and kept as an object.Object with
 // the values of the indexers ix, and with apiVersion and kind (those of gvk where the apiserver
 // left them out). An object that came in as JSON already cut to what the cache keeps (a wire
 // object read with r's cuts) is kept as it is; otherwise, and for an object the decoder built,
 // the strip works on its maps, which are garbage from then on. It is idempotent:
-// an Object passes through unchanged, as client-go hands a watch-list's objects, transformed as
+// an object.Object passes through unchanged, as client-go hands a watch-list's objects, transformed as
 // they streamed in, to the transform again on their way to the queue.
-func ingest(r *config.Resource, ix []indexer, gvk schema.GroupVersionKind) cache.TransformFunc {
+func ingest(r *config.Resource, ix []object.Indexer, gvk schema.GroupVersionKind) cache.TransformFunc {
 	strip := NewTransform(r)
 	apiVersion := gvk.GroupVersion().String()
 	var scratch sync.Pool // encoding buffers: each object's JSON is kept exactly sized
@@ -76,7 +77,7 @@ func ingest(r *config.Resource, ix []indexer, gvk schema.GroupVersionKind) cache
 		switch o := obj.(type) {
 		case *wire:
 			if o.cut {
-				return objectOf(o.raw, ix), nil
+				return object.OfJSON(o.raw, ix), nil
 			}
 			u = &unstructured.Unstructured{}
 			if err := utiljson.Unmarshal(o.raw, &u.Object); err != nil {
@@ -94,6 +95,6 @@ func ingest(r *config.Resource, ix []indexer, gvk schema.GroupVersionKind) cache
 			u.SetAPIVersion(apiVersion)
 			u.SetKind(gvk.Kind)
 		}
-		return newObject(u, ix, &scratch), nil
+		return object.NewIndexed(u, ix, &scratch), nil
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/tidwall/gjson"
 )
 
@@ -361,7 +362,7 @@ func (f *frameReader) next() ([]byte, error) {
 func (f *frameReader) fill(i *int) error {
 	*i -= f.start
 	switch {
-	case f.start == f.end && len(f.buf) > maxScratch:
+	case f.start == f.end && len(f.buf) > object.MaxScratch:
 		f.buf = nil // one huge object does not pin its buffer
 	case f.start > 0:
 		copy(f.buf, f.buf[f.start:f.end])

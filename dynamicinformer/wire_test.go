@@ -12,6 +12,7 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"github.com/dynwatch/dynwatch/object"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -20,7 +21,7 @@ import (
 )
 
 // TestAnObjectCutAsJSONIsKeptAsTheDecodedObjectWouldBe: an object that comes in as JSON (a wire
-// object) is kept as the same Object, header, labels, indexer values and JSON (as a value), as the
+// object) is kept as the same object.Object, header, labels, indexer values and JSON (as a value), as the
 // same object decoded into maps and stripped there, for every transform input of the golden
 // tests and a few shapes of their own, under each setting of the transforms the JSON can be cut
 // to, and under configurations that need the object decoded.
@@ -79,13 +80,13 @@ func TestAnObjectCutAsJSONIsKeptAsTheDecodedObjectWouldBe(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				sameObject(t, got.(*Object), want.(*Object))
+				sameObject(t, got.(*object.Object), want.(*object.Object))
 			})
 		}
 	}
 }
 
-func sameObject(t *testing.T, got, want *Object) {
+func sameObject(t *testing.T, got, want *object.Object) {
 	t.Helper()
 	if g, w := got.GetObjectMeta(), want.GetObjectMeta(); !reflect.DeepEqual(g, w) {
 		t.Errorf("header = %+v, want %+v", g, w)
@@ -94,15 +95,15 @@ func sameObject(t *testing.T, got, want *Object) {
 		t.Errorf("indexer values = %q, want %q", g, w)
 	}
 	var g, w any
-	if err := json.Unmarshal(got.json, &g); err != nil {
-		t.Fatalf("kept JSON %s: %v", got.json, err)
+	if err := json.Unmarshal(got.JSON(), &g); err != nil {
+		t.Fatalf("kept JSON %s: %v", got.JSON(), err)
 	}
-	_ = json.Unmarshal(want.json, &w)
+	_ = json.Unmarshal(want.JSON(), &w)
 	if !reflect.DeepEqual(g, w) {
-		t.Errorf("JSON = %s\nwant %s", got.json, want.json)
+		t.Errorf("JSON = %s\nwant %s", got.JSON(), want.JSON())
 	}
-	if len(got.json) != cap(got.json) {
-		t.Errorf("kept JSON has capacity %d for %d bytes, want it exactly sized", cap(got.json), len(got.json))
+	if len(got.JSON()) != cap(got.JSON()) {
+		t.Errorf("kept JSON has capacity %d for %d bytes, want it exactly sized", cap(got.JSON()), len(got.JSON()))
 	}
 }
 

@@ -31,6 +31,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -195,7 +196,7 @@ func BenchmarkIndexLookup(b *testing.B) {
 	for b.Loop() {
 		by, ok := f.res.Snapshot().ByIndex("byApp", fmt.Sprintf("app-%03d", i%benchApps))
 		n := 0
-		by.Scan("", dynamicinformer.Key{}, func(*dynamicinformer.Object) bool { n++; return true })
+		by.Scan("", dynamicinformer.Key{}, func(*object.Object) bool { n++; return true })
 		if !ok || n == 0 {
 			b.Fatalf("ByIndex: %d objects, index found %t", n, ok)
 		}

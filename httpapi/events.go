@@ -4,7 +4,7 @@ import (
 	"context"
 	"strconv"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/gin-gonic/gin"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,7 +44,7 @@ func (a *api) eventsFromAPIServer(c *gin.Context, t target) bool {
 			list = got
 		}
 	}
-	items := make([]*dynamicinformer.Object, 0, len(list.Items))
+	items := make([]*object.Object, 0, len(list.Items))
 	for i := range list.Items {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&list.Items[i])
 		if err != nil {
@@ -52,7 +52,7 @@ func (a *api) eventsFromAPIServer(c *gin.Context, t target) bool {
 		}
 		u := &unstructured.Unstructured{Object: m}
 		u.SetGroupVersionKind(out.gvk) // a typed list's items carry no apiVersion and kind
-		items = append(items, dynamicinformer.NewObject(u))
+		items = append(items, object.New(u))
 	}
 	p := page{items: items, next: list.Continue, remaining: list.RemainingItemCount}
 	out.list(c.Writer, p, list.ResourceVersion)

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 func TestFieldSelectorsAcceptWhatTheAPIServerAccepts(t *testing.T) {
@@ -143,7 +143,7 @@ func BenchmarkTableRow(b *testing.B) {
 		obj  map[string]any
 	}{{"pod", schema.GroupKind{Kind: "Pod"}, pod}, {"configmap", schema.GroupKind{Kind: "ConfigMap"}, cm}, {"name and age", schema.GroupKind{Kind: "Lease"}, cm}} {
 		p := printerFor(bb.gk, crdView{})
-		u := dynamicinformer.NewObject(&unstructured.Unstructured{Object: bb.obj})
+		u := object.New(&unstructured.Unstructured{Object: bb.obj})
 		b.Run(bb.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metatable "k8s.io/apimachinery/pkg/api/meta/table"
@@ -151,7 +151,7 @@ func typedRow[T any](row func(*T) ([]any, []metav1.TableRowCondition)) func(*uns
 
 // cells returns obj's row cells, padded or cut to the printer's columns. The columns need the
 // object as a value: it is decoded for its row.
-func (p printer) cells(obj *dynamicinformer.Object) ([]any, []metav1.TableRowCondition) {
+func (p printer) cells(obj *object.Object) ([]any, []metav1.TableRowCondition) {
 	var cells []any
 	var conditions []metav1.TableRowCondition
 	if u, err := obj.Decode(); err != nil {

@@ -124,7 +124,7 @@ func encodeContinue(rv, after string, snapshot uint64) string {
 }
 
 // matches reports whether obj is in namespace (if set) and matches the selectors.
-func (q *query) matches(obj *dynamicinformer.Object, namespace string) bool {
+func (q *query) matches(obj *object.Object, namespace string) bool {
 	if (namespace != "" && obj.GetNamespace() != namespace) || (q.name != "" && obj.GetName() != q.name) {
 		return false
 	}
@@ -179,7 +179,7 @@ type lookup struct {
 	strategy string
 	inOrder  bool
 	ordered  dynamicinformer.Snapshot
-	objs     []*dynamicinformer.Object
+	objs     []*object.Object
 }
 
 // candidates returns a superset of the objects the query selects, through an index when one
@@ -229,7 +229,7 @@ func byIndex(snap dynamicinformer.Snapshot, index string, values ...string) (loo
 			return l, nil
 		}
 	}
-	collect := func(o *dynamicinformer.Object) bool {
+	collect := func(o *object.Object) bool {
 		l.objs = append(l.objs, o)
 		return true
 	}
@@ -247,14 +247,14 @@ func byIndex(snap dynamicinformer.Snapshot, index string, values ...string) (loo
 	}
 	if len(values) > 1 { // an object can carry several of the values
 		slices.SortFunc(l.objs, object.CompareObjects)
-		l.objs = slices.CompactFunc(l.objs, func(a, b *dynamicinformer.Object) bool { return object.CompareObjects(a, b) == 0 })
+		l.objs = slices.CompactFunc(l.objs, func(a, b *object.Object) bool { return object.CompareObjects(a, b) == 0 })
 	}
 	return l, nil
 }
 
 // page is one page of a list: the selected objects in key order after the cursor.
 type page struct {
-	items     []*dynamicinformer.Object
+	items     []*object.Object
 	last      string // the key of the last item, when more may follow it; else ""
 	next      string // the continue token, "" on the last page
 	remaining *int64 // objects after this page, counted only for a list without selectors
@@ -262,7 +262,7 @@ type page struct {
 
 type keyed struct {
 	key string
-	obj *dynamicinformer.Object
+	obj *object.Object
 }
 
 // checkEvery is how many objects a scan matches between looks at its context: a cancelled
@@ -300,7 +300,7 @@ func (q *query) paginate(ctx context.Context, l lookup, namespace string) (page,
 		return page{}, err
 	}
 	n := min(len(selected), q.limit)
-	p := page{items: make([]*dynamicinformer.Object, n)}
+	p := page{items: make([]*object.Object, n)}
 	for i := range n {
 		p.items[i] = selected[i].obj
 	}
@@ -324,7 +324,7 @@ func (q *query) scan(ctx context.Context, ordered dynamicinformer.Snapshot, name
 	var err error
 	var rest int64
 	more, seen := false, 0
-	ordered.Scan(namespace, after, func(o *dynamicinformer.Object) bool {
+	ordered.Scan(namespace, after, func(o *object.Object) bool {
 		if seen++; seen%checkEvery == 0 && ctx.Err() != nil {
 			err = ctx.Err()
 			return false

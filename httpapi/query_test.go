@@ -45,23 +45,23 @@ func TestParsePathNamesWhatTheKubernetesAPIDoes(t *testing.T) {
 	}
 }
 
-func obj(ns, name string) *dynamicinformer.Object { return labelled(ns, name, nil) }
+func obj(ns, name string) *object.Object { return labelled(ns, name, nil) }
 
-func labelled(ns, name string, labels map[string]string) *dynamicinformer.Object {
+func labelled(ns, name string, labels map[string]string) *object.Object {
 	u := &unstructured.Unstructured{}
 	u.SetNamespace(ns)
 	u.SetName(name)
 	u.SetLabels(labels)
-	return dynamicinformer.NewObject(u)
+	return object.New(u)
 }
 
 // sources are the two ways a page finds its candidates: an index's objects, in no order, and
 // a scan of the cache in key order.
-var sources = map[string]func(objs []*dynamicinformer.Object) lookup{
-	"index": func(objs []*dynamicinformer.Object) lookup {
+var sources = map[string]func(objs []*object.Object) lookup{
+	"index": func(objs []*object.Object) lookup {
 		return lookup{strategy: "index/test", objs: slices.Clone(objs)}
 	},
-	"scan": func(objs []*dynamicinformer.Object) lookup {
+	"scan": func(objs []*object.Object) lookup {
 		return lookup{strategy: "scan", inOrder: true, ordered: dynamicinformer.NewSnapshot(objs...)}
 	},
 }
@@ -71,7 +71,7 @@ var sources = map[string]func(objs []*dynamicinformer.Object) lookup{
 func TestPagingIsStableWhileObjectsChange(t *testing.T) {
 	for name, source := range sources {
 		t.Run(name, func(t *testing.T) {
-			var objs []*dynamicinformer.Object
+			var objs []*object.Object
 			for i := range 10 {
 				objs = append(objs, obj("ns", fmt.Sprintf("obj-%02d", i)))
 			}
@@ -95,7 +95,7 @@ func TestPagingIsStableWhileObjectsChange(t *testing.T) {
 					t.Errorf("page %d: remainingItemCount %v does not count the %d objects after it", page, p.remaining, want)
 				}
 				// Between pages: one object before the cursor goes, two arrive on both sides of it.
-				objs = slices.DeleteFunc(objs, func(o *dynamicinformer.Object) bool { return o.GetName() == fmt.Sprintf("obj-%02d", page) })
+				objs = slices.DeleteFunc(objs, func(o *object.Object) bool { return o.GetName() == fmt.Sprintf("obj-%02d", page) })
 				objs = append(objs, obj("ns", fmt.Sprintf("new-a%d", page)), obj("ns", fmt.Sprintf("obj-%02d-new", 9-page)))
 				if q, serr = parseQuery(url.Values{"limit": {"3"}, "continue": {encodeContinue("42", p.last, 1)}}, 500); serr != nil {
 					t.Fatal(serr)
@@ -119,7 +119,7 @@ func TestPagingIsStableWhileObjectsChange(t *testing.T) {
 // remainingItemCount (the apiserver counts only lists without selectors), and every match
 // listed once over the pages, whatever the source.
 func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
-	var objs []*dynamicinformer.Object
+	var objs []*object.Object
 	var want []string
 	for i := range 30 {
 		ns := []string{"b", "a-x", "a"}[i%3] // "a-x" sorts after "a" as a namespace, before it as a key prefix
@@ -168,7 +168,7 @@ func TestPagesOfASelectorAreCutAsTheApiserverCutsThem(t *testing.T) {
 	}
 }
 
-func countBefore(objs []*dynamicinformer.Object, after string) int {
+func countBefore(objs []*object.Object, after string) int {
 	n := 0
 	for _, o := range objs {
 		if object.CompareKeys(object.KeyOf(o), after) <= 0 {
@@ -179,7 +179,7 @@ func countBefore(objs []*dynamicinformer.Object, after string) int {
 }
 
 func TestPageSizeIsCapped(t *testing.T) {
-	var objs []*dynamicinformer.Object
+	var objs []*object.Object
 	for i := range 20 {
 		objs = append(objs, obj("ns", fmt.Sprintf("o%02d", i)))
 	}
@@ -197,7 +197,7 @@ func TestPageSizeIsCapped(t *testing.T) {
 }
 
 func TestAScanStopsWhenItsRequestEnds(t *testing.T) {
-	objs := make([]*dynamicinformer.Object, 10*checkEvery)
+	objs := make([]*object.Object, 10*checkEvery)
 	for i := range objs {
 		objs[i] = obj("ns", fmt.Sprintf("obj-%05d", i))
 	}

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/tidwall/gjson"
 )
 
@@ -77,7 +77,7 @@ func includeObject(r *http.Request) metav1.IncludeObjectPolicy {
 	}
 }
 
-func (o responder) row(obj *dynamicinformer.Object) metav1.TableRow {
+func (o responder) row(obj *object.Object) metav1.TableRow {
 	var row metav1.TableRow
 	row.Cells, row.Conditions = o.printer.cells(obj)
 	switch o.include {
@@ -91,14 +91,14 @@ func (o responder) row(obj *dynamicinformer.Object) metav1.TableRow {
 }
 
 // metadataJSON is obj's metadata as it is in its JSON, read without decoding it.
-func metadataJSON(obj *dynamicinformer.Object) []byte {
+func metadataJSON(obj *object.Object) []byte {
 	if m := gjson.GetBytes(obj.JSON(), "metadata"); m.IsObject() {
 		return []byte(m.Raw)
 	}
 	return []byte("{}")
 }
 
-func (o responder) tableOf(objs []*dynamicinformer.Object, meta metav1.ListMeta, headers bool) *metav1.Table {
+func (o responder) tableOf(objs []*object.Object, meta metav1.ListMeta, headers bool) *metav1.Table {
 	t := &metav1.Table{TypeMeta: metav1.TypeMeta{APIVersion: "meta.k8s.io/v1", Kind: "Table"}, ListMeta: meta, Rows: []metav1.TableRow{}}
 	if headers {
 		t.ColumnDefinitions = o.printer.columns
@@ -110,9 +110,9 @@ func (o responder) tableOf(objs []*dynamicinformer.Object, meta metav1.ListMeta,
 }
 
 // object writes one object.
-func (o responder) object(w http.ResponseWriter, obj *dynamicinformer.Object) {
+func (o responder) object(w http.ResponseWriter, obj *object.Object) {
 	if o.table {
-		writeJSON(w, http.StatusOK, o.tableOf([]*dynamicinformer.Object{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, true))
+		writeJSON(w, http.StatusOK, o.tableOf([]*object.Object{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, true))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -138,9 +138,9 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 	buf := *chunk
 	defer func() { *chunk = buf; o.chunks.put(chunk) }() // grown, perhaps
 	buf = append(buf, `{"apiVersion":`...)
-	buf = dynamicinformer.AppendString(buf, o.gvk.GroupVersion().String())
+	buf = object.AppendString(buf, o.gvk.GroupVersion().String())
 	buf = append(buf, `,"kind":`...)
-	buf = dynamicinformer.AppendString(buf, o.gvk.Kind+"List")
+	buf = object.AppendString(buf, o.gvk.Kind+"List")
 	buf = append(buf, `,"metadata":`...)
 	buf = append(buf, metaJSON...)
 	buf = append(buf, `,"items":[`...)
@@ -163,11 +163,11 @@ func (o responder) list(w http.ResponseWriter, p page, rv string) {
 // event returns one line of a watch stream, {"type":...,"object":...}; the object is a Table
 // with one row when the client asked for tables, with column definitions on the first event
 // only, as the apiserver does.
-func (o responder) event(typ string, obj *dynamicinformer.Object, first bool) []byte {
-	line := append([]byte(`{"type":`), dynamicinformer.AppendString(nil, typ)...)
+func (o responder) event(typ string, obj *object.Object, first bool) []byte {
+	line := append([]byte(`{"type":`), object.AppendString(nil, typ)...)
 	line = append(line, `,"object":`...)
 	if o.table && typ != "BOOKMARK" {
-		t, _ := json.Marshal(o.tableOf([]*dynamicinformer.Object{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first))
+		t, _ := json.Marshal(o.tableOf([]*object.Object{obj}, metav1.ListMeta{ResourceVersion: obj.GetResourceVersion()}, first))
 		line = append(line, t...)
 	} else {
 		line = append(line, obj.JSON()...)

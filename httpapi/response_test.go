@@ -7,10 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dynwatch/dynwatch/object"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // discard is a ResponseWriter that keeps nothing it is written.
@@ -25,12 +24,12 @@ func (discard) WriteHeader(int)             {}
 // made 72 KB of garbage: at 20,000 configmaps, a collection every 200 requests, whose mark
 // assists a request then paid for milliseconds).
 func TestAListIsWrittenWithoutABufferOfItsOwn(t *testing.T) {
-	items := make([]*dynamicinformer.Object, 100)
+	items := make([]*object.Object, 100)
 	for i := range items {
 		u := &unstructured.Unstructured{Object: map[string]any{"data": map[string]any{"v": strings.Repeat("x", 1024)}}}
 		u.SetNamespace("ns")
 		u.SetName(fmt.Sprintf("cm-%03d", i))
-		items[i] = dynamicinformer.NewObject(u)
+		items[i] = object.New(u)
 	}
 	out := responder{gvk: schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}, chunks: newChunks(1)}
 	p := page{items: items}

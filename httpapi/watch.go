@@ -38,14 +38,14 @@ func NewHub(history int) *Hub {
 }
 
 // OnEvent implements dynamicinformer.Subscriber.
-func (h *Hub) OnEvent(e dynamicinformer.Event) { h.stream(e.Resource).publish(e) }
+func (h *Hub) OnEvent(e object.Event) { h.stream(e.Resource).publish(e) }
 
 func (h *Hub) stream(gvr schema.GroupVersionResource) *stream {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s, ok := h.streams[gvr]
 	if !ok {
-		s = &stream{ring: make([]dynamicinformer.Event, h.history), watchers: map[*watcher]struct{}{}}
+		s = &stream{ring: make([]object.Event, h.history), watchers: map[*watcher]struct{}{}}
 		h.streams[gvr] = s
 	}
 	return s
@@ -54,7 +54,7 @@ func (h *Hub) stream(gvr schema.GroupVersionResource) *stream {
 // stream is one resource's recent history and watchers.
 type stream struct {
 	mu       sync.Mutex
-	ring     []dynamicinformer.Event // circular: the last n events end at next-1
+	ring     []object.Event // circular: the last n events end at next-1
 	next, n  int
 	floor    uint64 // watches from a resourceVersion below this cannot be served (410)
 	watchers map[*watcher]struct{}
@@ -65,17 +65,17 @@ type stream struct {
 type watcher struct {
 	// pending and done are guarded by the stream's mu. done is set when the watcher fell
 	// behind or was unsubscribed: what is pending is still written, then the watch ends.
-	pending []dynamicinformer.Event
+	pending []object.Event
 	done    bool
 	wake    chan struct{} // capacity 1: a value means pending or done changed
 	minRV   uint64        // events at or below this are already known to the client
 }
 
-func rvOf(o *dynamicinformer.Object) uint64 { return object.Revision(o.GetResourceVersion()) }
+func rvOf(o *object.Object) uint64 { return object.Revision(o.GetResourceVersion()) }
 
 // revisionOf is the revision at which e happened: its Revision, which for an object brought in
 // by its namespace joining a namespaceSelector is when it joined, not its resourceVersion.
-func revisionOf(e dynamicinformer.Event) uint64 {
+func revisionOf(e object.Event) uint64 {
 	if e.Revision != 0 {
 		return e.Revision
 	}
@@ -86,7 +86,7 @@ func revisionOf(e dynamicinformer.Event) uint64 {
 // e is one of the objects a selection's change brought in or took out at rv. Those share the
 // selection's revision (see served), and a client that resumes from it may have been sent only
 // some of them: it gets them all again, a repeat rather than a loss.
-func after(e dynamicinformer.Event, rv uint64) bool {
+func after(e object.Event, rv uint64) bool {
 	r := revisionOf(e)
 	return r > rv || r == rv && e.Moved
 }
@@ -97,7 +97,7 @@ func after(e dynamicinformer.Event, rv uint64) bool {
 // from the last one it was sent: so a watch's resourceVersions never go back, and a client
 // that resumes from the transition gets what followed it (see after). A list or get still
 // gives the object's own.
-func served(e dynamicinformer.Event) *dynamicinformer.Object {
+func served(e object.Event) *object.Object {
 	if !e.Moved || e.Revision == 0 || e.Revision == rvOf(e.Object) {
 		return e.Object
 	}
@@ -106,10 +106,10 @@ func served(e dynamicinformer.Event) *dynamicinformer.Object {
 		return e.Object // no copy to be had: the object as it is, as before the transition's revision was served
 	}
 	u.SetResourceVersion(strconv.FormatUint(e.Revision, 10))
-	return dynamicinformer.NewObject(u)
+	return object.New(u)
 }
 
-func (s *stream) publish(e dynamicinformer.Event) {
+func (s *stream) publish(e object.Event) {
 	rv := revisionOf(e)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -147,7 +147,7 @@ func (w *watcher) signal() {
 }
 
 // take returns the pending events, and whether the watch must end once they are written.
-func (s *stream) take(w *watcher) ([]dynamicinformer.Event, bool) {
+func (s *stream) take(w *watcher) ([]object.Event, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	batch := w.pending
@@ -174,7 +174,7 @@ func (s *stream) resume(rv uint64) (*watcher, *apierrors.StatusError) {
 	if rv < s.floor {
 		return nil, apierrors.NewResourceExpired("too old resource version: " + strconv.FormatUint(rv, 10) + " (" + strconv.FormatUint(s.floor, 10) + ")")
 	}
-	var replay []dynamicinformer.Event
+	var replay []object.Event
 	for i := range s.n {
 		e := s.ring[(s.next-s.n+i+len(s.ring))%len(s.ring)]
 		if after(e, rv) {
@@ -196,18 +196,18 @@ func (s *stream) unsubscribe(w *watcher) {
 
 // transition is the watch event type a change is for this query, "" if none: an object that
 // starts or stops matching the selectors is ADDED or DELETED, as with the apiserver.
-func (q *query) transition(e dynamicinformer.Event, namespace string) string {
+func (q *query) transition(e object.Event, namespace string) string {
 	now := q.matches(e.Object, namespace)
 	switch e.Type {
-	case dynamicinformer.Modified:
+	case object.Modified:
 		was := q.matches(e.OldObject, namespace)
 		switch {
 		case now && was:
-			return string(dynamicinformer.Modified)
+			return string(object.Modified)
 		case now:
-			return string(dynamicinformer.Added)
+			return string(object.Added)
 		case was:
-			return string(dynamicinformer.Deleted)
+			return string(object.Deleted)
 		}
 		return ""
 	default:
@@ -254,7 +254,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	c.Writer.Flush()
 
 	first := true
-	send := func(typ string, obj *dynamicinformer.Object) bool {
+	send := func(typ string, obj *object.Object) bool {
 		_, err := c.Writer.Write(out.event(typ, obj, first))
 		first = false
 		c.Writer.Flush()
@@ -262,14 +262,14 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	}
 	if initial {
 		sent, ok := 0, true
-		visible(res, snap, t.namespace, q, func(o *dynamicinformer.Object) bool {
+		visible(res, snap, t.namespace, q, func(o *object.Object) bool {
 			if sent%checkEvery == 0 && c.Request.Context().Err() != nil {
 				ok = false
 				return false
 			}
 			if q.matches(o, t.namespace) {
 				sent++
-				ok = send(string(dynamicinformer.Added), o)
+				ok = send(string(object.Added), o)
 			}
 			return ok
 		})
@@ -283,7 +283,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		bookmark.SetGroupVersionKind(out.gvk)
 		bookmark.SetResourceVersion(strconv.FormatUint(snap.Revision(t.namespace), 10))
 		bookmark.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
-		if !send("BOOKMARK", dynamicinformer.NewObject(bookmark)) {
+		if !send("BOOKMARK", object.New(bookmark)) {
 			return
 		}
 	}
@@ -313,7 +313,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 // for all) with query q may see of snap: the one object a metadata.name field selector names,
 // or the candidates a list would read (an index's objects, the namespace's, or every object).
 // So opening a watch costs what its caller may see, not the whole cache.
-func visible(res *dynamicinformer.Resource, snap dynamicinformer.Snapshot, namespace string, q *query, fn func(*dynamicinformer.Object) bool) {
+func visible(res *dynamicinformer.Resource, snap dynamicinformer.Snapshot, namespace string, q *query, fn func(*object.Object) bool) {
 	_, api, _ := res.API()
 	if name, ok := nameSelected(q); ok && (namespace != "" || !api.Namespaced) {
 		if o, found := snap.Get(namespace, name); found {

@@ -5,22 +5,21 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/dynwatch/dynwatch/object"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
-func cm(name string, rv uint64) *dynamicinformer.Object {
-	return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+func cm(name string, rv uint64) *object.Object {
+	return object.New(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": name, "resourceVersion": strconv.FormatUint(rv, 10)}}})
 }
 
-func event(typ dynamicinformer.EventType, name string, rv uint64) dynamicinformer.Event {
-	return dynamicinformer.Event{Type: typ, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: cm(name, rv)}
+func event(typ object.EventType, name string, rv uint64) object.Event {
+	return object.Event{Type: typ, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: cm(name, rv)}
 }
 
-func typesAndNames(batch []dynamicinformer.Event) []string {
+func typesAndNames(batch []object.Event) []string {
 	var got []string
 	for _, e := range batch {
 		got = append(got, string(e.Type)+" "+e.Object.GetName())
@@ -34,15 +33,15 @@ func typesAndNames(batch []dynamicinformer.Event) []string {
 // before it) nor one published after the watch opened.
 func TestAWatchResumesAfterItsResourceVersionOnly(t *testing.T) {
 	s := NewHub(10).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
-	s.publish(event(dynamicinformer.Modified, "a", 10))
-	s.publish(event(dynamicinformer.Added, "b", 12))
-	s.publish(event(dynamicinformer.Modified, "old", 9)) // out of order, at or before 11
+	s.publish(event(object.Modified, "a", 10))
+	s.publish(event(object.Added, "b", 12))
+	s.publish(event(object.Modified, "old", 9)) // out of order, at or before 11
 	w, serr := s.resume(11)
 	if serr != nil {
 		t.Fatal(serr)
 	}
-	s.publish(event(dynamicinformer.Modified, "a", 11)) // published late, at or before 11
-	s.publish(event(dynamicinformer.Deleted, "b", 13))
+	s.publish(event(object.Modified, "a", 11)) // published late, at or before 11
+	s.publish(event(object.Deleted, "b", 13))
 	batch, _ := s.take(w)
 	if got, want := typesAndNames(batch), []string{"ADDED b", "DELETED b"}; !slices.Equal(got, want) {
 		t.Errorf("the watch from 11 got %q; want %q", got, want)
@@ -54,7 +53,7 @@ func TestAWatchResumesAfterItsResourceVersionOnly(t *testing.T) {
 func TestAWatchFromBeforeTheHistoryIsGone(t *testing.T) {
 	s := NewHub(2).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
 	for rv := uint64(10); rv < 14; rv++ {
-		s.publish(event(dynamicinformer.Modified, "a", rv))
+		s.publish(event(object.Modified, "a", rv))
 	}
 	if _, serr := s.resume(10); serr == nil || serr.ErrStatus.Code != 410 {
 		t.Errorf("a watch from 10 after the history dropped 11: %v, want 410 Gone", serr)
@@ -75,17 +74,17 @@ func TestAWatchFromBeforeTheHistoryIsGone(t *testing.T) {
 // that revision having been sent only some of them gets them all again, then what followed.
 func TestAWatchsResourceVersionsNeverGoBackAcrossASelectionsChange(t *testing.T) {
 	s := NewHub(10).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
-	moved := func(typ dynamicinformer.EventType, name string, own, at uint64) dynamicinformer.Event {
+	moved := func(typ object.EventType, name string, own, at uint64) object.Event {
 		e := event(typ, name, own)
 		e.Revision, e.Moved = at, true
 		return e
 	}
 	live := s.follow()
-	s.publish(event(dynamicinformer.Modified, "a", 20))
-	s.publish(moved(dynamicinformer.Added, "x", 5, 30))
-	s.publish(moved(dynamicinformer.Added, "y", 7, 30))
-	s.publish(event(dynamicinformer.Modified, "a", 31))
-	s.publish(moved(dynamicinformer.Deleted, "x", 5, 40))
+	s.publish(event(object.Modified, "a", 20))
+	s.publish(moved(object.Added, "x", 5, 30))
+	s.publish(moved(object.Added, "y", 7, 30))
+	s.publish(event(object.Modified, "a", 31))
+	s.publish(moved(object.Deleted, "x", 5, 40))
 	batch, _ := s.take(live)
 	var rvs []string
 	for _, e := range batch {
@@ -102,7 +101,7 @@ func TestAWatchsResourceVersionsNeverGoBackAcrossASelectionsChange(t *testing.T)
 	if serr != nil {
 		t.Fatal(serr)
 	}
-	s.publish(moved(dynamicinformer.Added, "z", 8, 50))
+	s.publish(moved(object.Added, "z", 8, 50))
 	batch, _ = s.take(w)
 	if got, want := typesAndNames(batch), []string{"ADDED x", "ADDED y", "MODIFIED a", "DELETED x", "ADDED z"}; !slices.Equal(got, want) {
 		t.Errorf("the watch from 30 got %q; want %q", got, want)

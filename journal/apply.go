@@ -5,7 +5,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -92,11 +91,11 @@ const (
 // decide is the restart decision: what e means given prev, the stored state of its object
 // (nil: none). It reads nothing; outRecreated and outFromStored need the stored object, which
 // the caller reads, and which becomes outRederived if it does not decode.
-func decide(e dynamicinformer.Event, prev *stored) outcome {
+func decide(e object.Event, prev *stored) outcome {
 	switch {
 	case prev != nil && e.InOrder && e.Revision != 0 && stale(e, *prev):
 		return outStale
-	case e.Type == dynamicinformer.Deleted:
+	case e.Type == object.Deleted:
 		return outDeleted
 	case prev == nil:
 		return outNew
@@ -134,7 +133,7 @@ func (l *listing) note(key string, out outcome) {
 // applyEvent compares an informer's event with the stored state of its object (decide),
 // stores the new state, and fans out what changed. pre, when not nil, is what the preselector
 // computed for e as recorded: its verdicts hold unless the comparison changes the event.
-func (j *Journal) applyEvent(tx *txn, targets []Target, e dynamicinformer.Event, pre *preselected, bt *batch) error {
+func (j *Journal) applyEvent(tx *txn, targets []Target, e object.Event, pre *preselected, bt *batch) error {
 	if pre == nil {
 		pre = &preselected{}
 	}
@@ -153,7 +152,7 @@ func (j *Journal) applyEvent(tx *txn, targets []Target, e dynamicinformer.Event,
 		}
 	}
 	out := decide(e, prev)
-	var old *dynamicinformer.Object // the object as the sinks last saw it
+	var old *object.Object // the object as the sinks last saw it
 	if out == outRecreated || out == outFromStored {
 		var err error
 		if old, err = j.store.object(*prev); err != nil {
@@ -179,16 +178,16 @@ func (j *Journal) applyEvent(tx *txn, targets []Target, e dynamicinformer.Event,
 	tx.put(res, key, e.Object)
 	switch out {
 	case outRederived:
-		e.Type, e.OldObject, verdicts = dynamicinformer.Added, nil, nil
+		e.Type, e.OldObject, verdicts = object.Added, nil, nil
 	case outRecreated:
 		// Deleted and created again under the same name while nobody was looking.
-		gone := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision, Since: object.After(object.Revision(prev.rv))}
+		gone := object.Event{Type: object.Deleted, Resource: e.Resource, Object: old, Observed: e.Observed, Stream: e.Stream, Revision: e.Revision, Since: object.After(object.Revision(prev.rv))}
 		j.fanOut(tx, targets, gone, nil, nil, bt)
-		e.Type, e.OldObject, verdicts = dynamicinformer.Added, nil, nil
+		e.Type, e.OldObject, verdicts = object.Added, nil, nil
 	case outFromStored:
 		// The sinks last saw the stored state, not the cache's: that is the old object.
 		oldJSON = old.JSON()
-		e.Type, e.OldObject, verdicts = dynamicinformer.Modified, old, nil
+		e.Type, e.OldObject, verdicts = object.Modified, old, nil
 	case outAsCame:
 		if prev.obj != nil {
 			oldJSON = prev.obj.JSON()
@@ -211,7 +210,7 @@ func (j *Journal) corruptObject(gvr schema.GroupVersionResource, key string, err
 // oldJSON, when not nil, is the old object as the sinks last saw it (the stored state) to send
 // in place of e.OldObject's; verdicts are the targets' on e, computed before, or nil (a target
 // missing from them, added since, is asked now).
-func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) {
+func (j *Journal) fanOut(tx *txn, targets []Target, e object.Event, oldJSON []byte, verdicts map[Target]verdict, bt *batch) {
 	var body payload // built once for every entry the commit records
 	now := j.now()
 	for _, t := range targets {
@@ -252,11 +251,11 @@ func (j *Journal) fanOut(tx *txn, targets []Target, e dynamicinformer.Event, old
 // Resume) may send it. A watch sends an object's versions in order, and its deletion as the
 // last version of the incarnation recorded, so such an event was recorded already (or passed
 // over by a relist) and is never delivered after the newer state.
-func stale(e dynamicinformer.Event, prev stored) bool {
+func stale(e object.Event, prev stored) bool {
 	if object.Revision(e.Object.GetResourceVersion()) < object.Revision(prev.rv) {
 		return true
 	}
-	return e.Type == dynamicinformer.Deleted && prev.uid != string(e.Object.GetUID()) // an earlier incarnation's
+	return e.Type == object.Deleted && prev.uid != string(e.Object.GetUID()) // an earlier incarnation's
 }
 
 // listStarted begins comparing a resource's initial list with what is stored.
@@ -301,7 +300,7 @@ func (j *Journal) listSynced(tx *txn, targets []Target, gvr schema.GroupVersionR
 			j.corruptObject(gvr, key, err)
 			continue
 		}
-		e := dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: gvr, Object: obj, Observed: now, Revision: revision, Since: object.After(object.Revision(obj.GetResourceVersion()))}
+		e := object.Event{Type: object.Deleted, Resource: gvr, Object: obj, Observed: now, Revision: revision, Since: object.After(object.Revision(obj.GetResourceVersion()))}
 		j.fanOut(tx, targets, e, nil, nil, bt)
 	}
 	if l.fresh && len(l.seen) > 0 {

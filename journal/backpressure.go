@@ -4,9 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // opOverhead is about what an event costs the journal besides its objects' bytes: the
@@ -16,7 +15,7 @@ const opOverhead = 512
 // heldBytes is what the journal counts an event as holding until it is committed: its
 // object's bytes and its old object's (which the cache no longer holds once the object
 // changed), and opOverhead.
-func heldBytes(e dynamicinformer.Event) int64 {
+func heldBytes(e object.Event) int64 {
 	n := int64(opOverhead + len(e.Object.JSON()))
 	if e.OldObject != nil {
 		n += int64(len(e.OldObject.JSON()))

@@ -13,7 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -21,10 +21,10 @@ import (
 // and counts the entries handed to it.
 type selectAll struct{ n atomic.Int64 }
 
-func (*selectAll) Name() string                                { return "sink" }
-func (*selectAll) InitialState() bool                          { return false }
-func (*selectAll) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
-func (t *selectAll) Queue(Entry)                               { t.n.Add(1) }
+func (*selectAll) Name() string                       { return "sink" }
+func (*selectAll) InitialState() bool                 { return false }
+func (*selectAll) Selects(object.Event) (bool, error) { return true, nil }
+func (t *selectAll) Queue(Entry)                      { t.n.Add(1) }
 
 // TestAStoreThatCannotCommitHoldsTheInformersBack: while the store's fdatasync is stalled, or
 // its disk full, the events recorded and not committed pass maxPendingBytes and Room stays

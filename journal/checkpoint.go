@@ -4,9 +4,8 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/dynwatch/dynwatch/object"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // Checkpoints are, per sink and per resource, a revision through which every event is
@@ -44,7 +43,7 @@ type step struct {
 // after. A relist's events are in no order and move nothing: what a relist finds is recorded
 // by the time the next watch event is.
 // Events of the same stream one after the other make one step, to the highest revision.
-func (b *batch) advance(e dynamicinformer.Event) {
+func (b *batch) advance(e object.Event) {
 	if e.Revision == 0 || (!e.InOrder && !e.InitialList) {
 		return
 	}

@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal/wal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 var configmaps = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
@@ -25,10 +25,10 @@ var configmaps = schema.GroupVersionResource{Version: "v1", Resource: "configmap
 // target selects everything and keeps what it is handed.
 type target struct{ entries []Entry }
 
-func (*target) Name() string                                { return "sink" }
-func (*target) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
-func (t *target) Queue(e Entry)                             { t.entries = append(t.entries, e) }
-func (*target) InitialState() bool                          { return false }
+func (*target) Name() string                       { return "sink" }
+func (*target) Selects(object.Event) (bool, error) { return true, nil }
+func (t *target) Queue(e Entry)                    { t.entries = append(t.entries, e) }
+func (*target) InitialState() bool                 { return false }
 
 func newJournal(t *testing.T) (*Journal, *target) {
 	t.Helper()
@@ -43,18 +43,18 @@ func newJournal(t *testing.T) (*Journal, *target) {
 }
 
 // addedAt is a watch's ADDED of configmap name at resourceVersion rev.
-func addedAt(name string, rev uint64) dynamicinformer.Event {
+func addedAt(name string, rev uint64) object.Event {
 	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": name, "uid": "uid-" + name, "resourceVersion": strconv.FormatUint(rev, 10)}}}
-	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), Revision: rev, InOrder: true}
+	return object.Event{Type: object.Added, Resource: configmaps, Object: object.New(u), Revision: rev, InOrder: true}
 }
 
 // addedWithData is addedAt with a data value of size bytes.
-func addedWithData(name string, rev uint64, size int) dynamicinformer.Event {
+func addedWithData(name string, rev uint64, size int) object.Event {
 	e := addedAt(name, rev)
 	u, _ := e.Object.Decode()
 	u.Object["data"] = map[string]any{"v": strings.Repeat("x", size)}
-	e.Object = dynamicinformer.NewObject(u)
+	e.Object = object.New(u)
 	return e
 }
 
@@ -216,19 +216,19 @@ func TestSeenIsTheHighestRevisionOfAnyStream(t *testing.T) {
 // the range, and the follower, trimmed to it, keeps its own; once delivered, the follower's
 // goes.
 func TestAChangeKnownAsARangeIsNotLostAtAHandover(t *testing.T) {
-	joined := func(rev uint64) dynamicinformer.Event {
+	joined := func(rev uint64) object.Event {
 		e := addedAt("joined", 90)
 		e.Since, e.Revision, e.InOrder = 101, rev, false
 		return e
 	}
-	deleted := func(since, rev uint64, inOrder bool) dynamicinformer.Event {
+	deleted := func(since, rev uint64, inOrder bool) object.Event {
 		e := addedAt("deleted", 50)
-		e.Type, e.Since, e.Revision, e.InOrder = dynamicinformer.Deleted, since, rev, inOrder
+		e.Type, e.Since, e.Revision, e.InOrder = object.Deleted, since, rev, inOrder
 		return e
 	}
 	for _, c := range []struct {
 		name             string
-		leader, follower dynamicinformer.Event
+		leader, follower object.Event
 		below            uint64 // the leader's checkpoint while its event is undelivered
 	}{
 		{"a namespace that joined", joined(300), joined(150), 100},

@@ -6,8 +6,8 @@ import (
 	"maps"
 	"time"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal/wal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // A compaction replaces the log's segments with a snapshot of the state they lead to: every
@@ -237,7 +237,7 @@ func (j *Journal) finishCompaction(c compaction) {
 // keep marks obj, an object the cache holds, as the stored state of the object at key, when the
 // state stored is the same (uid and resourceVersion): from then on the store reads it from
 // memory rather than from the log.
-func (s *store) keep(res, key string, obj *dynamicinformer.Object) {
+func (s *store) keep(res, key string, obj *object.Object) {
 	if st, ok := s.objects[res][key]; ok && st.obj == nil {
 		st.obj = obj
 		s.objects[res][key] = st

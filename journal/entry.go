@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Entry is one event recorded for one sink: what the sink is to be sent, and where its outbox
@@ -15,7 +15,7 @@ type Entry struct {
 	// only its object's name, namespace, uid and resourceVersion, and Body is the whole
 	// request, unless the cache still holds that version of the object: then it carries the
 	// cache's object, and no Body (see Options.Current).
-	Event dynamicinformer.Event
+	Event object.Event
 	// ID identifies the event for idempotency: the same on every redelivery, after a restart,
 	// and on every replica (see EventID).
 	ID string
@@ -38,7 +38,7 @@ type Entry struct {
 	Deadline time.Time
 	// Revision is the event's: a checkpoint at or past it acknowledges the entry.
 	Revision uint64
-	// Since is the event's (see dynamicinformer.Event.Since), 0 when Revision is exact: while
+	// Since is the event's (see object.Event.Since), 0 when Revision is exact: while
 	// the entry is in the outbox, this replica's checkpoints stay below it.
 	Since uint64
 	// FilterError is why the sink's filter could not decide on the event (an evaluation error,
@@ -53,7 +53,7 @@ type Entry struct {
 // back under ids of their own, which a receiver deduplicating by id does not drop. It is the
 // same on every redelivery, on a replay of the same change after a restart, and on every
 // replica that records the change.
-func EventID(e dynamicinformer.Event) string {
+func EventID(e object.Event) string {
 	id := string(e.Object.GetUID()) + "." + e.Object.GetResourceVersion() + "." + e.Type.Lower()
 	if e.Moved {
 		id += "." + strconv.FormatUint(e.Revision, 10)
@@ -72,7 +72,7 @@ func AppendBody(buf []byte, d Entry) []byte {
 }
 
 // payloadSize is the length of e's request body, give or take its framing.
-func payloadSize(e dynamicinformer.Event, oldJSON []byte) int {
+func payloadSize(e object.Event, oldJSON []byte) int {
 	n := len(e.Object.JSON()) + 256
 	if oldJSON != nil {
 		n += len(oldJSON)
@@ -84,7 +84,7 @@ func payloadSize(e dynamicinformer.Event, oldJSON []byte) int {
 
 // appendPayload appends e's request body to buf: the objects' JSON as kept, or for the old
 // object oldJSON when it is not nil.
-func appendPayload(buf []byte, e dynamicinformer.Event, oldJSON []byte) []byte {
+func appendPayload(buf []byte, e object.Event, oldJSON []byte) []byte {
 	b := payloadOf(e, oldJSON)
 	buf = appendPayloadHead(buf, e)
 	buf = append(buf, b.object...)
@@ -103,7 +103,7 @@ type payload struct{ head, object, old []byte }
 const oldObjectField = `,"oldObject":`
 
 // payloadOf is e's body without its head (see appendPayload).
-func payloadOf(e dynamicinformer.Event, oldJSON []byte) payload {
+func payloadOf(e object.Event, oldJSON []byte) payload {
 	b := payload{object: e.Object.JSON()}
 	if e.OldObject != nil {
 		b.old = oldJSON
@@ -124,14 +124,14 @@ func (b payload) len() int {
 }
 
 // appendPayloadHead appends the beginning of e's body, through the object's field name.
-func appendPayloadHead(buf []byte, e dynamicinformer.Event) []byte {
+func appendPayloadHead(buf []byte, e object.Event) []byte {
 	buf = append(buf, `{"type":`...)
-	buf = dynamicinformer.AppendString(buf, string(e.Type))
+	buf = object.AppendString(buf, string(e.Type))
 	buf = append(buf, `,"resource":{"group":`...)
-	buf = dynamicinformer.AppendString(buf, e.Resource.Group)
+	buf = object.AppendString(buf, e.Resource.Group)
 	buf = append(buf, `,"version":`...)
-	buf = dynamicinformer.AppendString(buf, e.Resource.Version)
+	buf = object.AppendString(buf, e.Resource.Version)
 	buf = append(buf, `,"resource":`...)
-	buf = dynamicinformer.AppendString(buf, e.Resource.Resource)
+	buf = object.AppendString(buf, e.Resource.Resource)
 	return append(buf, `},"object":`...)
 }

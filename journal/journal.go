@@ -11,10 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // Journal is the one path from the informers to the sinks' queues. Record only appends to
@@ -36,7 +35,7 @@ type Journal struct {
 	retired func(Target)
 	pre     *preselector // nil: the writer filters
 	bound   func(schema.GroupVersionResource) (uint64, bool)
-	current func(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool)
+	current func(gvr schema.GroupVersionResource, namespace, name string) (*object.Object, bool)
 	// commitBytes bounds a commit's size (see batchLen).
 	commitBytes int
 	// pressure bounds the events recorded and not yet committed (see Room).
@@ -99,7 +98,7 @@ type Target interface {
 	// Selects reports whether the sink's filters select the event and, when its filter could
 	// not decide, why: such an event is recorded (selected) with that error for the sink to
 	// act on, or left out (not selected), as the sink chooses.
-	Selects(dynamicinformer.Event) (bool, error)
+	Selects(object.Event) (bool, error)
 	// Queue is handed each entry recorded for the sink once it is committed, in order, from
 	// the journal's goroutine; it must not block.
 	Queue(Entry)
@@ -138,7 +137,7 @@ type Options struct {
 	// object instead of its body, and builds the body when it is sent (AppendBody): a sink's
 	// queue refilled from its outbox (an initial list longer than the queue) does not hold
 	// every object a second time.
-	Current func(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool)
+	Current func(gvr schema.GroupVersionResource, namespace, name string) (*object.Object, bool)
 
 	// datasync is what makes the store's log durable; nil is fdatasync(2). A test makes it
 	// slow or fail.
@@ -241,7 +240,7 @@ func (j *Journal) Sinks() ([]string, error) {
 // event other than an initial list's is filtered by them first; an initial list's, mostly
 // unchanged objects after a restart, goes straight to the writer, which filters only what
 // changed.
-func (j *Journal) Record(e dynamicinformer.Event) {
+func (j *Journal) Record(e object.Event) {
 	j.pressure.take(heldBytes(e))
 	if j.pre != nil && !e.InitialList {
 		j.pre.add(op{kind: opEvent, event: e})

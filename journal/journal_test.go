@@ -19,7 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -30,9 +30,9 @@ type syncTarget struct {
 	queued  chan struct{}
 }
 
-func (*syncTarget) Name() string                                { return "sink" }
-func (*syncTarget) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
-func (*syncTarget) InitialState() bool                          { return false }
+func (*syncTarget) Name() string                       { return "sink" }
+func (*syncTarget) Selects(object.Event) (bool, error) { return true, nil }
+func (*syncTarget) InitialState() bool                 { return false }
 func (t *syncTarget) Queue(e Entry) {
 	t.mu.Lock()
 	t.entries = append(t.entries, e)
@@ -224,7 +224,7 @@ func TestACommitUsesABufferAgainOnceItsFrameIsSynced(t *testing.T) {
 	j, _ := newJournal(t)
 	j.targets = func() []Target { return nil } // each commit holds an object's state alone
 	const commits, size = 200, 8192
-	events := make([]dynamicinformer.Event, commits)
+	events := make([]object.Event, commits)
 	for i := range events {
 		events[i] = addedWithData(fmt.Sprintf("cm-%03d", i), uint64(10+i), size)
 	}
@@ -374,10 +374,10 @@ func allocated(fn func()) uint64 {
 // discarding selects everything and keeps nothing it is handed.
 type discarding struct{}
 
-func (discarding) Name() string                                { return "sink" }
-func (discarding) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
-func (discarding) Queue(Entry)                                 {}
-func (discarding) InitialState() bool                          { return false }
+func (discarding) Name() string                       { return "sink" }
+func (discarding) Selects(object.Event) (bool, error) { return true, nil }
+func (discarding) Queue(Entry)                        {}
+func (discarding) InitialState() bool                 { return false }
 
 // TestAFlushedEventIsNotKeptAliveByThePendingOperations: once committed, an object's
 // superseded versions are garbage; the journal keeps only the last one as the object's state.
@@ -387,12 +387,12 @@ func TestAFlushedEventIsNotKeptAliveByThePendingOperations(t *testing.T) {
 	j, _ := newJournal(t)
 	j.targets = func() []Target { return []Target{discarding{}} }
 	const versions = 1500 // two commits' worth, so the array is grown past what it holds
-	old := make([]weak.Pointer[dynamicinformer.Object], 0, versions)
+	old := make([]weak.Pointer[object.Object], 0, versions)
 	prev := addedAt("a", 10).Object
 	j.Record(addedAt("a", 10))
 	for v := range versions {
 		e := addedAt("a", uint64(11+v))
-		e.Type, e.OldObject = dynamicinformer.Modified, prev
+		e.Type, e.OldObject = object.Modified, prev
 		old = append(old, weak.Make(prev))
 		prev = e.Object
 		j.Record(e)
@@ -482,12 +482,12 @@ func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
 	j, _ := newJournal(t)
 	j.targets = func() []Target { return []Target{discarding{}} }
 	const objects = 4 * maxBatch
-	events := make([]dynamicinformer.Event, objects)
+	events := make([]object.Event, objects)
 	for i := range events {
 		events[i] = addedAt(fmt.Sprintf("cm-%05d", i), uint64(10+i))
 		events[i].InitialList = true
 	}
-	record := func(events []dynamicinformer.Event) {
+	record := func(events []object.Event) {
 		for _, e := range events { // at once, as an informer hands a list it has read
 			j.Record(e)
 		}
@@ -510,7 +510,7 @@ func TestAnEntryIsQueuedWithoutABodyOfItsOwn(t *testing.T) {
 	j.Record(addedWithData("a", 11, 100))
 	flush(t, j)
 	changed := addedWithData("a", 12, 200)
-	changed.Type = dynamicinformer.Modified
+	changed.Type = object.Modified
 	j.Record(changed)
 	flush(t, j)
 	if len(tg.entries) != 2 {
@@ -543,10 +543,10 @@ func TestAnEntryIsQueuedWithoutABodyOfItsOwn(t *testing.T) {
 // oldObject, keeps its body.
 func TestAnEntryReadBackHoldsTheCachedObjectItCarries(t *testing.T) {
 	tg := &target{}
-	cache := map[string]*dynamicinformer.Object{}
+	cache := map[string]*object.Object{}
 	j, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
 		Path: filepath.Join(t.TempDir(), "state.db"), Targets: func() []Target { return []Target{tg} },
-		Current: func(_ schema.GroupVersionResource, _, name string) (*dynamicinformer.Object, bool) {
+		Current: func(_ schema.GroupVersionResource, _, name string) (*object.Object, bool) {
 			o, ok := cache[name]
 			return o, ok
 		}})
@@ -556,9 +556,9 @@ func TestAnEntryReadBackHoldsTheCachedObjectItCarries(t *testing.T) {
 	t.Cleanup(func() { _ = j.Close() })
 	a, b := addedWithData("a", 11, 100), addedWithData("b", 12, 100)
 	c := addedWithData("c", 15, 100)
-	c.Type, c.OldObject = dynamicinformer.Modified, addedWithData("c", 14, 50).Object
+	c.Type, c.OldObject = object.Modified, addedWithData("c", 14, 50).Object
 	cache["a"], cache["b"], cache["c"] = a.Object, addedWithData("b", 13, 100).Object, c.Object
-	for _, e := range []dynamicinformer.Event{a, b, c} {
+	for _, e := range []object.Event{a, b, c} {
 		j.Record(e)
 	}
 	flush(t, j)
@@ -597,14 +597,14 @@ func TestAnEntryReadBackHoldsTheCachedObjectItCarries(t *testing.T) {
 func TestACommitWritesObjectsFromWhereTheyLie(t *testing.T) {
 	j, tg := newJournal(t)
 	const objects, size = 16, 1 << 20
-	events := make([]dynamicinformer.Event, objects)
+	events := make([]object.Event, objects)
 	for i := range events {
 		events[i] = addedWithData(fmt.Sprint("o-", i), uint64(1+i), size)
 	}
 	// Each object added, then modified: the second entry's body carries both versions.
 	for i := range objects {
 		e := addedWithData(fmt.Sprint("o-", i), uint64(objects+1+i), size)
-		e.Type, e.OldObject = dynamicinformer.Modified, events[i].Object
+		e.Type, e.OldObject = object.Modified, events[i].Object
 		events = append(events, e)
 	}
 	total := allocated(func() {

@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -29,13 +29,13 @@ func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
 	targets := []Target{tg}
 	j := openJournal(t, path, &targets)
 	big := strings.Repeat("x", 2048)
-	obj := func(i, rev int) *dynamicinformer.Object {
-		return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+	obj := func(i, rev int) *object.Object {
+		return object.New(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 			"namespace": "ns", "name": fmt.Sprintf("cm-%04d", i), "uid": fmt.Sprintf("uid-%04d", i), "resourceVersion": strconv.Itoa(rev)}, "data": map[string]any{"v": big}}})
 	}
 	const n = 1500
 	for i := range n {
-		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: obj(i, 10+i), Revision: uint64(10 + i), InOrder: true})
+		j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: obj(i, 10+i), Revision: uint64(10 + i), InOrder: true})
 	}
 	flush(t, j)
 	deadline := time.Unix(1700000600, 0)
@@ -48,7 +48,7 @@ func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
 		t.Fatalf("no compaction began with %d bytes in the log", j.store.size.Load())
 	}
 	for i := range 10 { // while the snapshot is written
-		j.Record(dynamicinformer.Event{Type: dynamicinformer.Modified, Resource: configmaps, Object: obj(i, 10000+i), OldObject: obj(i, 10+i), Revision: uint64(10000 + i), InOrder: true})
+		j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: obj(i, 10000+i), OldObject: obj(i, 10+i), Revision: uint64(10000 + i), InOrder: true})
 	}
 	flush(t, j)
 	j.finishCompaction(<-j.compacted)
@@ -89,7 +89,7 @@ func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
 		if i < 10 {
 			rev = 10000 + i
 		}
-		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: obj(i, rev), InitialList: true, Revision: uint64(rev)})
+		j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: obj(i, rev), InitialList: true, Revision: uint64(rev)})
 	}
 	j.ListSynced(configmaps, 1, 20000)
 	flush(t, j)
@@ -149,14 +149,14 @@ func TestAFailedCompactionIsNotRetriedOnEveryCommit(t *testing.T) {
 		}
 	}
 	big := strings.Repeat("x", 2048)
-	obj := func(i, rev int) *dynamicinformer.Object {
-		return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+	obj := func(i, rev int) *object.Object {
+		return object.New(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 			"namespace": "ns", "name": fmt.Sprintf("cm-%04d", i), "uid": fmt.Sprintf("uid-%04d", i), "resourceVersion": strconv.Itoa(rev)}, "data": map[string]any{"v": big}}})
 	}
 	rev := 10
 	commit := func() {
 		rev++
-		j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: obj(rev%100, rev), Revision: uint64(rev), InOrder: true})
+		j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: obj(rev%100, rev), Revision: uint64(rev), InOrder: true})
 		flush(t, j)
 		for _, e := range tg.entries {
 			j.Ack("sink", e.Seq)

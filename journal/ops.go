@@ -6,7 +6,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -30,7 +29,7 @@ const (
 // 100,000 events waiting to be written is 20 MB of operations, not 42.
 type op struct {
 	kind  opKind
-	event dynamicinformer.Event
+	event object.Event
 	sink  string
 	seq   uint64
 	pre   *preselected // opEvent: what the preselector computed; nil for the writer to
@@ -42,17 +41,17 @@ type control struct {
 	gvr      schema.GroupVersionResource
 	run      uint64
 	deadline time.Time
-	target   Target                    // opRemoveSink
-	streams  []string                  // opListStarted
-	revision uint64                    // opListSynced
-	cp       Checkpoints               // opTrim
-	objects  []*dynamicinformer.Object // opReplay
-	complete bool                      // opReplay: the resource's last page
-	replayed chan<- int                // opReplay: how many entries, once committed
-	status   chan<- ReplayStatus       // opReplayStatus
-	stream   string                    // opResume
-	sel      string                    // opResume: the stream's selection
-	resumed  chan<- resumption         // opResume
+	target   Target              // opRemoveSink
+	streams  []string            // opListStarted
+	revision uint64              // opListSynced
+	cp       Checkpoints         // opTrim
+	objects  []*object.Object    // opReplay
+	complete bool                // opReplay: the resource's last page
+	replayed chan<- int          // opReplay: how many entries, once committed
+	status   chan<- ReplayStatus // opReplayStatus
+	stream   string              // opResume
+	sel      string              // opResume: the stream's selection
+	resumed  chan<- resumption   // opResume
 }
 
 // queued is an entry to queue once its transaction has committed.
@@ -149,7 +148,7 @@ func opSize(o op, n int, copied bool) int {
 		return 0
 	}
 	obj, old := len(o.event.Object.JSON()), 0
-	if o.event.Type != dynamicinformer.Added {
+	if o.event.Type != object.Added {
 		old = obj
 	}
 	if copied && obj >= refMin {

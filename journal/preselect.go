@@ -5,7 +5,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -158,7 +157,7 @@ func (p *preselector) stop() {
 }
 
 // preselect computes, for e as recorded, every target's verdict.
-func (j *Journal) preselect(e dynamicinformer.Event) *preselected {
+func (j *Journal) preselect(e object.Event) *preselected {
 	targets := j.targets()
 	pre := &preselected{verdicts: make(map[Target]verdict, len(targets))}
 	for _, t := range targets {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -26,7 +26,7 @@ type costly struct {
 func (*costly) Name() string       { return "sink" }
 func (*costly) InitialState() bool { return false }
 
-func (c *costly) Selects(e dynamicinformer.Event) (bool, error) {
+func (c *costly) Selects(e object.Event) (bool, error) {
 	if e.Object.GetName() == "big" {
 		<-c.release
 	}
@@ -61,7 +61,7 @@ func TestACostlyObjectHoldsUpOnlyItsOwnEvents(t *testing.T) {
 	t.Cleanup(func() { <-done; _ = j.Close() })
 	j.ListStarted(configmaps, 1, []string{""})
 	j.ListSynced(configmaps, 1, 10)
-	watched := func(name string, rev uint64) dynamicinformer.Event {
+	watched := func(name string, rev uint64) object.Event {
 		e := addedAt(name, rev)
 		e.InOrder = true
 		return e

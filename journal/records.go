@@ -9,7 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal/wal"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -214,10 +213,10 @@ func decodeEntry(v []byte) (Entry, error) {
 	if ns := f[5].String(); ns != "" {
 		meta["namespace"] = ns
 	}
-	d.Event = dynamicinformer.Event{
-		Type:     dynamicinformer.EventType(f[0].String()),
+	d.Event = object.Event{
+		Type:     object.EventType(f[0].String()),
 		Resource: schema.GroupVersionResource{Group: f[1].String(), Version: f[2].String(), Resource: f[3].String()},
-		Object:   dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": meta}}),
+		Object:   object.New(&unstructured.Unstructured{Object: map[string]any{"metadata": meta}}),
 		Observed: observed,
 		Revision: d.Revision,
 		Since:    d.Since,

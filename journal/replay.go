@@ -10,7 +10,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -53,7 +52,7 @@ type ReplayStatus struct {
 }
 
 // delivers reports whether a live event e is recorded for t, under the rule above.
-func (j *Journal) delivers(t Target, e dynamicinformer.Event) bool {
+func (j *Journal) delivers(t Target, e object.Event) bool {
 	r := j.sinks[t.Name()]
 	if r == nil || r.target != t || len(r.pending) == 0 {
 		return true
@@ -246,7 +245,7 @@ func (j *Journal) ReplayStatus(ctx context.Context, t Target) (ReplayStatus, err
 // before the page is recorded before it. The channel it returns receives, once the page is
 // committed, the number of entries recorded (0 for a page no longer wanted: t removed, or
 // the resource not the one under way).
-func (j *Journal) ReplayPage(t Target, gvr schema.GroupVersionResource, objs []*dynamicinformer.Object, complete bool) <-chan int {
+func (j *Journal) ReplayPage(t Target, gvr schema.GroupVersionResource, objs []*object.Object, complete bool) <-chan int {
 	if j.pre != nil {
 		j.pre.drain()
 	}
@@ -289,7 +288,7 @@ func (j *Journal) applyReplay(tx *txn, o op, b *batch) int {
 			continue
 		}
 		r.after = key // at the cursor: fanOut records it
-		e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: o.gvr, Object: u, Observed: now, Revision: object.Revision(u.GetResourceVersion())}
+		e := object.Event{Type: object.Added, Resource: o.gvr, Object: u, Observed: now, Revision: object.Revision(u.GetResourceVersion())}
 		j.fanOut(tx, []Target{o.target}, e, nil, nil, b)
 	}
 	if o.complete {

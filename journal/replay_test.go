@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -23,10 +22,10 @@ type recorder struct {
 	entries []Entry
 }
 
-func (r *recorder) Name() string                              { return r.name }
-func (*recorder) Selects(dynamicinformer.Event) (bool, error) { return true, nil }
-func (r *recorder) Queue(e Entry)                             { r.entries = append(r.entries, e) }
-func (r *recorder) InitialState() bool                        { return r.initial }
+func (r *recorder) Name() string                     { return r.name }
+func (*recorder) Selects(object.Event) (bool, error) { return true, nil }
+func (r *recorder) Queue(e Entry)                    { r.entries = append(r.entries, e) }
+func (r *recorder) InitialState() bool               { return r.initial }
 
 // cluster is a resource's objects as an informer's cache holds them, changed through the
 // journal as the informer's handlers would, and paged as Resource.Page pages them.
@@ -56,9 +55,9 @@ func (c *cluster) set(name string) {
 	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 		"namespace": "ns", "name": name, "uid": uid, "resourceVersion": strconv.FormatUint(c.rev, 10)}}}
 	c.objects["ns/"+name] = u
-	e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), Revision: c.rev, InOrder: true}
+	e := object.Event{Type: object.Added, Resource: configmaps, Object: object.New(u), Revision: c.rev, InOrder: true}
 	if old != nil {
-		e.Type, e.OldObject = dynamicinformer.Modified, dynamicinformer.NewObject(old)
+		e.Type, e.OldObject = object.Modified, object.New(old)
 	}
 	c.j.Record(e)
 }
@@ -69,7 +68,7 @@ func (c *cluster) del(name string) {
 	u := c.objects["ns/"+name].DeepCopy()
 	u.SetResourceVersion(strconv.FormatUint(c.rev, 10))
 	delete(c.objects, "ns/"+name)
-	c.j.Record(dynamicinformer.Event{Type: dynamicinformer.Deleted, Resource: configmaps, Object: dynamicinformer.NewObject(u), Revision: c.rev, InOrder: true})
+	c.j.Record(object.Event{Type: object.Deleted, Resource: configmaps, Object: object.New(u), Revision: c.rev, InOrder: true})
 }
 
 // list records a start's initial list: ListStarted, every object, ListSynced.
@@ -77,7 +76,7 @@ func (c *cluster) list(run uint64) {
 	c.j.ListStarted(configmaps, run, []string{""})
 	for _, k := range slices.Sorted(maps.Keys(c.objects)) {
 		u := c.objects[k]
-		c.j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: dynamicinformer.NewObject(u), InitialList: true, Revision: object.Revision(u.GetResourceVersion())})
+		c.j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: object.New(u), InitialList: true, Revision: object.Revision(u.GetResourceVersion())})
 	}
 	c.j.ListSynced(configmaps, run, c.rev)
 	flush(c.t, c.j)
@@ -96,11 +95,11 @@ func (c *cluster) status(tg Target) ReplayStatus {
 // the replay stands then.
 func (c *cluster) page(tg Target, st ReplayStatus, n int) ReplayStatus {
 	c.t.Helper()
-	var objs []*dynamicinformer.Object
+	var objs []*object.Object
 	keys := slices.SortedFunc(maps.Keys(c.objects), object.CompareKeys)
 	for _, k := range keys {
 		if (st.After == "" || object.CompareKeys(k, st.After) > 0) && len(objs) < n+1 {
-			objs = append(objs, dynamicinformer.NewObject(c.objects[k]))
+			objs = append(objs, object.New(c.objects[k]))
 		}
 	}
 	more := len(objs) > n
@@ -127,14 +126,14 @@ func (c *cluster) checkOnceAddedThenChanges(entries []Entry) {
 		live := false
 		for i, e := range es {
 			switch {
-			case e.Event.Type == dynamicinformer.Added && live:
+			case e.Event.Type == object.Added && live:
 				c.t.Errorf("%s: ADDED again at revision %d without a DELETED: %s", k, e.Revision, describe(es))
-			case e.Event.Type != dynamicinformer.Added && !live:
+			case e.Event.Type != object.Added && !live:
 				c.t.Errorf("%s: %s at revision %d before any ADDED: %s", k, e.Event.Type, e.Revision, describe(es))
 			case i > 0 && e.Revision <= es[i-1].Revision:
 				c.t.Errorf("%s: revisions out of order: %s", k, describe(es))
 			}
-			live = e.Event.Type != dynamicinformer.Deleted
+			live = e.Event.Type != object.Deleted
 		}
 	}
 	for k, u := range c.objects {
@@ -143,7 +142,7 @@ func (c *cluster) checkOnceAddedThenChanges(entries []Entry) {
 			c.t.Errorf("%s (revision %s) was never handed to the sink", k, u.GetResourceVersion())
 			continue
 		}
-		if last := es[len(es)-1]; last.Event.Type == dynamicinformer.Deleted || last.Event.Object.GetResourceVersion() != u.GetResourceVersion() {
+		if last := es[len(es)-1]; last.Event.Type == object.Deleted || last.Event.Object.GetResourceVersion() != u.GetResourceVersion() {
 			c.t.Errorf("%s is at revision %s; the sink's last entry is %s", k, u.GetResourceVersion(), describe(es[len(es)-1:]))
 		}
 	}
@@ -226,7 +225,7 @@ func TestASinkAddedLaterGetsEachObjectOnceAsAddedThenItsChanges(t *testing.T) {
 				t.Errorf("no checkpoint for configmaps once the replay is done: %v", c.j.Checkpoints())
 			}
 			for _, e := range old.entries[before:] {
-				if e.Event.Type == dynamicinformer.Added && object.Revision(e.Event.Object.GetResourceVersion()) <= 130 {
+				if e.Event.Type == object.Added && object.Revision(e.Event.Object.GetResourceVersion()) <= 130 {
 					t.Errorf("the sink configured before was handed an old object: %s", e.Key)
 				}
 			}

@@ -7,11 +7,10 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
 
 // TestAStreamResumesFromTheRevisionOfItsLastRecordedEvent: once an informer has asked to
@@ -23,8 +22,8 @@ import (
 func TestAStreamResumesFromTheRevisionOfItsLastRecordedEvent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state")
 	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	cm := func(ns, name, uid string, rv int) *dynamicinformer.Object {
-		return dynamicinformer.NewObject(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+	cm := func(ns, name, uid string, rv int) *object.Object {
+		return object.New(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
 			"namespace": ns, "name": name, "uid": uid, "resourceVersion": fmt.Sprint(rv)}}})
 	}
 	open := func() (*Journal, *target) {
@@ -58,7 +57,7 @@ func TestAStreamResumesFromTheRevisionOfItsLastRecordedEvent(t *testing.T) {
 				}
 				var names []string
 				for _, b := range a.objs {
-					o, err := dynamicinformer.ObjectFromJSON(b)
+					o, err := object.FromJSON(b)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -76,11 +75,11 @@ func TestAStreamResumesFromTheRevisionOfItsLastRecordedEvent(t *testing.T) {
 		t.Fatal("a fresh store resumed a stream")
 	}
 	j.ListStarted(configmaps, 1, []string{"a"})
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: cm("a", "x", "u1", 5), InitialList: true, Stream: "a", Revision: 5})
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Added, Resource: configmaps, Object: cm("a", "y", "u2", 6), InitialList: true, Stream: "a", Revision: 6})
+	j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: cm("a", "x", "u1", 5), InitialList: true, Stream: "a", Revision: 5})
+	j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: cm("a", "y", "u2", 6), InitialList: true, Stream: "a", Revision: 6})
 	j.ListSynced(configmaps, 1, 10)
 	flush(t, j)
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 12), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 12, InOrder: true})
+	j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 12), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 12, InOrder: true})
 	flush(t, j)
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
@@ -99,8 +98,8 @@ func TestAStreamResumesFromTheRevisionOfItsLastRecordedEvent(t *testing.T) {
 	}
 	resume(j, "a", "sel")
 	// A watch resumed from before x@12 sends x@8: it was recorded already, and is passed over.
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 8), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 8, InOrder: true})
-	j.Record(dynamicinformer.Event{Type: dynamicinformer.Modified, Resource: configmaps, Object: cm("a", "y", "u2", 14), OldObject: cm("a", "y", "u2", 6), Stream: "a", Revision: 14, InOrder: true})
+	j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 8), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 8, InOrder: true})
+	j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "y", "u2", 14), OldObject: cm("a", "y", "u2", 6), Stream: "a", Revision: 14, InOrder: true})
 	flush(t, j)
 	var got []string
 	for _, e := range tg.entries {

@@ -9,8 +9,8 @@ import (
 	"slices"
 	"sync/atomic"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal/wal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // store is the journal's state on disk, a log (package wal) in the directory state.path, and
@@ -81,7 +81,7 @@ const (
 // where its JSON lies in the log.
 type stored struct {
 	uid, rv string
-	obj     *dynamicinformer.Object
+	obj     *object.Object
 	at      wal.Pos
 	n       int
 }
@@ -224,7 +224,7 @@ func inner[K comparable, V any](m map[string]map[K]V, k string) map[K]V {
 }
 
 // object is a stored object: the one kept, or one decoded from its JSON in the log.
-func (s *store) object(st stored) (*dynamicinformer.Object, error) {
+func (s *store) object(st stored) (*object.Object, error) {
 	if st.obj != nil {
 		return st.obj, nil
 	}
@@ -232,7 +232,7 @@ func (s *store) object(st stored) (*dynamicinformer.Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	u, err := dynamicinformer.ObjectFromJSON(b)
+	u, err := object.FromJSON(b)
 	if err != nil {
 		return nil, fmt.Errorf("stored object: %w", err)
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal/wal"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -42,7 +41,7 @@ func TestAStoreOfALaterFormatIsRefused(t *testing.T) {
 // undecided is a sink whose filter cannot decide on any event.
 type undecided struct{ target }
 
-func (*undecided) Selects(dynamicinformer.Event) (bool, error) {
+func (*undecided) Selects(object.Event) (bool, error) {
 	return true, errors.New("operation cancelled: actual cost limit exceeded")
 }
 

@@ -7,8 +7,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal/wal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // txn is one commit being built: the records to append, and what they change, put into
@@ -104,7 +104,7 @@ func (t *txn) get(res, key string) (stored, bool) {
 }
 
 // put records obj as the state of the object at key.
-func (t *txn) put(res, key string, obj *dynamicinformer.Object) {
+func (t *txn) put(res, key string, obj *object.Object) {
 	uid, rv, j := string(obj.GetUID()), obj.GetResourceVersion(), obj.JSON()
 	t.buf = append(t.buf, recObject)
 	t.buf = appendString(t.buf, res)

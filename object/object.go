@@ -1,124 +1,238 @@
 package object
 
 import (
+	"errors"
 	"fmt"
-	"strconv"
+	"slices"
+	"sort"
 	"strings"
+	"sync"
 
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+
+	"github.com/tidwall/gjson"
 )
 
-// Key is an object's key in the cache: namespace/name, or name for a cluster-scoped object.
-func Key(namespace, name string) string {
-	if namespace == "" {
-		return name
+// Object is one object as the cache keeps it: its JSON as the transforms left it, with
+// apiVersion and kind set (the apiserver's bytes less what was cut, or, for an object that was
+// decoded, with map keys sorted as appendJSON writes them), and a header read once when it
+// came in: namespace, name, uid, resourceVersion, labels, and the values of the resource's
+// configured indexers. No tree of maps stays behind it: what needs the whole object as a value
+// (a CEL filter, a table's columns) decodes it on demand with Decode, and a field selector
+// reads the JSON in place. The header is packed into one small allocation of offsets (see
+// header): its strings are, wherever the JSON holds them verbatim, read from the JSON itself,
+// and the others are kept after the offsets. An Object is immutable and shared by the cache,
+// its snapshots and the events that carry it: nothing may modify what its methods return.
+type Object struct {
+	json []byte
+	hdr  header
+}
+
+// New keeps u, as it is now, as an Object; u is not kept, and may be modified after.
+func New(u *unstructured.Unstructured) *Object {
+	return NewIndexed(u, nil, nil)
+}
+
+// Indexer computes one index's values of an object, sorted and without repeats: Values from
+// the object decoded, FromJSON (nil for an index that needs the object decoded) from its JSON
+// in place, given its metadata as read from that JSON and its labels. An indexer that fails
+// on an object gives it no value, as with client-go's indexers.
+type Indexer struct {
+	Name     string
+	Values   func(u *unstructured.Unstructured) []string
+	FromJSON func(meta gjson.Result, json []byte, labels LabelPairs) []string
+}
+
+// NewIndexed keeps u with the values of the indexers ix (see Object.IndexValue). scratch, when
+// not nil, holds buffers to encode into, reused from one object to the next.
+func NewIndexed(u *unstructured.Unstructured, ix []Indexer, scratch *sync.Pool) *Object {
+	var o *Object
+	if scratch == nil {
+		o = &Object{json: appendJSON(nil, u.Object)}
+	} else {
+		buf, _ := scratch.Get().(*[]byte)
+		if buf == nil {
+			buf = new([]byte)
+		}
+		*buf = appendJSON((*buf)[:0], u.Object)
+		o = &Object{json: append(make([]byte, 0, len(*buf)), *buf...)} // exactly sized: kept for the object's life
+		if cap(*buf) <= MaxScratch {
+			scratch.Put(buf)
+		}
 	}
-	return namespace + "/" + name
-}
-
-// Named is what names an object: its namespace ("" when cluster-scoped) and name. Kubernetes
-// objects, decoded or not, have both.
-type Named interface {
-	GetNamespace() string
-	GetName() string
-}
-
-// KeyOf is o's key in the cache.
-func KeyOf(o Named) string { return Key(o.GetNamespace(), o.GetName()) }
-
-// SplitKey is the namespace ("" for a cluster-scoped object) and name of a key.
-func SplitKey(key string) (namespace, name string) {
-	if ns, n, ok := strings.Cut(key, "/"); ok {
-		return ns, n
+	h := headerFields{namespace: u.GetNamespace(), name: u.GetName(), uid: string(u.GetUID()), resourceVersion: u.GetResourceVersion()}
+	if m, _, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", "labels"); m != nil {
+		labels, _ := m.(map[string]any)
+		keys := make([]string, 0, len(labels))
+		for k, v := range labels {
+			if _, ok := v.(string); ok {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		h.labels = make(LabelPairs, 0, 2*len(keys))
+		for _, k := range keys {
+			h.labels = append(h.labels, k, labels[k].(string))
+		}
 	}
-	return "", key
-}
-
-// Compare orders objects as the apiserver lists them: by namespace, then name; cluster-scoped
-// objects (no namespace) first.
-func Compare(aNamespace, aName, bNamespace, bName string) int {
-	if c := strings.Compare(aNamespace, bNamespace); c != 0 {
-		return c
+	if len(ix) > 0 {
+		h.values = make([][]string, len(ix))
+		for i, x := range ix {
+			h.values[i] = x.Values(u)
+		}
 	}
-	return strings.Compare(aName, bName)
+	o.hdr = packHeader(o.json, &h)
+	return o
 }
 
-// CompareKeys orders two keys as Compare orders their objects.
-func CompareKeys(a, b string) int {
-	ans, an := SplitKey(a)
-	bns, bn := SplitKey(b)
-	return Compare(ans, an, bns, bn)
-}
+// MaxScratch bounds the encoding buffers kept for reuse: one huge object does not pin its
+// buffer.
+const MaxScratch = 256 << 10
 
-// CompareObjects orders two objects as Compare does.
-func CompareObjects[T Named](a, b T) int {
-	return Compare(a.GetNamespace(), a.GetName(), b.GetNamespace(), b.GetName())
-}
-
-// Revision is a resourceVersion as an integer, or 0 when it is not one. One resource's
-// resourceVersions compare as integers (the apiserver's are etcd revisions).
-func Revision(resourceVersion string) uint64 {
-	n, err := strconv.ParseUint(resourceVersion, 10, 64)
-	if err != nil {
-		return 0
+// FromJSON keeps an object's JSON, as an Object's JSON returned it, as an Object; b is kept,
+// and must not be modified after.
+func FromJSON(b []byte) (*Object, error) {
+	if !gjson.ValidBytes(b) {
+		return nil, errors.New("decode an object: not valid JSON")
 	}
-	return n
+	return OfJSON(b, nil), nil
 }
 
-// After is the revision just after rev: the lowest a change to an object last seen at rev
-// can have. 0 stays 0 (not known).
-func After(rev uint64) uint64 {
-	if rev == 0 {
-		return 0
+// OfJSON keeps b, an object's valid JSON, as an Object with the values of the indexers ix,
+// none of which may need the object decoded (each has FromJSON); b is kept, and must not be
+// modified after. Its header's strings are read from b in place.
+func OfJSON(b []byte, ix []Indexer) *Object {
+	var h headerFields
+	var meta gjson.Result
+	gjson.Parse(docOf(b)).ForEach(func(k, v gjson.Result) bool {
+		if k.Str == "metadata" {
+			meta = v
+			return false
+		}
+		return true
+	})
+	meta.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "namespace":
+			h.namespace = v.Str
+		case "name":
+			h.name = v.Str
+		case "uid":
+			h.uid = v.Str
+		case "resourceVersion":
+			h.resourceVersion = v.Str
+		case "labels":
+			var pairs [][2]string
+			v.ForEach(func(k, v gjson.Result) bool {
+				if v.Type == gjson.String {
+					pairs = append(pairs, [2]string{k.Str, v.Str})
+				}
+				return true
+			})
+			slices.SortFunc(pairs, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+			h.labels = make(LabelPairs, 0, 2*len(pairs))
+			for _, p := range pairs {
+				h.labels = append(h.labels, p[0], p[1])
+			}
+		}
+		return true
+	})
+	if len(ix) > 0 {
+		h.values = make([][]string, len(ix))
+		for i, x := range ix {
+			h.values[i] = x.FromJSON(meta, b, h.labels)
+		}
 	}
-	return rev + 1
+	return &Object{json: b, hdr: packHeader(b, &h)}
 }
 
-// ResourceName names gvr as dynwatch does everywhere: resource.version.group, or
-// resource.version for the core group.
-func ResourceName(gvr schema.GroupVersionResource) string {
-	if gvr.Group == "" {
-		return gvr.Resource + "." + gvr.Version
+// JSON is the object's JSON. It is shared: callers must not modify it.
+func (o *Object) JSON() []byte { return o.json }
+
+// Decode is the object decoded from its JSON: a new tree of maps, the caller's own.
+func (o *Object) Decode() (*unstructured.Unstructured, error) {
+	u := &unstructured.Unstructured{}
+	if err := utiljson.Unmarshal(o.json, &u.Object); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", o.GetName(), err)
 	}
-	return gvr.Resource + "." + gvr.Version + "." + gvr.Group
+	return u, nil
 }
 
-// ParseResourceName is the resource ResourceName named. The resource and the version must be
-// DNS labels and the group, if any, a DNS subdomain, as the apiserver requires.
-func ParseResourceName(name string) (schema.GroupVersionResource, error) {
-	resource, rest, _ := strings.Cut(name, ".")
-	version, group, _ := strings.Cut(rest, ".")
-	bad := len(validation.IsDNS1123Label(resource)) > 0 || len(validation.IsDNS1123Label(version)) > 0 ||
-		group != "" && len(validation.IsDNS1123Subdomain(group)) > 0
-	if bad {
-		return schema.GroupVersionResource{}, fmt.Errorf("resource %q is not resource.version.group", name)
+// GetNamespace is the object's namespace, "" for a cluster-scoped object.
+func (o *Object) GetNamespace() string { return o.hdr.str(o.json, fieldNamespace) }
+
+// GetName is the object's name.
+func (o *Object) GetName() string { return o.hdr.str(o.json, fieldName) }
+
+// GetUID is the object's uid.
+func (o *Object) GetUID() types.UID { return types.UID(o.hdr.str(o.json, fieldUID)) }
+
+// GetResourceVersion is the object's resourceVersion.
+func (o *Object) GetResourceVersion() string { return o.hdr.str(o.json, fieldResourceVersion) }
+
+// Labels are the object's labels, for selectors to match, read in place.
+func (o *Object) Labels() labels.Labels { return (*objectLabels)(o) }
+
+// GetObjectMeta is the header's metadata (namespace, name, uid, resourceVersion and labels; the
+// rest is in the JSON only), built for each call, for client-go's key functions
+// (meta.Accessor).
+func (o *Object) GetObjectMeta() metav1.Object {
+	m := &metav1.ObjectMeta{Namespace: o.GetNamespace(), Name: o.GetName(), UID: o.GetUID(), ResourceVersion: o.GetResourceVersion()}
+	if n := o.hdr.labelCount(); n > 0 {
+		m.Labels = make(map[string]string, n)
+		for i := range n {
+			k, v := o.hdr.label(o.json, i)
+			m.Labels[k] = v
+		}
 	}
-	return schema.GroupVersionResource{Group: group, Version: version, Resource: resource}, nil
+	return m
 }
 
-// OrderingKey orders an object's deliveries: its resource, namespace and name. An object
-// deleted and created again under its name keeps its ordering key, whatever its uid.
-func OrderingKey(gvr schema.GroupVersionResource, namespace, name string) string {
-	return ResourceName(gvr) + "|" + Key(namespace, name)
-}
+// IndexCount is the number of indexers the object was made with.
+func (o *Object) IndexCount() int { return o.hdr.indexers() }
 
-// OrderingKeyNamespace is the namespace of an ordering key: "" for a cluster-scoped object's,
-// and for a key OrderingKey did not make.
-func OrderingKeyNamespace(key string) string {
-	_, k, ok := strings.Cut(key, "|")
-	if !ok {
-		return ""
+// IndexValueCount is the number of values the i-th of the indexers it was made with gave the
+// object; none for an Object made without indexers (New, FromJSON).
+func (o *Object) IndexValueCount(i int) int { return o.hdr.valueCount(i) }
+
+// IndexValue is the j-th of the i-th indexer's values, which are sorted, without repeats.
+func (o *Object) IndexValue(i, j int) string { return o.hdr.value(o.json, i, j) }
+
+// objectLabels are an Object's labels as labels.Labels.
+type objectLabels Object
+
+func (l *objectLabels) Has(key string) bool { _, ok := l.Lookup(key); return ok }
+
+func (l *objectLabels) Get(key string) string { v, _ := l.Lookup(key); return v }
+
+// Lookup finds key among the labels, which are sorted by key.
+func (l *objectLabels) Lookup(key string) (string, bool) {
+	h, json := l.hdr, l.json
+	i, found := sort.Find(h.labelCount(), func(i int) int {
+		k, _ := h.label(json, i)
+		return strings.Compare(key, k)
+	})
+	if !found {
+		return "", false
 	}
-	ns, _ := SplitKey(k)
-	return ns
+	_, v := h.label(json, i)
+	return v, true
 }
 
-// OrderingKeyResource is the resource of an ordering key.
-func OrderingKeyResource(key string) (schema.GroupVersionResource, error) {
-	name, _, ok := strings.Cut(key, "|")
-	if !ok {
-		return schema.GroupVersionResource{}, fmt.Errorf("ordering key %q has no resource", key)
+// LabelPairs are labels as they are read, before they are packed: key, value, key, value…,
+// by key.
+type LabelPairs []string
+
+// Lookup finds key among the pairs.
+func (p LabelPairs) Lookup(key string) (string, bool) {
+	for i := 0; i < len(p); i += 2 {
+		if p[i] == key {
+			return p[i+1], true
+		}
 	}
-	return ParseResourceName(name)
+	return "", false
 }

@@ -24,8 +24,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // BenchmarkDelivery sends events through a Dispatcher with one signed sink (4 workers) to a
@@ -85,7 +85,7 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 			next = next.Add(interval)
 			time.Sleep(time.Until(next))
 		}
-		e := dynamicinformer.Event{Type: dynamicinformer.Added, Resource: gvr, Object: dynamicinformer.NewObject(obj), Observed: time.Now()}
+		e := object.Event{Type: object.Added, Resource: gvr, Object: object.New(obj), Observed: time.Now()}
 		sent[journal.EventID(e)] = e.Observed
 		d.OnEvent(e)
 		i++
@@ -124,8 +124,8 @@ func BenchmarkFilter(b *testing.B) {
 		old := u.DeepCopy()
 		u.SetResourceVersion("2")
 		old.SetResourceVersion("1")
-		e := dynamicinformer.Event{Type: dynamicinformer.Modified, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"},
-			Object: dynamicinformer.NewObject(u), OldObject: dynamicinformer.NewObject(old)}
+		e := object.Event{Type: object.Modified, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"},
+			Object: object.New(u), OldObject: object.New(old)}
 		name := fmt.Sprintf("%s-%dB", u.GetKind(), len(e.Object.JSON()))
 		b.Run(name+"/decoded-from-the-cache's-JSON", func(b *testing.B) {
 			b.ReportAllocs()

@@ -16,6 +16,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Options are a Dispatcher's dependencies.
@@ -142,7 +143,7 @@ func (d *Dispatcher) Pressure() journal.PressureStatus { return d.journal.Pressu
 // OnEvent implements dynamicinformer.Subscriber: it hands e to the journal, never blocking.
 // Changes of the election's own Lease and checkpoint ConfigMap are not events to deliver: a
 // delivery would move the checkpoint, whose write would be another change, every second.
-func (d *Dispatcher) OnEvent(e dynamicinformer.Event) {
+func (d *Dispatcher) OnEvent(e object.Event) {
 	if d.election != nil && d.election.Owns(e.Resource, e.Object.GetNamespace(), e.Object.GetName()) {
 		return
 	}
@@ -473,7 +474,7 @@ func filterWorkers() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
 
 // cached is the object namespace/name of gvr as the informers' cache holds it now (see
 // journal.Options.Current); false when no running informer has it.
-func (d *Dispatcher) cached(gvr schema.GroupVersionResource, namespace, name string) (*dynamicinformer.Object, bool) {
+func (d *Dispatcher) cached(gvr schema.GroupVersionResource, namespace, name string) (*object.Object, bool) {
 	if r, ok := d.running(gvr); ok {
 		return r.Get(namespace, name)
 	}

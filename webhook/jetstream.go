@@ -15,7 +15,6 @@ import (
 	"k8s.io/utils/lru"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -182,7 +181,7 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 	// new to the sink (an initial list, an initialState replay), so its subject usually is,
 	// and one round trip is saved; when it is not, the stream refuses the publish and the
 	// subject is read as for any other event.
-	guess := d.Event.Type == dynamicinformer.Added
+	guess := d.Event.Type == object.Added
 	for range 4 {
 		seq, err := t.expect(ctx, js, subject, d, guess)
 		guess = false
@@ -194,7 +193,7 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 		}
 		ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.ID), jetstream.WithExpectLastSequencePerSubject(seq))
 		if err == nil {
-			if !ack.Duplicate && d.Event.Type != dynamicinformer.Deleted {
+			if !ack.Duplicate && d.Event.Type != object.Deleted {
 				t.remember(subject, ack.Sequence)
 			} else {
 				// A duplicate's subject may have moved past the original; a deleted object's

@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -28,7 +28,7 @@ func deliveryOf(t *testing.T, gvr schema.GroupVersionResource, namespace, name s
 	if namespace != "" {
 		u.SetNamespace(namespace)
 	}
-	return &Delivery{Entry: journal.Entry{Event: dynamicinformer.Event{Resource: gvr, Object: dynamicinformer.NewObject(u)}}}
+	return &Delivery{Entry: journal.Entry{Event: object.Event{Resource: gvr, Object: object.New(u)}}}
 }
 
 func TestEveryObjectsSubjectIsFiveTokensWhateverItsName(t *testing.T) {
@@ -89,8 +89,8 @@ func version(t *testing.T, uid, rv string) *Delivery {
 	d := deliveryOf(t, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "default", "x")
 	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"name": "x", "namespace": "default", "uid": uid, "resourceVersion": rv}}}
-	d.Event.Object = dynamicinformer.NewObject(u)
-	d.Event.Type = dynamicinformer.Modified
+	d.Event.Object = object.New(u)
+	d.Event.Type = object.Modified
 	d.ID = journal.EventID(d.Event)
 	return d
 }
@@ -187,7 +187,7 @@ func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *
 		d := configMapAt(t, "default", name, rv)
 		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
 			"metadata": map[string]any{"name": name, "namespace": "default", "uid": uid, "resourceVersion": rv}}}
-		d.Event.Object, d.Event.Type = dynamicinformer.NewObject(u), dynamicinformer.Added
+		d.Event.Object, d.Event.Type = object.New(u), object.Added
 		d.ID = journal.EventID(d.Event)
 		return d
 	}
@@ -227,12 +227,12 @@ func TestATransportForgetsADeletedObjectsSubjectAndStoresItsRecreation(t *testin
 	stream, cfg := streamS(t)
 	tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
 	t.Cleanup(tr.close)
-	as := func(d *Delivery, typ dynamicinformer.EventType) *Delivery {
+	as := func(d *Delivery, typ object.EventType) *Delivery {
 		d.Event.Type = typ
 		d.ID = journal.EventID(d.Event)
 		return d
 	}
-	for _, d := range []*Delivery{as(version(t, "u1", "10"), dynamicinformer.Added), as(version(t, "u1", "11"), dynamicinformer.Deleted)} {
+	for _, d := range []*Delivery{as(version(t, "u1", "10"), object.Added), as(version(t, "u1", "11"), object.Deleted)} {
 		if err := tr.send(t.Context(), d, []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
@@ -240,7 +240,7 @@ func TestATransportForgetsADeletedObjectsSubjectAndStoresItsRecreation(t *testin
 	if n := tr.last.Len(); n != 0 {
 		t.Errorf("the transport keeps %d subjects after the only object was deleted; want 0", n)
 	}
-	if err := tr.send(t.Context(), as(version(t, "u2", "12"), dynamicinformer.Added), []byte(`{}`)); err != nil {
+	if err := tr.send(t.Context(), as(version(t, "u2", "12"), object.Added), []byte(`{}`)); err != nil {
 		t.Fatalf("the re-created object's ADDED: %v", err)
 	}
 	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.x"); msgs != 3 || rv != "12" {

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/object"
 	"github.com/dynwatch/dynwatch/test/testbed"
@@ -49,7 +48,7 @@ func configMapAt(t *testing.T, ns, name, rv string) *Delivery {
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "u-" + name, "resourceVersion": rv}}}
-	e := dynamicinformer.Event{Type: dynamicinformer.Modified, Resource: gvr, Object: dynamicinformer.NewObject(u), Observed: time.Now()}
+	e := object.Event{Type: object.Modified, Resource: gvr, Object: object.New(u), Observed: time.Now()}
 	return &Delivery{Entry: journal.Entry{Event: e, ID: journal.EventID(e), Key: object.OrderingKey(gvr, ns, name)}}
 }
 

@@ -76,7 +76,7 @@ func (d *Dispatcher) replayResource(ctx context.Context, s *Sink, st journal.Rep
 		}
 		var recorded <-chan int
 		more := false
-		read := r != nil && r.Page(after, size, func(objs []*dynamicinformer.Object, m bool) {
+		read := r != nil && r.Page(after, size, func(objs []*object.Object, m bool) {
 			more = m
 			if len(objs) > 0 {
 				after = object.KeyOf(objs[len(objs)-1])

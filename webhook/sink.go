@@ -14,7 +14,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -119,7 +118,7 @@ func (s *Sink) InitialState() bool { return s.cfg().InitialState }
 // its filter cannot decide on is counted, logged (at most a line a second, naming the object,
 // never its content) and, as filterErrors says, selected with the error (deadLetter, deliver)
 // or left out (drop).
-func (s *Sink) Selects(e dynamicinformer.Event) (bool, error) {
+func (s *Sink) Selects(e object.Event) (bool, error) {
 	c := s.cfg()
 	if len(c.EventTypes) > 0 && !slices.Contains(c.EventTypes, string(e.Type)) {
 		return false, nil
@@ -150,7 +149,7 @@ func (s *Sink) Selects(e dynamicinformer.Event) (bool, error) {
 }
 
 // evaluate runs a filter on e, its objects decoded from the JSON the cache keeps.
-func evaluate(p cel.Program, e dynamicinformer.Event) (bool, error) {
+func evaluate(p cel.Program, e object.Event) (bool, error) {
 	obj, err := e.Object.Decode()
 	if err != nil {
 		return false, err

@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // run starts a Dispatcher for the webhooks YAML (the resources are fixed) until the test ends.
@@ -46,7 +46,7 @@ func run(t testing.TB, webhooksYAML string) *Dispatcher {
 	return d
 }
 
-func event(name string) dynamicinformer.Event {
+func event(name string) object.Event {
 	obj := &unstructured.Unstructured{}
 	obj.SetAPIVersion("v1")
 	obj.SetKind("ConfigMap")
@@ -54,7 +54,7 @@ func event(name string) dynamicinformer.Event {
 	obj.SetName(name)
 	obj.SetUID(types.UID("uid-" + name))
 	obj.SetResourceVersion("1")
-	return dynamicinformer.Event{Type: dynamicinformer.Added, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: dynamicinformer.NewObject(obj), Observed: time.Now()}
+	return object.Event{Type: object.Added, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: object.New(obj), Observed: time.Now()}
 }
 
 // arrivals records when each request arrived, and answers with answer(n) for the n-th.

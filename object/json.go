@@ -1,9 +1,10 @@
-package dynamicinformer
+package object
 
 import (
 	"encoding/json"
 	"slices"
 	"strconv"
+	"unsafe"
 )
 
 // appendJSON appends the JSON encoding of v, a value of unstructured content (maps, slices,
@@ -71,3 +72,7 @@ func appendString(buf []byte, s string) []byte {
 	buf = append(buf, s...)
 	return append(buf, '"')
 }
+
+// docOf is b as a string, without a copy, for gjson to read: b must not change while it is
+// read.
+func docOf(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }

@@ -1,4 +1,4 @@
-package dynamicinformer
+package object
 
 import (
 	"bytes"
@@ -31,7 +31,7 @@ func checkSameAsEncodingJSON(t testing.TB, v any) {
 }
 
 func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
-	files, _ := filepath.Glob("testdata/transform/*.input.yaml")
+	files, _ := filepath.Glob("../dynamicinformer/testdata/transform/*.input.yaml") // the transform's sample objects
 	if len(files) == 0 {
 		t.Fatal("no sample objects found")
 	}

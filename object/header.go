@@ -1,4 +1,4 @@
-package dynamicinformer
+package object
 
 import (
 	"encoding/binary"
@@ -39,7 +39,7 @@ const inExtra = 1 << 31
 // JSON, or copies, or the decoder's.
 type headerFields struct {
 	namespace, name, uid, resourceVersion string
-	labels                                labelPairs
+	labels                                LabelPairs
 	values                                [][]string // per indexer, in the store's order: sorted, without repeats
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/dynwatch/dynwatch/object"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,8 +16,8 @@ import (
 
 // TestAnObjectComesInAsItsTransformedJSONAndAHeader: the informers' transform strips the
 // object, keeps it as its JSON (apiVersion and kind filled in where the apiserver left them
-// out) with a header and its indexers' values, and passes an Object it is handed again
-// through unchanged; the JSON decodes to the stripped object, and an Object read back from
+// out) with a header and its indexers' values, and passes an object.Object it is handed again
+// through unchanged; the JSON decodes to the stripped object, and an object.Object read back from
 // that JSON has the same header.
 func TestAnObjectComesInAsItsTransformedJSONAndAHeader(t *testing.T) {
 	cfg := loadResources(t, `
@@ -41,9 +42,9 @@ resources:
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, ok := ingested.(*Object)
+	o, ok := ingested.(*object.Object)
 	if !ok {
-		t.Fatalf("ingested as %T, want *Object", ingested)
+		t.Fatalf("ingested as %T, want *object.Object", ingested)
 	}
 	want := in()
 	_, _ = NewTransform(&cfg)(want)
@@ -61,8 +62,13 @@ resources:
 	// The header's strings that the JSON holds verbatim are read from it: they cost no memory
 	// of their own, and keep nothing of the decoder's.
 	start := uintptr(unsafe.Pointer(unsafe.SliceData(o.JSON())))
-	key, value := o.hdr.label(o.json, 0)
-	for _, s := range []string{o.GetNamespace(), o.GetName(), string(o.GetUID()), o.GetResourceVersion(), key, value, o.value(0, 0), o.value(1, 0)} {
+	var key, value string
+	for k, v := range o.GetObjectMeta().GetLabels() {
+		if k == "app" {
+			key, value = k, v
+		}
+	}
+	for _, s := range []string{o.GetNamespace(), o.GetName(), string(o.GetUID()), o.GetResourceVersion(), key, value, o.IndexValue(0, 0), o.IndexValue(1, 0)} {
 		if p := uintptr(unsafe.Pointer(unsafe.StringData(s))); p < start || p >= start+uintptr(len(o.JSON())) {
 			t.Errorf("header string %q is not read from the object's JSON", s)
 		}
@@ -72,7 +78,7 @@ resources:
 		t.Errorf("indexer values = %q, want [[web] [storefront]]", got)
 	}
 	if again, _ := ingest(&cfg, indexersOf(&cfg), schema.GroupVersionKind{})(o); again != o {
-		t.Errorf("an Object ingested again came out as %v, want it unchanged", again)
+		t.Errorf("an object.Object ingested again came out as %v, want it unchanged", again)
 	}
 	u, err := o.Decode()
 	if err != nil {
@@ -81,7 +87,7 @@ resources:
 	if _, ok := u.Object["data"].(map[string]any)["password"]; ok || u.GetManagedFields() != nil || u.GetKind() != "ConfigMap" {
 		t.Errorf("decoded = %v, want the stripped object with its kind", u.Object)
 	}
-	back, err := ObjectFromJSON(o.JSON())
+	back, err := object.FromJSON(o.JSON())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,15 +95,15 @@ resources:
 		back.GetResourceVersion() != o.GetResourceVersion() || back.Labels().Get("app") != "web" || string(back.JSON()) != string(o.JSON()) {
 		t.Errorf("read back from its JSON: %+v, want the header of %+v", back.GetObjectMeta(), o.GetObjectMeta())
 	}
-	if _, err := ObjectFromJSON([]byte(`{"metadata":`)); err == nil {
+	if _, err := object.FromJSON([]byte(`{"metadata":`)); err == nil {
 		t.Errorf("ObjectFromJSON took truncated JSON without an error")
 	}
 }
 
-// TestAnObjectKeepsLittleBesideItsJSON: what an Object keeps besides its JSON, for a
+// TestAnObjectKeepsLittleBesideItsJSON: what an object.Object keeps besides its JSON, for a
 // configmap with three labels and three indexers, is its header packed in one allocation:
-// 151 bytes with the Object itself. The header as strings and slices (four strings and three
-// slices in the Object, an array of label strings, one slice of values per indexer) kept 343.
+// 151 bytes with the object.Object itself. The header as strings and slices (four strings and three
+// slices in the object.Object, an array of label strings, one slice of values per indexer) kept 343.
 func TestAnObjectKeepsLittleBesideItsJSON(t *testing.T) {
 	cfg := loadResources(t, `
 resources:
@@ -111,27 +117,18 @@ resources:
 	for i := range docs {
 		docs[i] = fmt.Appendf(nil, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"settings-%05d","namespace":"shop","uid":"0b7c4d2e-5f6a-4b8c-9d0e-1f2a3b4c%04d","resourceVersion":"%d","labels":{"app":"web","tier":"front","version":"v%d"},"annotations":{"team":"storefront"}},"data":{"user":"u"}}`, i, i, 1000+i, i%7)
 	}
-	objs := make([]*Object, n)
+	objs := make([]*object.Object, n)
 	perObject := keptPer(n, func() {
 		for i, b := range docs {
-			objs[i] = objectOf(b, ix)
+			objs[i] = object.OfJSON(b, ix)
 		}
 	})
-	t.Logf("an Object keeps %d bytes besides its JSON", perObject)
+	t.Logf("an object.Object keeps %d bytes besides its JSON", perObject)
 	if perObject > 256 {
-		t.Errorf("an Object keeps %d bytes besides its JSON; want at most 256", perObject)
+		t.Errorf("an object.Object keeps %d bytes besides its JSON; want at most 256", perObject)
 	}
 	if o := objs[n-1]; o.GetName() != "settings-09999" || o.Labels().Get("version") != "v3" || !slices.Equal(valuesOf(o)[1], []string{"storefront"}) {
 		t.Errorf("the last object's header: %+v, values %q", o.GetObjectMeta(), valuesOf(o))
 	}
 	runtime.KeepAlive(objs)
-}
-
-// TestTheZeroObjectReadsAsEmpty: an Object with no header has no name, labels or values, and
-// does not panic.
-func TestTheZeroObjectReadsAsEmpty(t *testing.T) {
-	var o Object
-	if o.GetName() != "" || o.GetNamespace() != "" || o.Labels().Has("app") || o.valueCount(0) != 0 || len(o.GetObjectMeta().GetLabels()) != 0 {
-		t.Errorf("the zero Object reads as %+v", o.GetObjectMeta())
-	}
 }
