@@ -82,7 +82,7 @@ bench-api: testbed
 
 ## bench-webhook: webhook delivery throughput and latency to a loopback receiver
 bench-webhook:
-	$(GO) test -run '^$$' -bench Delivery -benchtime 10000x ./webhook/
+	$(GO) test -run '^$$' -bench Delivery -benchtime 10000x ./delivery/
 
 ## lint: golangci-lint with .golangci.yml over ./... of every module; the pinned version is built once from the
 ## Go module proxy into a cache outside the repo (a directory per version and Go toolchain)

@@ -14,9 +14,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/httpapi"
-	"github.com/dynwatch/dynwatch/webhook"
 )
 
 // Options are what Run needs from its caller.
@@ -64,7 +64,7 @@ type service struct {
 	log       *slog.Logger
 	host      string
 	informers *dynamicinformer.Manager
-	webhooks  *webhook.Dispatcher
+	webhooks  *delivery.Dispatcher
 	reloader  *config.Reloader
 	security  httpapi.Security
 	api, ops  http.Handler

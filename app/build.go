@@ -15,10 +15,10 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/httpapi"
 	"github.com/dynwatch/dynwatch/leader"
-	"github.com/dynwatch/dynwatch/webhook"
 )
 
 // build makes every part from cfg; nothing runs yet.
@@ -56,7 +56,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	if sameDir(cfg.State.Path, o.ConfigPath) {
 		log.Warn("state.path is in the configuration file's directory, which dynwatch watches for changes: every commit to the store wakes the watcher (about 5% of the CPU under load); give the store a directory of its own", "path", cfg.State.Path)
 	}
-	var election webhook.Election
+	var election delivery.Election
 	var status func() any
 	if cfg.LeaderElection.Enabled {
 		client, err := kubernetes.NewForConfig(forConcern(restConfig, "leader-election", limits.LeaderElection))
@@ -69,7 +69,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 		}
 		election, status = elector, func() any { return elector.Status() }
 	}
-	if s.webhooks, err = webhook.New(webhook.Options{Logger: log, Registerer: reg, Sinks: cfg.Sinks(), StatePath: cfg.State.Path, MaxPendingBytes: cfg.State.MaxPendingBytes, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
+	if s.webhooks, err = delivery.New(delivery.Options{Logger: log, Registerer: reg, Sinks: cfg.Sinks(), Transports: transports, StatePath: cfg.State.Path, MaxPendingBytes: cfg.State.MaxPendingBytes, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
 		Resources: func() []*dynamicinformer.Resource { return s.informers.Resources() }}); err != nil {
 		return nil, err
 	}

@@ -3,30 +3,27 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
 )
 
-// httpTransport POSTs each delivery to a webhook, in CloudEvents' binary mode, signed as
+// Transport POSTs each delivery to a webhook, in CloudEvents' binary mode, signed as
 // Standard Webhooks says when the webhook has a signing secret.
-type httpTransport struct {
+type Transport struct {
 	cfg      *config.Webhook
 	log      *slog.Logger
 	endpoint string // the URL with its credentials redacted, for errors and logs
@@ -64,12 +61,13 @@ func newCredentials(name string, token, secret config.Secret) (*credentials, err
 	return c, nil
 }
 
-func newHTTP(cfg *config.Webhook, log *slog.Logger, f Fence) (*httpTransport, error) {
+// New builds the transport of a webhook, whose requests write nothing once f has lapsed.
+func New(cfg *config.Webhook, log *slog.Logger, f delivery.Fence) (*Transport, error) {
 	creds, err := newCredentials(cfg.Name, cfg.BearerToken, cfg.SigningSecret)
 	if err != nil {
 		return nil, err
 	}
-	t := &httpTransport{cfg: cfg, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: newTransport(cfg.TLSConfig, cfg.Workers, f),
+	t := &Transport{cfg: cfg, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: delivery.HTTPTransport(cfg.TLSConfig, cfg.Workers, f),
 		configured: map[string]bool{}}
 	for _, h := range cfg.Headers {
 		name := http.CanonicalHeaderKey(h.Name)
@@ -87,40 +85,12 @@ func newHTTP(cfg *config.Webhook, log *slog.Logger, f Fence) (*httpTransport, er
 	return t, nil
 }
 
-func (t *httpTransport) close() { t.rt.CloseIdleConnections() }
+// Close implements delivery.Transport: it closes the idle connections.
+func (t *Transport) Close() { t.rt.CloseIdleConnections() }
 
-// newClient returns an HTTP client with its own transport (see newTransport) and timeout. It
-// does not follow redirects: a POST must not turn into a GET.
-func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fence) *http.Client {
-	return &http.Client{
-		Transport:     newTransport(tlsConfig, workers, f),
-		Timeout:       timeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-}
-
-// newTransport returns an HTTP transport keeping one idle connection per worker, whose
-// connections write nothing once the fence has lapsed.
-func newTransport(tlsConfig *tls.Config, workers int, f Fence) *http.Transport {
-	dial := fencedDialer(f, (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-	return &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           dial,
-		TLSHandshakeTimeout:   10 * time.Second,
-		MaxIdleConns:          workers,
-		MaxIdleConnsPerHost:   workers,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		ForceAttemptHTTP2:     true,
-		TLSClientConfig:       tlsConfig.Clone(), // nil stays nil
-		// Room for the headers and a typical body, so that a request is one write.
-		WriteBufferSize: 64 << 10,
-	}
-}
-
-// send implements transport: one request; after a 401, the credential files are read again
+// Send implements delivery.Transport: one request; after a 401, the credential files are read again
 // and, if they changed, one more. A 401 after that is final.
-func (t *httpTransport) send(ctx context.Context, d *Delivery, body []byte) error {
+func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte) error {
 	creds := t.creds.Load()
 	err := t.post(ctx, creds, d, body)
 	var unauthorized *unauthorizedError
@@ -131,14 +101,14 @@ func (t *httpTransport) send(ctx context.Context, d *Delivery, body []byte) erro
 		err = t.post(ctx, fresh, d, body)
 	}
 	if errors.As(err, &unauthorized) {
-		return &rejectedError{err}
+		return delivery.Rejected(err)
 	}
 	return err
 }
 
 // rereadCredentials reads the bearer token and signing secret files again. When either
 // changed, it makes the new values current and returns them; else nil.
-func (t *httpTransport) rereadCredentials(cur *credentials) *credentials {
+func (t *Transport) rereadCredentials(cur *credentials) *credentials {
 	c := t.cfg
 	token, secret := cur.token, cur.secret
 	var err error
@@ -169,7 +139,7 @@ func (t *httpTransport) rereadCredentials(cur *credentials) *credentials {
 }
 
 // post makes one request for d with body, within the webhook's timeout.
-func (t *httpTransport) post(ctx context.Context, creds *credentials, d *Delivery, body []byte) error {
+func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.Delivery, body []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
 	h, _ := t.headerMaps.Get().(http.Header)
@@ -206,7 +176,7 @@ func (t *httpTransport) post(ctx context.Context, creds *credentials, d *Deliver
 // the bearer token (or the URL's user information), the CloudEvents binary-mode attributes
 // and, with a signing secret, the Standard Webhooks signature; and removes what the request
 // before had and this one has not.
-func (t *httpTransport) setHeaders(h http.Header, creds *credentials, d Delivery, body []byte, now time.Time) {
+func (t *Transport) setHeaders(h http.Header, creds *credentials, d delivery.Delivery, body []byte, now time.Time) {
 	for _, x := range t.headers {
 		put(h, x.Name, x.Value)
 	}
@@ -221,8 +191,8 @@ func (t *httpTransport) setHeaders(h http.Header, creds *credentials, d Delivery
 	default:
 		t.unset(h, "Authorization")
 	}
-	for _, a := range cloudEvent(d) {
-		put(h, ceHeader(a.name), ceString(a.value))
+	for _, a := range delivery.CloudEvent(d) {
+		put(h, ceHeader(a.Name), delivery.HeaderString(a.Value))
 	}
 	if d.FilterError == "" {
 		t.unset(h, "Ce-Filtererror")
@@ -251,7 +221,7 @@ func put(h http.Header, key, v string) {
 }
 
 // unset removes canonical key from h, unless it is a configured header (set already).
-func (t *httpTransport) unset(h http.Header, key string) {
+func (t *Transport) unset(h http.Header, key string) {
 	if !t.configured[key] {
 		delete(h, key)
 	}
@@ -275,55 +245,4 @@ func ceHeader(name string) string {
 		return "Ce-Time"
 	}
 	return http.CanonicalHeaderKey("ce-" + name)
-}
-
-// attribute is a CloudEvents context attribute as a binary-mode header carries it.
-type attribute struct{ name, value string }
-
-// cloudEvent returns d's CloudEvents attributes; the HTTP and NATS bindings carry their values
-// through ceString, the Kafka binding as they are.
-func cloudEvent(d Delivery) []attribute {
-	e := d.Event
-	subject := e.Object.GetName()
-	if ns := e.Object.GetNamespace(); ns != "" {
-		subject = ns + "/" + subject
-	}
-	out := []attribute{
-		{"specversion", "1.0"},
-		{"id", d.ID},
-		{"source", resourcePath(e.Resource)},
-		{"type", "io.dynwatch.resource." + e.Type.Lower()},
-		{"subject", subject},
-		{"time", e.Observed.UTC().Format(time.RFC3339Nano)},
-	}
-	if d.FilterError != "" {
-		// An extension attribute: the filter could not decide, and filterErrors is deliver.
-		out = append(out, attribute{"filtererror", d.FilterError})
-	}
-	return out
-}
-
-// ceString is a CloudEvents string attribute as the HTTP binding carries it in a header: space,
-// '"', '%' and anything outside printable ASCII percent-encoded (UTF-8 bytes).
-func ceString(v string) string {
-	if !strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == '"' || r == '%' }) {
-		return v
-	}
-	var b strings.Builder
-	for i := 0; i < len(v); i++ {
-		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
-			fmt.Fprintf(&b, "%%%02X", c)
-		} else {
-			b.WriteByte(c)
-		}
-	}
-	return b.String()
-}
-
-// resourcePath is the resource's collection path in the Kubernetes API, used as ce-source.
-func resourcePath(gvr schema.GroupVersionResource) string {
-	if gvr.Group == "" {
-		return "/api/" + gvr.Version + "/" + gvr.Resource
-	}
-	return "/apis/" + gvr.Group + "/" + gvr.Version + "/" + gvr.Resource
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,15 +12,21 @@ import (
 	"net/http/httptest"
 	"net/textproto"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // TestACloudEventsStringIsPercentEncodedInItsHeaderAsTheHTTPBindingSays: space, '"', '%' and
@@ -35,8 +42,8 @@ func TestACloudEventsStringIsPercentEncodedInItsHeaderAsTheHTTPBindingSays(t *te
 		{"tab\there", "tab%09here"},
 		{"del\x7f", "del%7F"},
 	} {
-		if got := ceString(tt.in); got != tt.want {
-			t.Errorf("ceString(%q) = %q; want %q", tt.in, got, tt.want)
+		if got := delivery.HeaderString(tt.in); got != tt.want {
+			t.Errorf("delivery.HeaderString(%q) = %q; want %q", tt.in, got, tt.want)
 		}
 	}
 }
@@ -75,16 +82,16 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 	secret := []byte("a signing key of 24 bytes or more")
 	cfg := &config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second},
 		Headers: []config.Header{{Name: "x-tenant", Value: "blue"}}, Endpoint: endpoint, SigningSecret: secret}
-	tr, err := newHTTP(cfg, slog.New(slog.DiscardHandler), always{})
+	tr, err := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.close()
+	defer tr.Close()
 	verifier, err := standardwebhooks.NewWebhookRaw(secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, d := range []Delivery{
+	for i, d := range []delivery.Delivery{
 		{Entry: journal.Entry{Event: event("a"), ID: "id-a", FilterError: "no such key: spec"}},
 		{Entry: journal.Entry{Event: event("b"), ID: "id-b"}},
 		{Entry: journal.Entry{Event: event("c"), ID: "id-c"}},
@@ -95,7 +102,7 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 		if i == 2 {
 			body, want = nil, journal.AppendBody(nil, d.Entry)
 		}
-		if err := tr.send(t.Context(), &d, body); err != nil {
+		if err := tr.Send(t.Context(), &d, body); err != nil {
 			t.Fatal(err)
 		}
 		r := <-got
@@ -110,7 +117,7 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 			{"Content-Type", h.Get("Content-Type"), "application/json"},
 			{"Ce-Id", h.Get("Ce-Id"), d.ID},
 			{"Ce-Subject", h.Get("Ce-Subject"), "ns/" + d.Event.Object.GetName()},
-			{"Ce-Filtererror", h.Get("Ce-Filtererror"), ceString(d.FilterError)},
+			{"Ce-Filtererror", h.Get("Ce-Filtererror"), delivery.HeaderString(d.FilterError)},
 			{"Webhook-Id", h.Get("Webhook-Id"), d.ID},
 		} {
 			if c.got != c.want {
@@ -139,24 +146,24 @@ func TestARequestIsOneWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := newHTTP(&config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second}, Endpoint: endpoint},
-		slog.New(slog.DiscardHandler), always{})
+	tr, err := New(&config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second}, Endpoint: endpoint},
+		slog.New(slog.DiscardHandler), delivery.Always{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.close()
+	defer tr.Close()
 	var writes atomic.Int64
 	dial := tr.rt.DialContext
 	tr.rt.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		return countingConn{c, &writes}, err
 	}
-	d := Delivery{Entry: journal.Entry{Event: event("a"), ID: "id-a"}}
+	d := delivery.Delivery{Entry: journal.Entry{Event: event("a"), ID: "id-a"}}
 	for _, body := range [][]byte{nil, fmt.Appendf(nil, `{"object":{"data":{"v":%q}}}`, strings.Repeat("x", 24<<10))} {
 		writes.Store(0)
 		const requests = 20
 		for range requests {
-			if err := tr.send(t.Context(), &d, body); err != nil {
+			if err := tr.Send(t.Context(), &d, body); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -175,4 +182,45 @@ type countingConn struct {
 func (c countingConn) Write(p []byte) (int, error) {
 	c.writes.Add(1)
 	return c.Conn.Write(p)
+}
+
+// event is an ADDED of configmap ns/name at resourceVersion 1.
+func event(name string) object.Event {
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"namespace": "ns", "name": name, "uid": "uid-" + name, "resourceVersion": "1"}}}
+	return object.Event{Type: object.Added, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: object.New(u), Observed: time.Now()}
+}
+
+// TestHTTPSSinksVerifyAgainstTheirCA: a webhook with tls.caFile reaches a receiver whose
+// certificate that CA signed, and one without it does not.
+func TestHTTPSSinksVerifyAgainstTheirCA(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tls  string
+		fail bool
+	}{{"{caFile: " + caFile + "}", false}, {"{}", true}} {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		yaml := fmt.Sprintf("resources: [{version: v1, resource: configmaps}]\nwebhooks: [{name: secure, url: %s, tls: %s}]\n", srv.URL, c.tls)
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := config.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := New(cfg.Sinks()[0].(*config.Webhook), slog.New(slog.DiscardHandler), delivery.Always{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = tr.Send(t.Context(), &delivery.Delivery{Entry: journal.Entry{Event: event("c"), ID: "id-c"}}, []byte(`{}`))
+		tr.Close()
+		if (err != nil) != c.fail {
+			t.Errorf("tls %s: %v; want an error: %t", c.tls, err, c.fail)
+		}
+	}
 }

@@ -1,4 +1,4 @@
-package webhook
+package kafka
 
 import (
 	"crypto/tls"
@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
+	"github.com/dynwatch/dynwatch/stream/streamtest"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -59,10 +61,10 @@ func TestASinkAuthenticatesOverTLSAndReadsItsPasswordAgainAtEveryConnection(t *t
 			writeSecret(t, password, "a-wrong-password")
 			cfg := &config.Kafka{Sink: config.Sink{Name: "k", Timeout: time.Second}, Brokers: k.Brokers(), Topic: "events", Compression: config.CompressionNone,
 				SASL: config.SASL{Mechanism: mechanism, UserFile: user, PasswordFile: password}, TLSConfig: tlsConfig}
-			tr := newKafka(cfg, slog.New(slog.DiscardHandler), always{})
-			t.Cleanup(tr.close)
+			tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+			t.Cleanup(tr.Close)
 
-			err := tr.send(t.Context(), configMapAt(t, "default", "x", "1"), []byte(`{}`))
+			err := tr.Send(t.Context(), streamtest.ConfigMapAt("default", "x", "1"), []byte(`{}`))
 			if err == nil {
 				t.Fatal("a send with the wrong password succeeded")
 			}
@@ -71,7 +73,7 @@ func TestASinkAuthenticatesOverTLSAndReadsItsPasswordAgainAtEveryConnection(t *t
 			}
 			writeSecret(t, password, "the-right-password") // rotated, as a Secret's update would
 			testbed.Eventually(t, 30*time.Second, func() error {
-				return tr.send(t.Context(), configMapAt(t, "default", "x", "2"), []byte(`{}`))
+				return tr.Send(t.Context(), streamtest.ConfigMapAt("default", "x", "2"), []byte(`{}`))
 			})
 		})
 	}
@@ -85,9 +87,9 @@ func TestASinkWithoutTheClustersCAProducesNothing(t *testing.T) {
 	writeSecret(t, password, "pw")
 	cfg := &config.Kafka{Sink: config.Sink{Name: "k", Timeout: time.Second}, Brokers: k.Brokers(), Topic: "events", Compression: config.CompressionNone,
 		SASL: config.SASL{Mechanism: config.SASLPlain, UserFile: user, PasswordFile: password}, TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12}}
-	tr := newKafka(cfg, slog.New(slog.DiscardHandler), always{})
-	t.Cleanup(tr.close)
-	if err := tr.send(t.Context(), configMapAt(t, "default", "x", "1"), []byte(`{}`)); err == nil {
+	tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+	t.Cleanup(tr.Close)
+	if err := tr.Send(t.Context(), streamtest.ConfigMapAt("default", "x", "1"), []byte(`{}`)); err == nil {
 		t.Fatal("a send to a broker whose certificate the sink cannot verify succeeded")
 	}
 }

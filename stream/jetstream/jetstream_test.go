@@ -1,4 +1,4 @@
-package webhook
+package jetstream
 
 import (
 	"context"
@@ -17,18 +17,20 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/object"
+	"github.com/dynwatch/dynwatch/stream/streamtest"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
-func deliveryOf(t *testing.T, gvr schema.GroupVersionResource, namespace, name string) *Delivery {
+func deliveryOf(t *testing.T, gvr schema.GroupVersionResource, namespace, name string) *delivery.Delivery {
 	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Thing", "metadata": map[string]any{"name": name}}}
 	if namespace != "" {
 		u.SetNamespace(namespace)
 	}
-	return &Delivery{Entry: journal.Entry{Event: object.Event{Resource: gvr, Object: object.New(u)}}}
+	return &delivery.Delivery{Entry: journal.Entry{Event: object.Event{Resource: gvr, Object: object.New(u)}}}
 }
 
 func TestEveryObjectsSubjectIsFiveTokensWhateverItsName(t *testing.T) {
@@ -84,7 +86,7 @@ func TestAStreamCoversThePrefixOnlyWithAFilterThatHoldsEverySubjectUnderIt(t *te
 }
 
 // version is a delivery of configmap default/x at resourceVersion rv.
-func version(t *testing.T, uid, rv string) *Delivery {
+func version(t *testing.T, uid, rv string) *delivery.Delivery {
 	t.Helper()
 	d := deliveryOf(t, schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "default", "x")
 	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
@@ -147,13 +149,13 @@ func streamState(t *testing.T, stream jetstream.Stream, subject string) (uint64,
 func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *testing.T) {
 	ctx := t.Context()
 	stream, cfg := streamS(t)
-	transport := func() *jetStreamTransport {
-		tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
-		t.Cleanup(tr.close)
+	transport := func() *Transport {
+		tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+		t.Cleanup(tr.Close)
 		return tr
 	}
 	deposed, successor := transport(), transport()
-	send := func(tr *jetStreamTransport, d *Delivery) error { return tr.send(ctx, d, []byte(`{}`)) }
+	send := func(tr *Transport, d *delivery.Delivery) error { return tr.Send(ctx, d, []byte(`{}`)) }
 
 	if err := send(deposed, version(t, "u", "10")); err != nil {
 		t.Fatal(err)
@@ -162,8 +164,8 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 		t.Fatal(err)
 	}
 	// The deposed replica still believes its own publish is the subject's last.
-	if err := send(deposed, version(t, "u", "15")); !errors.Is(err, errSuperseded) {
-		t.Fatalf("the stale publish returned %v, want errSuperseded", err)
+	if err := send(deposed, version(t, "u", "15")); !errors.Is(err, delivery.ErrSuperseded) {
+		t.Fatalf("the stale publish returned %v, want delivery.ErrSuperseded", err)
 	}
 	// A redelivery of what the stream already ends with is done, and stores nothing.
 	if err := send(transport(), version(t, "u", "20")); err != nil {
@@ -181,19 +183,19 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *testing.T) {
 	ctx := t.Context()
 	stream, cfg := streamS(t)
-	tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
-	defer tr.close()
-	added := func(name, uid, rv string) *Delivery {
-		d := configMapAt(t, "default", name, rv)
+	tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+	defer tr.Close()
+	added := func(name, uid, rv string) *delivery.Delivery {
+		d := streamtest.ConfigMapAt("default", name, rv)
 		u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
 			"metadata": map[string]any{"name": name, "namespace": "default", "uid": uid, "resourceVersion": rv}}}
 		d.Event.Object, d.Event.Type = object.New(u), object.Added
 		d.ID = journal.EventID(d.Event)
 		return d
 	}
-	send := func(d *Delivery) {
+	send := func(d *delivery.Delivery) {
 		t.Helper()
-		if err := tr.send(ctx, d, []byte(`{}`)); err != nil {
+		if err := tr.Send(ctx, d, []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -207,12 +209,12 @@ func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *
 		t.Errorf("50 ADDED events to new subjects took %d requests, want one each", n)
 	}
 
-	send(configMapAt(t, "default", "again", "100")) // MODIFIED, of the first object of the name
+	send(streamtest.ConfigMapAt("default", "again", "100")) // MODIFIED, of the first object of the name
 	d := added("again", "second-uid", "200")
 	send(d)
-	other := newJetStream(cfg, slog.New(slog.DiscardHandler), always{}) // a successor, knowing nothing
-	defer other.close()
-	if err := other.send(ctx, d, []byte(`{}`)); err != nil {
+	other := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{}) // a successor, knowing nothing
+	defer other.Close()
+	if err := other.Send(ctx, d, []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.again"); msgs != 53 || rv != "200" {
@@ -225,22 +227,22 @@ func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *
 // from the stream, is stored after its deletion.
 func TestATransportForgetsADeletedObjectsSubjectAndStoresItsRecreation(t *testing.T) {
 	stream, cfg := streamS(t)
-	tr := newJetStream(cfg, slog.New(slog.DiscardHandler), always{})
-	t.Cleanup(tr.close)
-	as := func(d *Delivery, typ object.EventType) *Delivery {
+	tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+	t.Cleanup(tr.Close)
+	as := func(d *delivery.Delivery, typ object.EventType) *delivery.Delivery {
 		d.Event.Type = typ
 		d.ID = journal.EventID(d.Event)
 		return d
 	}
-	for _, d := range []*Delivery{as(version(t, "u1", "10"), object.Added), as(version(t, "u1", "11"), object.Deleted)} {
-		if err := tr.send(t.Context(), d, []byte(`{}`)); err != nil {
+	for _, d := range []*delivery.Delivery{as(version(t, "u1", "10"), object.Added), as(version(t, "u1", "11"), object.Deleted)} {
+		if err := tr.Send(t.Context(), d, []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := tr.last.Len(); n != 0 {
 		t.Errorf("the transport keeps %d subjects after the only object was deleted; want 0", n)
 	}
-	if err := tr.send(t.Context(), as(version(t, "u2", "12"), object.Added), []byte(`{}`)); err != nil {
+	if err := tr.Send(t.Context(), as(version(t, "u2", "12"), object.Added), []byte(`{}`)); err != nil {
 		t.Fatalf("the re-created object's ADDED: %v", err)
 	}
 	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.x"); msgs != 3 || rv != "12" {

@@ -1,8 +1,7 @@
-package webhook
+package kafka
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -12,12 +11,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/object"
+	"github.com/dynwatch/dynwatch/stream/streamtest"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -33,23 +31,12 @@ func startKafka(t *testing.T, topics []string, opts ...kfake.Opt) *testbed.Kafka
 }
 
 // kafkaSink is a Kafka sink's transport to topic on k, under fence f.
-func kafkaSink(t *testing.T, k *testbed.Kafka, topic string, f Fence) *kafkaTransport {
+func kafkaSink(t *testing.T, k *testbed.Kafka, topic string, f delivery.Fence) *Transport {
 	t.Helper()
 	cfg := &config.Kafka{Sink: config.Sink{Name: "k", Timeout: 5 * time.Second}, Brokers: k.Brokers(), Topic: topic, Compression: config.CompressionNone}
-	tr := newKafka(cfg, slog.New(slog.DiscardHandler), f)
-	t.Cleanup(tr.close)
+	tr := New(cfg, slog.New(slog.DiscardHandler), f)
+	t.Cleanup(tr.Close)
 	return tr
-}
-
-// configMapAt is a delivery of a configmap of namespace ns at resourceVersion rv, with its key set
-// as the journal sets it.
-func configMapAt(t *testing.T, ns, name, rv string) *Delivery {
-	t.Helper()
-	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
-		"metadata": map[string]any{"name": name, "namespace": ns, "uid": "u-" + name, "resourceVersion": rv}}}
-	e := object.Event{Type: object.Modified, Resource: gvr, Object: object.New(u), Observed: time.Now()}
-	return &Delivery{Entry: journal.Entry{Event: e, ID: journal.EventID(e), Key: object.OrderingKey(gvr, ns, name)}}
 }
 
 func header(r *kgo.Record, key string) string {
@@ -63,11 +50,11 @@ func header(r *kgo.Record, key string) string {
 
 func TestEveryVersionOfAnObjectGoesToOnePartitionInOrderAsABinaryModeCloudEvent(t *testing.T) {
 	k := startKafka(t, []string{"events:8"})
-	tr := kafkaSink(t, k, "events", always{})
+	tr := kafkaSink(t, k, "events", delivery.Always{})
 	names := []string{"a", "b", "c", "d", "e", "f"}
 	for rv := 1; rv <= 5; rv++ {
 		for _, name := range names {
-			if err := tr.send(t.Context(), configMapAt(t, "team a", name, fmt.Sprint(rv*10)), []byte(`{"v":1}`)); err != nil {
+			if err := tr.Send(t.Context(), streamtest.ConfigMapAt("team a", name, fmt.Sprint(rv*10)), []byte(`{"v":1}`)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -113,7 +100,7 @@ func TestEveryVersionOfAnObjectGoesToOnePartitionInOrderAsABinaryModeCloudEvent(
 
 func TestARecordTooLargeForTheTopicIsRejectedAndAMissingTopicIsNamed(t *testing.T) {
 	k := startKafka(t, []string{"small"}, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4096"}))
-	tr := kafkaSink(t, k, "small", always{})
+	tr := kafkaSink(t, k, "small", delivery.Always{})
 	// The large record is sent beside small ones, as workers do: the broker refuses the batch
 	// that holds it whole, and only the large one may be rejected.
 	var wg sync.WaitGroup
@@ -124,12 +111,11 @@ func TestARecordTooLargeForTheTopicIsRejectedAndAMissingTopicIsNamed(t *testing.
 			if i == 0 {
 				body = []byte(`{"v":"` + strings.Repeat("x", 8000) + `"}`)
 			}
-			errs[i] = tr.send(t.Context(), configMapAt(t, "default", fmt.Sprint("o", i), "1"), body)
+			errs[i] = tr.Send(t.Context(), streamtest.ConfigMapAt("default", fmt.Sprint("o", i), "1"), body)
 		})
 	}
 	wg.Wait()
-	var rejected *rejectedError
-	if !errors.As(errs[0], &rejected) || !strings.Contains(errs[0].Error(), "8008 bytes") {
+	if !delivery.IsRejected(errs[0]) || !strings.Contains(errs[0].Error(), "8008 bytes") {
 		t.Fatalf("a record of 8 KB to a topic of 4 KB: %v; want it rejected with its size", errs[0])
 	}
 	for i, err := range errs[1:] {
@@ -139,10 +125,10 @@ func TestARecordTooLargeForTheTopicIsRejectedAndAMissingTopicIsNamed(t *testing.
 	}
 	for _, timeout := range []time.Duration{5 * time.Second, 300 * time.Millisecond} {
 		// With the shorter timeout, the attempt ends while the client still asks for the topic.
-		missing := kafkaSink(t, k, "missing", always{})
+		missing := kafkaSink(t, k, "missing", delivery.Always{})
 		missing.cfg.Timeout = timeout
-		err := missing.send(t.Context(), configMapAt(t, "default", "x", "1"), []byte(`{}`))
-		if err == nil || errors.As(err, &rejected) || !strings.Contains(err.Error(), "topic missing does not exist") {
+		err := missing.Send(t.Context(), streamtest.ConfigMapAt("default", "x", "1"), []byte(`{}`))
+		if err == nil || delivery.IsRejected(err) || !strings.Contains(err.Error(), "topic missing does not exist") {
 			t.Fatalf("a missing topic, with a timeout of %s: %v; want a retriable error naming it", timeout, err)
 		}
 	}
@@ -150,19 +136,19 @@ func TestARecordTooLargeForTheTopicIsRejectedAndAMissingTopicIsNamed(t *testing.
 
 func TestALapsedFenceProducesNothingAndTheRecordGoesOnceTheNextLeaderSends(t *testing.T) {
 	k := startKafka(t, []string{"events"})
-	f := &testFence{}
+	f := &streamtest.Fence{}
 	deposed := kafkaSink(t, k, "events", f)
-	if err := deposed.send(t.Context(), configMapAt(t, "default", "x", "1"), []byte(`{}`)); err != nil {
+	if err := deposed.Send(t.Context(), streamtest.ConfigMapAt("default", "x", "1"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	f.lapsed.Store(true)
+	f.Lapse.Store(true)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
-	if err := deposed.send(ctx, configMapAt(t, "default", "x", "2"), []byte(`{}`)); err == nil {
+	if err := deposed.Send(ctx, streamtest.ConfigMapAt("default", "x", "2"), []byte(`{}`)); err == nil {
 		t.Fatal("a send after the fence lapsed succeeded")
 	}
-	deposed.close() // the replica follows: what its client still holds is failed
-	if err := kafkaSink(t, k, "events", always{}).send(t.Context(), configMapAt(t, "default", "x", "3"), []byte(`{}`)); err != nil {
+	deposed.Close() // the replica follows: what its client still holds is failed
+	if err := kafkaSink(t, k, "events", delivery.Always{}).Send(t.Context(), streamtest.ConfigMapAt("default", "x", "3"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	records, err := testbed.ReadTopic(t.Context(), k.Brokers(), "events")
@@ -180,15 +166,15 @@ func TestALapsedFenceProducesNothingAndTheRecordGoesOnceTheNextLeaderSends(t *te
 
 func TestTheClusterRestartedLosesNothingAcknowledged(t *testing.T) {
 	k := startKafka(t, []string{"events:3"})
-	tr := kafkaSink(t, k, "events", always{})
+	tr := kafkaSink(t, k, "events", delivery.Always{})
 	for i := range 20 {
-		if err := tr.send(t.Context(), configMapAt(t, "default", fmt.Sprint("o", i%4), fmt.Sprint(i+1)), []byte(`{}`)); err != nil {
+		if err := tr.Send(t.Context(), streamtest.ConfigMapAt("default", fmt.Sprint("o", i%4), fmt.Sprint(i+1)), []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	k.Stop()
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
-	err := tr.send(ctx, configMapAt(t, "default", "o0", "100"), []byte(`{}`))
+	err := tr.Send(ctx, streamtest.ConfigMapAt("default", "o0", "100"), []byte(`{}`))
 	cancel()
 	if err == nil {
 		t.Fatal("a send while every broker is down succeeded")
@@ -197,7 +183,7 @@ func TestTheClusterRestartedLosesNothingAcknowledged(t *testing.T) {
 		t.Fatal(err)
 	}
 	testbed.Eventually(t, 30*time.Second, func() error {
-		return tr.send(t.Context(), configMapAt(t, "default", "o0", "100"), []byte(`{}`))
+		return tr.Send(t.Context(), streamtest.ConfigMapAt("default", "o0", "100"), []byte(`{}`))
 	})
 	records, err := testbed.ReadTopic(t.Context(), k.Brokers(), "events")
 	if err != nil {

@@ -1,4 +1,4 @@
-package webhook
+package kafka
 
 import (
 	"context"
@@ -19,10 +19,11 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
 )
 
-// kafkaTransport produces each delivery to a Kafka topic as one record keyed by the object's
+// Transport produces each delivery to a Kafka topic as one record keyed by the object's
 // ordering key, so that the hash partitioner puts every version of an object in one partition,
 // and returns once the cluster has acknowledged it. The producer is idempotent with acks=all
 // (the franz-go client's defaults, which the configuration cannot turn off): a write the client
@@ -32,12 +33,12 @@ import (
 // connections refuse to once the fence lapses, and the client, with whatever it still buffers,
 // is closed when the replica stops leading.
 //
-// It connects when it is first asked to send, and close disconnects it: a replica that does
+// It connects when it is first asked to send, and Close disconnects it: a replica that does
 // not lead holds no connection.
-type kafkaTransport struct {
+type Transport struct {
 	cfg   *config.Kafka
 	log   *slog.Logger
-	fence Fence
+	fence delivery.Fence
 
 	mu sync.Mutex
 	cl *kgo.Client
@@ -46,15 +47,17 @@ type kafkaTransport struct {
 	solo sync.RWMutex
 }
 
-func newKafka(cfg *config.Kafka, log *slog.Logger, f Fence) *kafkaTransport {
+// New builds the transport of a Kafka sink, whose connections write nothing once f has lapsed;
+// it connects at its first Send.
+func New(cfg *config.Kafka, log *slog.Logger, f delivery.Fence) *Transport {
 	if cfg.TLS.InsecureSkipVerify {
 		log.Warn("TLS certificate verification is off for this sink")
 	}
-	return &kafkaTransport{cfg: cfg, log: log, fence: f}
+	return &Transport{cfg: cfg, log: log, fence: f}
 }
 
-// close implements transport: records the client still holds are failed, never written.
-func (t *kafkaTransport) close() {
+// Close implements transport: records the client still holds are failed, never written.
+func (t *Transport) Close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cl != nil {
@@ -65,7 +68,7 @@ func (t *kafkaTransport) close() {
 
 // client returns the producer, making it first if need be. It dials the brokers in the
 // background: a broker that cannot be reached fails the sends, not this.
-func (t *kafkaTransport) client() (*kgo.Client, error) {
+func (t *Transport) client() (*kgo.Client, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cl != nil {
@@ -79,9 +82,9 @@ func (t *kafkaTransport) client() (*kgo.Client, error) {
 	return cl, nil
 }
 
-func (t *kafkaTransport) options() []kgo.Opt {
+func (t *Transport) options() []kgo.Opt {
 	c := t.cfg
-	dial := fencedDialer(t.fence, (&net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}).DialContext)
+	dial := delivery.FencedDialer(t.fence, (&net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}).DialContext)
 	if c.TLSConfig != nil {
 		dial = tlsDialer(c.TLSConfig, dial)
 	}
@@ -109,7 +112,7 @@ func (t *kafkaTransport) options() []kgo.Opt {
 
 // tlsDialer wraps dial with a TLS handshake, so that TLS records go through dial's (fenced)
 // connection.
-func tlsDialer(cfg *tls.Config, dial dialFunc) dialFunc {
+func tlsDialer(cfg *tls.Config, dial delivery.DialFunc) delivery.DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		raw, err := dial(ctx, network, addr)
 		if err != nil {
@@ -130,7 +133,7 @@ func tlsDialer(cfg *tls.Config, dial dialFunc) dialFunc {
 
 // mechanism is the sink's SASL mechanism, nil without one. The user and password files are
 // read at every connection, so that rotated credentials are used without a reload.
-func (t *kafkaTransport) mechanism() sasl.Mechanism {
+func (t *Transport) mechanism() sasl.Mechanism {
 	s := t.cfg.SASL
 	read := func() (string, string, error) {
 		user, err := config.ReadCredential(s.UserFile)
@@ -175,13 +178,13 @@ func codec(c config.Compression) kgo.CompressionCodec {
 	return kgo.NoCompression()
 }
 
-// send implements transport. When ctx ends first, the record may still be written by the
+// Send implements delivery.Transport. When ctx ends first, the record may still be written by the
 // client (an idempotent producer cannot take back a request it sent); the delivery is then made
 // again, with the same ce_id, after the one in flight.
 //
 // A broker refuses a batch over the topic's max.message.bytes whole, failing every record in
 // it, so a record refused as too large is produced once more alone before it is rejected.
-func (t *kafkaTransport) send(ctx context.Context, d *Delivery, body []byte) error {
+func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte) error {
 	if body == nil {
 		body = journal.AppendBody(nil, d.Entry)
 	}
@@ -207,7 +210,7 @@ func (t *kafkaTransport) send(ctx context.Context, d *Delivery, body []byte) err
 // explain returns why a produce timed out when the cluster can tell: the client keeps asking
 // for a topic that does not exist for longer than timeout. Otherwise it returns err, with why
 // the cluster could not be asked (no broker reachable, authentication failing).
-func (t *kafkaTransport) explain(ctx context.Context, cl *kgo.Client, err error) error {
+func (t *Transport) explain(ctx context.Context, cl *kgo.Client, err error) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	topics, lerr := kadm.NewClient(cl).ListTopics(ctx, t.cfg.Topic)
@@ -223,7 +226,7 @@ func (t *kafkaTransport) explain(ctx context.Context, cl *kgo.Client, err error)
 // produce hands rec to the client and waits for its acknowledgement or the end of ctx. Alone,
 // it waits until no other produce of this transport is in flight, and holds the others back
 // until it is done, so that its batch holds rec only.
-func (t *kafkaTransport) produce(ctx context.Context, cl *kgo.Client, rec *kgo.Record, alone bool) error {
+func (t *Transport) produce(ctx context.Context, cl *kgo.Client, rec *kgo.Record, alone bool) error {
 	if alone {
 		t.solo.Lock()
 		defer t.solo.Unlock()
@@ -243,13 +246,13 @@ func (t *kafkaTransport) produce(ctx context.Context, cl *kgo.Client, rec *kgo.R
 
 // classify turns a produce's outcome into send's: a record too large for the topic is
 // rejected; everything else may succeed later (a topic created, an ACL granted, a broker back).
-func (t *kafkaTransport) classify(err error, size int) error {
+func (t *Transport) classify(err error, size int) error {
 	topic := t.cfg.Topic
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
-		return &rejectedError{fmt.Errorf("produce to %s: %w (%d bytes)", topic, err, size)}
+		return delivery.Rejected(fmt.Errorf("produce to %s: %w (%d bytes)", topic, err, size))
 	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID):
 		return fmt.Errorf("topic %s does not exist (dynwatch does not create it): %w", topic, err)
 	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
@@ -261,11 +264,11 @@ func (t *kafkaTransport) classify(err error, size int) error {
 // kafkaHeaders are d's CloudEvents attributes as the Kafka protocol binding's binary mode
 // carries them: ce_<name> headers holding the values as they are (UTF-8), content-type, and
 // partitionkey, the record's key.
-func kafkaHeaders(d *Delivery) []kgo.RecordHeader {
-	attrs := cloudEvent(*d)
+func kafkaHeaders(d *delivery.Delivery) []kgo.RecordHeader {
+	attrs := delivery.CloudEvent(*d)
 	h := make([]kgo.RecordHeader, 0, len(attrs)+3)
 	for _, a := range attrs {
-		h = append(h, kgo.RecordHeader{Key: "ce_" + a.name, Value: []byte(a.value)})
+		h = append(h, kgo.RecordHeader{Key: "ce_" + a.Name, Value: []byte(a.Value)})
 	}
 	return append(h,
 		kgo.RecordHeader{Key: "ce_partitionkey", Value: []byte(d.Key)},

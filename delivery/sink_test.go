@@ -1,9 +1,8 @@
-package webhook
+package delivery
 
 import (
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,7 +34,7 @@ func run(t testing.TB, webhooksYAML string) *Dispatcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: cfg.Sinks()})
+	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,25 +100,6 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	}
 }
 
-func TestRetryAfterParsesSecondsAndDates(t *testing.T) {
-	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
-	for _, tt := range []struct {
-		in   string
-		want time.Duration
-		ok   bool
-	}{
-		{"3", 3 * time.Second, true},
-		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, true},
-		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
-		{"", 0, false},
-		{"soon", 0, false},
-	} {
-		if got, ok := retryAfter(tt.in, now); got != tt.want || ok != tt.ok {
-			t.Errorf("retryAfter(%q) = %s, %v; want %s, %v", tt.in, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
 func TestDeadLettersArePostedToTheDeadLetterURL(t *testing.T) {
 	rejecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusForbidden) }))
 	defer rejecting.Close()
@@ -139,29 +119,5 @@ func TestDeadLettersArePostedToTheDeadLetterURL(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no dead letter posted")
-	}
-}
-
-func TestHTTPSSinksVerifyAgainstTheirCA(t *testing.T) {
-	got := make(chan []byte, 1)
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		got <- b
-	}))
-	defer srv.Close()
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d := run(t, fmt.Sprintf("  - {name: secure, url: %s, tls: {caFile: %s}}\n", srv.URL, caFile))
-	d.OnEvent(event("c"))
-	select {
-	case body := <-got:
-		var p struct{ Type string }
-		if err := json.Unmarshal(body, &p); err != nil || p.Type != "ADDED" {
-			t.Fatalf("body %s: %v", body, err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("nothing delivered over TLS with the receiver's CA")
 	}
 }

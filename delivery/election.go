@@ -1,4 +1,4 @@
-package webhook
+package delivery
 
 import (
 	"context"
@@ -36,34 +36,42 @@ type Fence interface {
 	Wait(ctx context.Context)
 }
 
-// always is the fence of a replica without leader election: it always holds.
-type always struct{}
+// Always is the fence of a replica without leader election: it always holds.
+type Always struct{}
 
-func (always) Bound(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+// Bound implements Fence: ctx as it is, always held.
+func (Always) Bound(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 	return ctx, func() {}, true
 }
 
-func (always) Lapsed() bool { return false }
+// Lapsed implements Fence: never.
+func (Always) Lapsed() bool { return false }
 
-func (always) Wait(ctx context.Context) { <-ctx.Done() }
+// Wait implements Fence: it returns when ctx ends.
+func (Always) Wait(ctx context.Context) { <-ctx.Done() }
 
 // errFenceLapsed is what a fenced connection's Write returns once the fence has lapsed.
 var errFenceLapsed = errors.New("the leader election fence has lapsed: not sending")
 
-type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+// DialFunc dials a connection, as net.Dialer.DialContext does.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// fencedDialer wraps dial so that its connections refuse to write once f has lapsed. It is the
+// FencedDialer wraps dial so that its connections refuse to write once f has lapsed. It is the
 // last check before a request's bytes reach the network: a worker paused between its own check
 // and its write (before the fence's timer cuts its context) sends nothing on resuming.
-func fencedDialer(f Fence, dial dialFunc) dialFunc {
+func FencedDialer(f Fence, dial DialFunc) DialFunc {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return fencedConn{Conn: c, fence: f}, nil
+		return FencedConn(c, f), nil
 	}
 }
+
+// FencedConn is c refusing to write once f has lapsed (see FencedDialer), for a client that
+// dials for itself.
+func FencedConn(c net.Conn, f Fence) net.Conn { return fencedConn{Conn: c, fence: f} }
 
 type fencedConn struct {
 	net.Conn

@@ -1,4 +1,4 @@
-package webhook
+package delivery
 
 import (
 	"context"
@@ -43,7 +43,7 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(now func() time.Time) (*Dispatcher, func()) {
-		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: cfg.Sinks(), StatePath: filepath.Join(dir, "state.db"), Now: now})
+		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks(), StatePath: filepath.Join(dir, "state.db"), Now: now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +128,7 @@ func TestAGracefulStopLetsTheDeliveryUnderWayFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func() (*Dispatcher, context.CancelFunc, chan struct{}) {
-		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: cfg.Sinks(), StatePath: filepath.Join(dir, "state.db"), ShutdownTimeout: time.Minute})
+		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks(), StatePath: filepath.Join(dir, "state.db"), ShutdownTimeout: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

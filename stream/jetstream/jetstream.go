@@ -1,4 +1,4 @@
-package webhook
+package jetstream
 
 import (
 	"context"
@@ -15,23 +15,24 @@ import (
 	"k8s.io/utils/lru"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/object"
 )
 
-// jetStreamTransport publishes each delivery to a NATS JetStream stream, on its object's
+// Transport publishes each delivery to a NATS JetStream stream, on its object's
 // subject, and returns once the stream has acknowledged it. Every publish carries the event id
 // as Nats-Msg-Id, so the stream's duplicate window drops a redelivery, and the sequence the
 // subject's last message is expected to have, so the stream refuses a publish made on a stale
 // view of the subject: a deposed leader's late publish, a replica's older version after its
 // successor published a newer one. Order on a subject then holds whatever the fence does.
 //
-// It connects when it is first asked to send, and close disconnects it: a replica that does
+// It connects when it is first asked to send, and Close disconnects it: a replica that does
 // not lead holds no connection.
-type jetStreamTransport struct {
+type Transport struct {
 	cfg   *config.JetStream
 	log   *slog.Logger
-	fence Fence
+	fence delivery.Fence
 
 	mu     sync.Mutex
 	nc     *nats.Conn
@@ -47,15 +48,17 @@ type jetStreamTransport struct {
 // each): a subject past it costs one read of the stream at its next publish.
 const knownSubjects = 65536
 
-func newJetStream(cfg *config.JetStream, log *slog.Logger, f Fence) *jetStreamTransport {
+// New builds the transport of a JetStream sink, whose connections write nothing once f has
+// lapsed; it connects at its first Send.
+func New(cfg *config.JetStream, log *slog.Logger, f delivery.Fence) *Transport {
 	if cfg.TLS.InsecureSkipVerify {
 		log.Warn("TLS certificate verification is off for this sink")
 	}
-	return &jetStreamTransport{cfg: cfg, log: log, fence: f, last: lru.New(knownSubjects)}
+	return &Transport{cfg: cfg, log: log, fence: f, last: lru.New(knownSubjects)}
 }
 
-// close implements transport.
-func (t *jetStreamTransport) close() {
+// Close implements transport.
+func (t *Transport) Close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.nc != nil {
@@ -68,7 +71,7 @@ func (t *jetStreamTransport) close() {
 // connect returns the connection's JetStream context, connecting first if need be. A server
 // that cannot be reached does not fail it: the connection keeps trying in the background and
 // publishes fail until it succeeds.
-func (t *jetStreamTransport) connect() (jetstream.JetStream, error) {
+func (t *Transport) connect() (jetstream.JetStream, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.js != nil {
@@ -91,7 +94,7 @@ func (t *jetStreamTransport) connect() (jetstream.JetStream, error) {
 	return js, nil
 }
 
-func (t *jetStreamTransport) options() ([]nats.Option, error) {
+func (t *Transport) options() ([]nats.Option, error) {
 	c := t.cfg
 	opts := []nats.Option{
 		nats.Name("dynwatch/" + c.Name),
@@ -141,7 +144,7 @@ func (t *jetStreamTransport) options() ([]nats.Option, error) {
 
 // fencedNATSDialer dials connections that write nothing once the fence has lapsed.
 type fencedNATSDialer struct {
-	fence  Fence
+	fence  delivery.Fence
 	dialer *net.Dialer
 }
 
@@ -150,15 +153,11 @@ func (d fencedNATSDialer) Dial(network, address string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return fencedConn{Conn: c, fence: d.fence}, nil
+	return delivery.FencedConn(c, d.fence), nil
 }
 
-// errSuperseded is a delivery the stream need not have: its subject's last message is a newer
-// version of the object.
-var errSuperseded = errors.New("the subject's last message is a newer version of the object")
-
-// send implements transport.
-func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte) error {
+// Send implements delivery.Transport.
+func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte) error {
 	if body == nil {
 		body = journal.AppendBody(nil, d.Entry)
 	}
@@ -170,8 +169,8 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 	defer cancel()
 	subject := Subject(t.cfg.SubjectPrefix, d)
 	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-	for _, a := range cloudEvent(*d) {
-		msg.Header.Set("ce-"+a.name, ceString(a.value))
+	for _, a := range delivery.CloudEvent(*d) {
+		msg.Header.Set("ce-"+a.Name, delivery.HeaderString(a.Value))
 	}
 	msg.Header.Set("ce-datacontenttype", "application/json")
 	msg.Header.Set("ce-resourceversion", d.Event.Object.GetResourceVersion())
@@ -205,7 +204,7 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 		var apiErr *jetstream.APIError
 		if !errors.As(err, &apiErr) {
 			if errors.Is(err, nats.ErrMaxPayload) {
-				return &rejectedError{fmt.Errorf("publish %s: %w (%d bytes)", subject, err, len(body))}
+				return delivery.Rejected(fmt.Errorf("publish %s: %w (%d bytes)", subject, err, len(body)))
 			}
 			return fmt.Errorf("publish %s: %w", subject, err)
 		}
@@ -214,7 +213,7 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 			t.forget(subject)
 			continue
 		case jetstream.JSErrCodeStreamMessageExceedsMaximum:
-			return &rejectedError{fmt.Errorf("publish %s: %w (%d bytes)", subject, err, len(body))}
+			return delivery.Rejected(fmt.Errorf("publish %s: %w (%d bytes)", subject, err, len(body)))
 		default:
 			return fmt.Errorf("publish %s: %w", subject, err)
 		}
@@ -225,9 +224,9 @@ func (t *jetStreamTransport) send(ctx context.Context, d *Delivery, body []byte)
 // expect returns the sequence subject's last message has, 0 for none. Unless this transport
 // published that message, or guess is set (0 is then expected, and the stream checks it), it
 // reads it from the stream: when it is d itself, expect returns errDelivered; when it is a
-// newer version of d's object, errSuperseded. Either way the stream is found and checked
+// newer version of d's object, delivery.ErrSuperseded. Either way the stream is found and checked
 // first, so that a missing one is named.
-func (t *jetStreamTransport) expect(ctx context.Context, js jetstream.JetStream, subject string, d *Delivery, guess bool) (uint64, error) {
+func (t *Transport) expect(ctx context.Context, js jetstream.JetStream, subject string, d *delivery.Delivery, guess bool) (uint64, error) {
 	if seq, known := t.last.Get(subject); known {
 		return seq.(uint64), nil
 	}
@@ -246,7 +245,7 @@ func (t *jetStreamTransport) expect(ctx context.Context, js jetstream.JetStream,
 		return 0, errDelivered
 	}
 	if object.Revision(last.Header.Get("ce-resourceversion")) > object.Revision(d.Event.Object.GetResourceVersion()) {
-		return 0, errSuperseded
+		return 0, delivery.ErrSuperseded
 	}
 	return last.Sequence, nil
 }
@@ -256,7 +255,7 @@ var errDelivered = errors.New("already the subject's last message")
 
 // streamFor returns the stream that holds subject: the configured one, checked to exist, or
 // the one the server names.
-func (t *jetStreamTransport) streamFor(ctx context.Context, js jetstream.JetStream, subject string) (jetstream.Stream, error) {
+func (t *Transport) streamFor(ctx context.Context, js jetstream.JetStream, subject string) (jetstream.Stream, error) {
 	t.mu.Lock()
 	s := t.stream
 	t.mu.Unlock()
@@ -286,7 +285,7 @@ func (t *jetStreamTransport) streamFor(ctx context.Context, js jetstream.JetStre
 	return s, nil
 }
 
-func (t *jetStreamTransport) remember(subject string, seq uint64) {
+func (t *Transport) remember(subject string, seq uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.js != nil { // not closed meanwhile
@@ -294,7 +293,7 @@ func (t *jetStreamTransport) remember(subject string, seq uint64) {
 	}
 }
 
-func (t *jetStreamTransport) forget(subject string) { t.last.Remove(subject) }
+func (t *Transport) forget(subject string) { t.last.Remove(subject) }
 
 // covers reports whether one of a stream's subject filters holds every subject under prefix:
 // <prefix>.<resource>.<group>.<namespace>.<name>.
@@ -322,7 +321,7 @@ func covers(filters []string, prefix string) bool {
 // letters, digits and '-' written %XX (upper-case hex), so '.' in a group or a name stays
 // inside its token; the core group and a cluster-scoped object's namespace are "_", which no
 // escaped value can be.
-func Subject(prefix string, d *Delivery) string {
+func Subject(prefix string, d *delivery.Delivery) string {
 	gvr := d.Event.Resource
 	var b strings.Builder
 	b.WriteString(prefix)

@@ -1,4 +1,4 @@
-package webhook
+package delivery
 
 import (
 	"bytes"
@@ -109,7 +109,7 @@ func (dl *deadLetters) setTarget(cfg config.SinkConfig) {
 	}
 	c := cfg.Shared()
 	dl.target.Store(&target{file: c.DeadLetter.File, url: c.DeadLetterURL, includeObject: c.DeadLetter.IncludeObject,
-		client: newClient(tlsConfig, 1, c.Timeout, always{}), timeout: c.Timeout})
+		client: newClient(tlsConfig, 1, c.Timeout, Always{}), timeout: c.Timeout})
 }
 
 // submit dead-letters d with reason. It never blocks.

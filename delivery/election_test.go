@@ -1,4 +1,4 @@
-package webhook
+package delivery
 
 import (
 	"context"
@@ -71,7 +71,7 @@ func (f *testFence) Wait(ctx context.Context) { <-ctx.Done() }
 func TestWorkersStopWhenLeadershipEndsWithTheFenceLapsedAndEventsQueued(t *testing.T) {
 	cfg := config.Webhook{Sink: config.Sink{Name: "hook", Labels: labels.Everything()}, Endpoint: &url.URL{Scheme: "http", Host: "127.0.0.1:1"}}
 	cfg.Timeout, cfg.Workers, cfg.QueueSize = time.Second, 2, 10
-	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Sinks: []config.SinkConfig{&cfg}})
+	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: []config.SinkConfig{&cfg}})
 	if err != nil {
 		t.Fatal(err)
 	}

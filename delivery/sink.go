@@ -1,4 +1,4 @@
-package webhook
+package delivery
 
 import (
 	"context"
@@ -56,45 +56,22 @@ type Sink struct {
 type settings struct {
 	src       config.SinkConfig
 	cfg       *config.Sink
-	transport transport
+	transport Transport
 }
 
-// transport hands one delivery at a time to a sink's destination: HTTP, JetStream or Kafka.
-type transport interface {
-	// send makes one attempt to hand d, whose body is body, to the destination, returning once
-	// the destination has acknowledged it (nil), with a rejectedError when no later attempt can
-	// succeed, or with another error to retry. Workers call it concurrently, for different
-	// keys. It writes nothing once the fence given to its constructor has lapsed.
-	// body is nil when it is d's as recorded, to be built from d (journal.AppendBody): the
-	// transport builds it where it likes (a buffer of its own it uses again).
-	send(ctx context.Context, d *Delivery, body []byte) error
-	// close releases its connections once no send is in progress.
-	close()
-}
-
-func newSettings(cfg config.SinkConfig, log *slog.Logger, f Fence) (*settings, error) {
+func newSettings(cfg config.SinkConfig, log *slog.Logger, f Fence, transports Transports) (*settings, error) {
 	st := &settings{src: cfg, cfg: cfg.Shared()}
 	var err error
-	switch c := cfg.(type) {
-	case *config.Webhook:
-		st.transport, err = newHTTP(c, log, f)
-	case *config.JetStream:
-		st.transport = newJetStream(c, log, f)
-	case *config.Kafka:
-		st.transport = newKafka(c, log, f)
-	default:
-		err = fmt.Errorf("sink %s: no transport for %T", st.cfg.Name, cfg)
-	}
-	if err != nil {
+	if st.transport, err = transports(cfg, log, f); err != nil {
 		return nil, err
 	}
 	return st, nil
 }
 
-func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f Fence) (*Sink, error) {
+func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f Fence, transports Transports) (*Sink, error) {
 	name := cfg.Shared().Name
 	log = log.With("sink", name)
-	st, err := newSettings(cfg, log, f)
+	st, err := newSettings(cfg, log, f, transports)
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +258,7 @@ func (s *Sink) halt(cut bool) {
 func (s *Sink) reconfigure(ctx, finish context.Context, st *settings) {
 	s.cutWorkers()
 	old := s.cur.Swap(st)
-	old.transport.close()
+	old.transport.Close()
 	s.queue.SetCapacity(st.cfg.QueueSize)
 	s.dead.setTarget(st.src)
 	if ctx != nil {
@@ -356,7 +333,7 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
 		s.j.Ack(s.name, d.Seq)
 		s.queue.Done(*d)
-	case errors.Is(err, errSuperseded):
+	case errors.Is(err, ErrSuperseded):
 		// The sink holds a newer version of the object: sending this one would put it after.
 		s.log.Debug("delivery superseded", "id", d.ID, "err", err)
 		s.m.superseded.Inc()
@@ -405,7 +382,7 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 		s.m.retries.Inc()
 	}
 	start := time.Now()
-	err = st.transport.send(ctx, d, body)
+	err = st.transport.Send(ctx, d, body)
 	s.m.requestDuration.Observe(time.Since(start).Seconds())
 	return err
 }

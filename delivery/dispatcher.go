@@ -1,4 +1,4 @@
-package webhook
+package delivery
 
 import (
 	"context"
@@ -25,6 +25,8 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Sinks are the configured sinks of every kind.
 	Sinks []config.SinkConfig
+	// Transports builds each sink's transport, by its kind.
+	Transports Transports
 	// StatePath is the state store's file, which keeps the object state and the outboxes
 	// across restarts; empty keeps them in memory.
 	StatePath string
@@ -50,6 +52,7 @@ type Dispatcher struct {
 	m               *metrics
 	journal         *journal.Journal
 	election        Election // nil: this replica always delivers
+	transports      Transports
 	shutdownTimeout time.Duration
 	// abandon ends when the shutdown deadline passes: work still running then is cut short.
 	abandon       context.Context
@@ -72,9 +75,12 @@ type Dispatcher struct {
 // New builds a Dispatcher with one Sink per configured webhook and registers the metrics.
 // Nothing is sent until Run.
 func New(o Options) (*Dispatcher, error) {
-	d := &Dispatcher{log: o.Logger, now: o.Now, election: o.Election, shutdownTimeout: o.ShutdownTimeout, resources: o.Resources}
+	d := &Dispatcher{log: o.Logger, now: o.Now, election: o.Election, transports: o.Transports, shutdownTimeout: o.ShutdownTimeout, resources: o.Resources}
 	if d.now == nil {
 		d.now = time.Now
+	}
+	if o.Transports == nil {
+		return nil, errors.New("no transports: Options.Transports builds each sink's")
 	}
 	if d.shutdownTimeout <= 0 {
 		d.shutdownTimeout = config.DefaultShutdownTimeout
@@ -92,7 +98,7 @@ func New(o Options) (*Dispatcher, error) {
 	}
 	d.m = newMetrics(d.journal)
 	for _, cfg := range o.Sinks {
-		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence())
+		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports)
 		if err != nil {
 			_ = d.journal.Close()
 			return nil, err
@@ -227,7 +233,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	for _, s := range sinks {
 		wg.Go(func() {
 			s.stopWorkers()
-			s.cur.Load().transport.close()
+			s.cur.Load().transport.Close()
 			if !d.journal.Durable() {
 				s.deadLetterQueue(reasonShutdown)
 			}
@@ -274,7 +280,7 @@ func (d *Dispatcher) follow() {
 		s.spill()
 		s.stopWorkers()
 		s.queue.Drain()
-		s.cur.Load().transport.close() // a follower holds no connection to a broker
+		s.cur.Load().transport.Close() // a follower holds no connection to a broker
 	}
 }
 
@@ -364,11 +370,11 @@ func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
 			continue
 		}
 		if !prev.cur.Load().src.Same(cfg) {
-			st, err := newSettings(cfg, prev.log, d.fence())
+			st, err := newSettings(cfg, prev.log, d.fence(), d.transports)
 			if err != nil {
 				d.mu.Unlock()
 				for _, c := range changes {
-					c.st.transport.close()
+					c.st.transport.Close()
 				}
 				return err
 			}
@@ -383,7 +389,7 @@ func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
 			delete(old, name)
 			continue
 		}
-		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence())
+		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports)
 		if err != nil {
 			d.mu.Unlock()
 			return err
@@ -407,7 +413,7 @@ func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
 			s.stopReplay()
 		}
 		s.cutWorkers()
-		s.cur.Load().transport.close()
+		s.cur.Load().transport.Close()
 		d.journal.RemoveTarget(s)
 		s.log.Info("webhook removed")
 	}
@@ -426,7 +432,7 @@ func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
 // fence is what every request is made under: the election's, or one that always holds.
 func (d *Dispatcher) fence() Fence {
 	if d.election == nil {
-		return always{}
+		return Always{}
 	}
 	return d.election
 }

@@ -1,0 +1,59 @@
+package delivery
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/dynwatch/dynwatch/object"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// This file makes a delivery's CloudEvents attributes, the same for every transport.
+
+// Attribute is a CloudEvents context attribute as a binary-mode header carries it.
+type Attribute struct{ Name, Value string }
+
+// CloudEvent returns d's CloudEvents attributes; the HTTP and NATS bindings carry their values
+// through HeaderString, the Kafka binding as they are. The subject is the object's key.
+func CloudEvent(d Delivery) []Attribute {
+	e := d.Event
+	out := []Attribute{
+		{"specversion", "1.0"},
+		{"id", d.ID},
+		{"source", resourcePath(e.Resource)},
+		{"type", "io.dynwatch.resource." + e.Type.Lower()},
+		{"subject", object.KeyOf(e.Object)},
+		{"time", e.Observed.UTC().Format(time.RFC3339Nano)},
+	}
+	if d.FilterError != "" {
+		// An extension attribute: the filter could not decide, and filterErrors is deliver.
+		out = append(out, Attribute{"filtererror", d.FilterError})
+	}
+	return out
+}
+
+// HeaderString is a CloudEvents string attribute as the HTTP and NATS bindings carry it in a
+// header: space, '"', '%' and anything outside printable ASCII percent-encoded (UTF-8 bytes).
+func HeaderString(v string) string {
+	if !strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r >= 0x7f || r == '"' || r == '%' }) {
+		return v
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// resourcePath is the resource's collection path in the Kubernetes API, used as ce-source.
+func resourcePath(gvr schema.GroupVersionResource) string {
+	if gvr.Group == "" {
+		return "/api/" + gvr.Version + "/" + gvr.Resource
+	}
+	return "/apis/" + gvr.Group + "/" + gvr.Version + "/" + gvr.Resource
+}
