@@ -111,34 +111,6 @@ type Limits struct {
 	MaxAuthorizing int `mapstructure:"maxAuthorizing"`
 }
 
-func setAPIDefaults(set func(key string, value any)) {
-	set("api.address", ":8443")
-	set("api.maxPageSize", 500)
-	set("api.watchHistory", 1000)
-	set("api.requestTimeout", "60s")
-	set("api.maxWatchTimeout", "30m")
-	set("api.fieldSelectors", string(FieldSelectorsStrict))
-	set("api.events", string(EventsFromAPIServer))
-	set("api.auth.mode", string(AuthKubernetes))
-	set("api.auth.allowNoneOnNetwork", false)
-	set("api.auth.clientCAFile", "")
-	set("api.auth.tokenCacheTTL", "10s")
-	set("api.auth.allowCacheTTL", "10s")
-	set("api.auth.denyCacheTTL", "10s")
-	set("api.tls.enabled", true)
-	set("api.tls.certFile", "")
-	set("api.tls.keyFile", "")
-	set("api.tls.selfSignedHosts", []string{})
-	set("api.tls.selfSignedCAFile", "")
-	set("api.limits.maxURLLength", 8192)
-	set("api.limits.maxInFlight", 400)
-	set("api.limits.maxInFlightPerUser", 100)
-	set("api.limits.maxWatches", 2000)
-	set("api.limits.maxWatchesPerUser", 200)
-	set("api.limits.maxAuthenticating", 32)
-	set("api.limits.maxAuthorizing", 32)
-}
-
 func (a *API) validate(p *problems) {
 	checkAddress("api.address", a.Address, p)
 	if a.MaxPageSize < 1 {

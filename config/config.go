@@ -310,55 +310,6 @@ func (r *Resource) String() string {
 	return object.ResourceName(schema.GroupVersionResource{Group: r.Group, Version: r.Version, Resource: name})
 }
 
-// setDefaults is the one place defaults are set. It runs on the viper instance before the
-// file is decoded, and on the decoded tree for values inside lists, which viper cannot default.
-func setDefaults(v *viper.Viper) {
-	setAPIDefaults(v.SetDefault)
-	v.SetDefault("metrics.address", ":9090")
-	v.SetDefault("metrics.pprof", false)
-	v.SetDefault("discovery.interval", "5s")
-	v.SetDefault("client.cbor", true)
-	for name, l := range map[string]RateLimit{"informers": {50, 100}, "leaderElection": {10, 20}, "reviews": {20, 40}, "accessReviews": {20, 40}, "reads": {20, 40}} {
-		v.SetDefault("client.rateLimits."+name+".qps", l.QPS)
-		v.SetDefault("client.rateLimits."+name+".burst", l.Burst)
-	}
-	v.SetDefault("state.maxPendingBytes", DefaultMaxPendingBytes)
-	v.SetDefault("log.level", "info")
-	v.SetDefault("log.format", "json")
-	v.SetDefault("shutdownTimeout", DefaultShutdownTimeout.String())
-	v.SetDefault("leaderElection.enabled", false)
-	v.SetDefault("leaderElection.namespace", "")
-	v.SetDefault("leaderElection.leaseName", "dynwatch")
-	v.SetDefault("leaderElection.checkpointName", "dynwatch-checkpoints")
-	v.SetDefault("leaderElection.identity", "")
-	v.SetDefault("leaderElection.leaseDuration", "15s")
-	v.SetDefault("leaderElection.renewDeadline", "10s")
-	v.SetDefault("leaderElection.retryPeriod", "2s")
-	v.SetDefault("leaderElection.checkpointInterval", "1s")
-}
-
-func (c *Config) setListDefaults() {
-	for _, s := range c.Sinks() {
-		s.setDefaults()
-	}
-	yes := true
-	for i := range c.Resources {
-		if c.Resources[i].StaleAfter == 0 {
-			c.Resources[i].StaleAfter = DefaultStaleAfter
-		}
-		if c.Resources[i].Cache == "" {
-			c.Resources[i].Cache = CacheFull
-		}
-		t := &c.Resources[i].Transform
-		if t.StripManagedFields == nil {
-			t.StripManagedFields = &yes
-		}
-		if t.StripLastAppliedConfiguration == nil {
-			t.StripLastAppliedConfiguration = &yes
-		}
-	}
-}
-
 // Load reads the YAML file at path, applies DYNWATCH_ environment overrides and defaults, and
 // validates the result. Unknown keys are errors. The error, if any, lists every problem found.
 func Load(path string) (*Config, error) {

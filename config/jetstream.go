@@ -61,13 +61,6 @@ func (js *JetStream) SecretFiles() []string {
 	return nonEmpty(js.CredentialsFile, js.NKeyFile, js.UserFile, js.PasswordFile, js.TLS.CAFile, js.TLS.CertFile, js.TLS.KeyFile)
 }
 
-func (js *JetStream) setDefaults() {
-	js.Sink.setDefaults()
-	if js.SubjectPrefix == "" {
-		js.SubjectPrefix = DefaultSubjectPrefix
-	}
-}
-
 // subjectTokens are one or more subject tokens of the characters every NATS client accepts,
 // joined by dots: no wildcards, no white space, no empty token.
 var subjectTokens = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)

@@ -98,20 +98,6 @@ func (k *Kafka) SecretFiles() []string {
 	return nonEmpty(k.SASL.UserFile, k.SASL.PasswordFile, k.TLS.CAFile, k.TLS.CertFile, k.TLS.KeyFile)
 }
 
-func (k *Kafka) setDefaults() {
-	k.Sink.setDefaults()
-	if k.Compression == "" {
-		k.Compression = CompressionNone
-	}
-	if k.Acks == "" {
-		k.Acks = AcksAll
-	}
-	if k.Idempotent == nil {
-		yes := true
-		k.Idempotent = &yes
-	}
-}
-
 // topicName is what Kafka accepts as a topic's name.
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 

@@ -160,33 +160,6 @@ const (
 	PayloadNone PayloadObject = "none" // the diff alone
 )
 
-func (w *Sink) setDefaults() {
-	if w.FilterErrors == "" {
-		w.FilterErrors = FilterErrorsDeadLetter
-	}
-	if w.Payload.Diff == "" {
-		w.Payload.Diff = DiffNone
-	}
-	if w.Payload.Object == "" {
-		w.Payload.Object = PayloadFull
-	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&w.Timeout, DefaultWebhookTimeout)
-	def(&w.Retry.InitialBackoff, DefaultInitialBackoff)
-	def(&w.Retry.MaxBackoff, DefaultMaxBackoff)
-	def(&w.Retry.MaxElapsed, DefaultMaxElapsed)
-	if w.Workers == 0 {
-		w.Workers = DefaultWebhookWorkers
-	}
-	if w.QueueSize == 0 {
-		w.QueueSize = DefaultQueueSize
-	}
-}
-
 // celEnv declares the variables a sink's filter sees.
 func celEnv() (*cel.Env, error) {
 	return cel.NewEnv(

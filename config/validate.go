@@ -32,47 +32,8 @@ func (p *problems) add(path, format string, args ...any) {
 // validate checks the whole tree, fills the parsed fields, and reports every problem at once.
 func (c *Config) validate() error {
 	var p problems
-	if len(c.Resources) == 0 {
-		p.add("resources", "at least one resource must be configured")
-	}
-	seen, wholeGroups := map[string]int{}, map[string]int{}
-	for i := range c.Resources {
-		path := fmt.Sprintf("resources[%d]", i)
-		r := &c.Resources[i]
-		r.validate(path, &p)
-		id := strings.ToLower(r.String())
-		first, dup := seen[id]
-		whole, dupGroup := wholeGroups[r.Group]
-		switch {
-		case dup:
-			p.add(path, "duplicate of resources[%d] (%s)", first, r)
-		case r.IsWildcard() && dupGroup:
-			p.add(path+".group", "%q is already watched whole by resources[%d]", r.Group, whole)
-		case r.IsWildcard():
-			wholeGroups[r.Group] = i
-			seen[id] = i
-		default:
-			seen[id] = i
-		}
-	}
-	env, err := celEnv()
-	if err != nil {
-		p.add("webhooks", "CEL environment: %v", err)
-	}
-	names := map[string]string{}
-	index := map[string]int{}
-	for _, s := range c.Sinks() {
-		key := s.key()
-		path := fmt.Sprintf("%s[%d]", key, index[key])
-		index[key]++
-		s.validate(path, c.Resources, env, &p)
-		name := s.Shared().Name
-		if first, dup := names[name]; dup {
-			p.add(path+".name", "duplicate of %s (%s): a sink's name is unique across webhooks, jetstream and kafka", first, name)
-		} else {
-			names[name] = path
-		}
-	}
+	c.validateResources(&p)
+	c.validateSinks(&p)
 	c.API.validate(&p)
 	c.Client.RateLimits.validate(&p)
 	checkAddress("metrics.address", c.Metrics.Address, &p)
@@ -93,6 +54,56 @@ func (c *Config) validate() error {
 	}
 	c.LeaderElection.validate(c.State, &p)
 	return errors.Join(p...)
+}
+
+// validateResources checks each resource and that none is configured twice, nor a group
+// watched whole twice.
+func (c *Config) validateResources(p *problems) {
+	if len(c.Resources) == 0 {
+		p.add("resources", "at least one resource must be configured")
+	}
+	seen, wholeGroups := map[string]int{}, map[string]int{}
+	for i := range c.Resources {
+		path := fmt.Sprintf("resources[%d]", i)
+		r := &c.Resources[i]
+		r.validate(path, p)
+		id := strings.ToLower(r.String())
+		first, dup := seen[id]
+		whole, dupGroup := wholeGroups[r.Group]
+		switch {
+		case dup:
+			p.add(path, "duplicate of resources[%d] (%s)", first, r)
+		case r.IsWildcard() && dupGroup:
+			p.add(path+".group", "%q is already watched whole by resources[%d]", r.Group, whole)
+		case r.IsWildcard():
+			wholeGroups[r.Group] = i
+			seen[id] = i
+		default:
+			seen[id] = i
+		}
+	}
+}
+
+// validateSinks checks each sink of every kind, with its filters, and that no two share a name.
+func (c *Config) validateSinks(p *problems) {
+	env, err := celEnv()
+	if err != nil {
+		p.add("webhooks", "CEL environment: %v", err)
+	}
+	names := map[string]string{}
+	index := map[string]int{}
+	for _, s := range c.Sinks() {
+		key := s.key()
+		path := fmt.Sprintf("%s[%d]", key, index[key])
+		index[key]++
+		s.validate(path, c.Resources, env, p)
+		name := s.Shared().Name
+		if first, dup := names[name]; dup {
+			p.add(path+".name", "duplicate of %s (%s): a sink's name is unique across webhooks, jetstream and kafka", first, name)
+		} else {
+			names[name] = path
+		}
+	}
 }
 
 func (r RateLimits) validate(p *problems) {
@@ -151,26 +162,7 @@ func (r *Resource) validate(path string, p *problems) {
 	if r.Version == "" {
 		p.add(path+".version", "is required")
 	}
-	if r.Group != "" {
-		for _, msg := range validation.IsDNS1123Subdomain(r.Group) {
-			p.add(path+".group", "%s", msg)
-		}
-	}
-	switch {
-	case r.Resource == "" && r.Kind == "":
-		p.add(path, "one of resource or kind is required")
-	case r.Resource != "" && r.Kind != "":
-		p.add(path, "set resource or kind, not both")
-	case r.IsWildcard():
-	case r.Resource != "":
-		for _, msg := range validation.IsDNS1123Label(r.Resource) {
-			p.add(path+".resource", "%s", msg)
-		}
-	case r.Kind == Wildcard:
-		p.add(path+".kind", `"*" is not a Kind: watch a whole API group with resource: "*"`)
-	case !kindName.MatchString(r.Kind):
-		p.add(path+".kind", "must be a Kind such as ConfigMap, got %q", r.Kind)
-	}
+	r.validateName(path, p)
 	r.validateWildcard(path, p)
 	namespaces := map[string]bool{}
 	for j, ns := range r.Namespaces {
@@ -198,17 +190,7 @@ func (r *Resource) validate(path string, p *problems) {
 	if r.Resync != 0 && r.Resync < time.Second {
 		p.add(path+".resync", "must be 0 (off) or at least 1s, got %s", r.Resync)
 	}
-	for j, text := range r.Transform.RemoveFields {
-		fp, err := ParseFieldPath(text)
-		if err != nil {
-			p.add(fmt.Sprintf("%s.transform.removeFields[%d]", path, j), "%v", err)
-			continue
-		}
-		r.Transform.Paths = append(r.Transform.Paths, fp)
-	}
-	if r.Transform.KeepSecretData && !r.IsSecrets() {
-		p.add(path+".transform.keepSecretData", "only applies to core v1 secrets")
-	}
+	r.validateTransform(path, p)
 	names := map[string]bool{}
 	for j := range r.Indexers {
 		ix := &r.Indexers[j]
@@ -220,6 +202,45 @@ func (r *Resource) validate(path string, p *problems) {
 		names[ix.Name] = true
 	}
 	r.validateCache(path, p)
+}
+
+// validateName checks the group and the resource or kind that name the resource.
+func (r *Resource) validateName(path string, p *problems) {
+	if r.Group != "" {
+		for _, msg := range validation.IsDNS1123Subdomain(r.Group) {
+			p.add(path+".group", "%s", msg)
+		}
+	}
+	switch {
+	case r.Resource == "" && r.Kind == "":
+		p.add(path, "one of resource or kind is required")
+	case r.Resource != "" && r.Kind != "":
+		p.add(path, "set resource or kind, not both")
+	case r.IsWildcard():
+	case r.Resource != "":
+		for _, msg := range validation.IsDNS1123Label(r.Resource) {
+			p.add(path+".resource", "%s", msg)
+		}
+	case r.Kind == Wildcard:
+		p.add(path+".kind", `"*" is not a Kind: watch a whole API group with resource: "*"`)
+	case !kindName.MatchString(r.Kind):
+		p.add(path+".kind", "must be a Kind such as ConfigMap, got %q", r.Kind)
+	}
+}
+
+// validateTransform parses the transform's removeFields paths.
+func (r *Resource) validateTransform(path string, p *problems) {
+	for j, text := range r.Transform.RemoveFields {
+		fp, err := ParseFieldPath(text)
+		if err != nil {
+			p.add(fmt.Sprintf("%s.transform.removeFields[%d]", path, j), "%v", err)
+			continue
+		}
+		r.Transform.Paths = append(r.Transform.Paths, fp)
+	}
+	if r.Transform.KeepSecretData && !r.IsSecrets() {
+		p.add(path+".transform.keepSecretData", "only applies to core v1 secrets")
+	}
 }
 
 // validateCache checks cache, and that with metadata only nothing needs the object's body.

@@ -215,6 +215,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 
 	<-ctx.Done()
+	return d.shutdown(&elected, stopJournal, journalDone)
+}
+
+// shutdown stops delivering once Run's context has ended, within the shutdown timeout: the
+// election gives up the Lease once delivery has stopped, requests under way have half of the
+// timeout to finish, the journal queues what the informers handed over last and commits the
+// last acknowledgements before it closes.
+func (d *Dispatcher) shutdown(elected *sync.WaitGroup, stopJournal context.CancelFunc, journalDone <-chan struct{}) error {
 	deadline := time.AfterFunc(d.shutdownTimeout, d.abandonCancel)
 	defer deadline.Stop()
 	finishBy := time.AfterFunc(d.shutdownTimeout/2, d.finishCancel)
@@ -321,114 +329,6 @@ func (d *Dispatcher) restore() error {
 	return nil
 }
 
-// orphaned dead-letters the outbox of a webhook no longer configured (removed or renamed
-// while dynwatch was stopped): with no target left to write to, each event is logged and
-// counted with reason sink_removed.
-func (d *Dispatcher) orphaned(name string) error {
-	log := d.log.With("sink", name)
-	dead := d.m.deadLetters.WithLabelValues(name, reasonRemoved)
-	n := 0
-	_, _, err := d.journal.ReadOutbox(name, 0, 0, func(e journal.Entry) bool {
-		ref := refOf(e)
-		log.Error("dead letter", "id", e.ID, "type", string(e.Event.Type), "resource", ref.Resource, "namespace", ref.Namespace, "name", ref.Name,
-			"reason", reasonRemoved, "error", "the webhook is no longer configured")
-		dead.Inc()
-		d.journal.Ack(name, e.Seq)
-		n++
-		return true
-	})
-	if err != nil {
-		return err
-	}
-	log.Warn("the outbox of a webhook no longer configured was dead-lettered", "events", n, "reason", reasonRemoved)
-	d.journal.DropSink(name)
-	return nil
-}
-
-// Update applies a new webhook configuration while running. Unchanged sinks go on as they
-// are. A changed sink keeps its queue, outbox and retry deadlines and restarts its workers
-// with the new settings. A removed sink stops; once what was queued for it is committed, its
-// queue and outbox are dead-lettered with reason sink_removed. A new sink receives the events
-// that arrive from now on and, with initialState, every current object first (see replay.go).
-func (d *Dispatcher) Update(sinks []config.SinkConfig) error {
-	d.life.Lock()
-	defer d.life.Unlock()
-	type change struct {
-		s  *Sink
-		st *settings
-	}
-	d.mu.Lock()
-	old := map[string]*Sink{}
-	for _, s := range d.sinks {
-		old[s.name] = s
-	}
-	var changes []change
-	var next []*Sink
-	for _, cfg := range sinks {
-		prev := old[cfg.Shared().Name]
-		if prev == nil {
-			continue
-		}
-		if !prev.cur.Load().src.Same(cfg) {
-			st, err := newSettings(cfg, prev.log, d.fence(), d.transports)
-			if err != nil {
-				d.mu.Unlock()
-				for _, c := range changes {
-					c.st.transport.Close()
-				}
-				return err
-			}
-			changes = append(changes, change{prev, st})
-		}
-	}
-	var started []*Sink
-	for _, cfg := range sinks {
-		name := cfg.Shared().Name
-		if prev := old[name]; prev != nil {
-			next = append(next, prev)
-			delete(old, name)
-			continue
-		}
-		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports)
-		if err != nil {
-			d.mu.Unlock()
-			return err
-		}
-		if d.election != nil && d.ctx == nil {
-			s.spill() // following: it records, the leader delivers
-		}
-		next = append(next, s)
-		started = append(started, s)
-	}
-	d.sinks = next
-	ctx := d.ctx
-	d.mu.Unlock()
-
-	for _, c := range changes {
-		c.s.reconfigure(ctx, d.finish, c.st)
-		c.s.log.Info("webhook reconfigured")
-	}
-	for _, s := range old {
-		if s.stopReplay != nil {
-			s.stopReplay()
-		}
-		s.cutWorkers()
-		s.cur.Load().transport.Close()
-		d.journal.RemoveTarget(s)
-		s.log.Info("webhook removed")
-	}
-	for _, s := range started {
-		s.dead.start()
-		if ctx != nil {
-			s.startWorkers(ctx, d.finish)
-		}
-		if d.replayCtx != nil && d.replayCtx.Err() == nil {
-			d.startReplay(d.replayCtx, s)
-		}
-	}
-	return nil
-}
-
 // fence is what every request is made under: the election's, or one that always holds.
 func (d *Dispatcher) fence() Fence {
 	if d.election == nil {
@@ -436,43 +336,6 @@ func (d *Dispatcher) fence() Fence {
 	}
 	return d.election
 }
-
-// retire dead-letters what a removed sink had not delivered, with reason sink_removed: its
-// queue, and with a store its whole outbox, which holds the queue and whatever did not fit.
-// The journal calls it once everything queued for the sink is committed. A replica that does
-// not lead drops the outbox instead: the leader dead-letters its own.
-func (d *Dispatcher) retire(t journal.Target) {
-	s := t.(*Sink)
-	d.retiring.Add(1)
-	go func() {
-		defer d.retiring.Done()
-		s.dead.start()
-		if !d.journal.Durable() {
-			s.deadLetterQueue(reasonRemoved)
-		} else {
-			s.queue.Drain() // every one of them is in the outbox
-			following := d.election != nil && !d.election.Leading()
-			_, _, err := d.journal.ReadOutbox(s.name, 0, 0, func(e journal.Entry) bool {
-				if following {
-					d.journal.Ack(s.name, e.Seq) // the leader dead-letters its own
-				} else {
-					s.dead.submit(Delivery{Entry: e}, reasonRemoved, errRemoved)
-				}
-				return true
-			})
-			if err != nil {
-				s.log.Error("read the outbox of a removed webhook", "err", err)
-			}
-		}
-		s.dead.close(d.abandon)
-		d.journal.DropSink(s.name)
-		if !slices.ContainsFunc(d.current(), func(o *Sink) bool { return o.name == s.name }) {
-			d.m.removeSink(s.name)
-		}
-	}()
-}
-
-var errRemoved = errors.New("the webhook was removed from the configuration")
 
 // filterWorkers is how many goroutines filter events off the journal's writer: twice the CPUs, at least 4, so that a few costly objects being filtered at once do not
 // hold up everyone else's.

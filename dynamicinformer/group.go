@@ -167,20 +167,8 @@ func (m *Manager) expandGroups(ctx context.Context, s served, byGVR map[schema.G
 		members, left := selectMembers(s, e.cfg, claimed)
 		var stop []*Resource
 		next[e], stop = m.expand(ctx, e, members, current, byGVR)
-		watched := map[schema.GroupResource]bool{}
-		for gr := range claimed {
-			watched[gr] = true
-		}
-		for _, x := range members {
-			watched[x.gvr.GroupResource()] = true
-		}
-		for _, x := range stop {
-			if watched[x.cfg.GroupVersionResource().GroupResource()] {
-				stopped = append(stopped, x)
-			} else {
-				retired = append(retired, x)
-			}
-		}
+		kept, gone := stillWatched(stop, claimed, members)
+		stopped, retired = append(stopped, kept...), append(retired, gone...)
 		e.setState(groupState(s, e.cfg, len(members), left))
 	}
 	m.mu.Lock()
@@ -199,6 +187,27 @@ func (m *Manager) expandGroups(ctx context.Context, s served, byGVR map[schema.G
 		gone = append(gone, x.name)
 	}
 	m.forget(gone...)
+}
+
+// stillWatched splits the members a group stops into those whose resource is still watched,
+// by another entry or as another version (kept: only their informers stop), and the others
+// (gone: retired, their objects handed out as deleted).
+func stillWatched(stop []*Resource, claimed map[schema.GroupResource]string, members []member) (kept, gone []*Resource) {
+	watched := map[schema.GroupResource]bool{}
+	for gr := range claimed {
+		watched[gr] = true
+	}
+	for _, x := range members {
+		watched[x.gvr.GroupResource()] = true
+	}
+	for _, x := range stop {
+		if watched[x.cfg.GroupVersionResource().GroupResource()] {
+			kept = append(kept, x)
+		} else {
+			gone = append(gone, x)
+		}
+	}
+	return kept, gone
 }
 
 // expand starts the members of e that are new or whose configuration changed, and returns
@@ -288,7 +297,7 @@ func (r *Resource) retire() {
 		}
 		r.emit(object.Event{Type: object.Deleted, Resource: gvr, Object: u, Stream: stream})
 	}
-	r.m.log.Info("resource no longer watched: its cached objects were handed out as deleted", "resource", r.name, "objects", len(gone))
+	r.m.logger().Info("resource no longer watched: its cached objects were handed out as deleted", "resource", r.name, "objects", len(gone))
 }
 
 // forget drops the metric series of resources that are no longer watched.

@@ -117,6 +117,12 @@ func (m *Manager) newResource(cfg *config.Resource) *Resource {
 	return r
 }
 
+func (m *Manager) logger() *slog.Logger       { return m.log }
+func (m *Manager) clock() time.Time           { return m.now() }
+func (m *Manager) subscribed() []Subscriber   { return m.subscribers }
+func (m *Manager) nextRun() uint64            { return m.runs.Add(1) }
+func (m *Manager) jsonClient() rest.Interface { return m.json }
+
 // Resources returns every watched resource, in configuration order: the configured ones, and
 // in place of a whole group (resource: "*") the members discovery found, in name order.
 func (m *Manager) Resources() []*Resource {

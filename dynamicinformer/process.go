@@ -115,10 +115,10 @@ func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *s
 }
 
 func (r *Resource) emit(e object.Event) {
-	e.Observed = r.m.now()
+	e.Observed = r.m.clock()
 	r.lastEvent.Store(e.Observed.UnixNano())
 	r.events[e.Type].Inc()
-	for _, s := range r.m.subscribers {
+	for _, s := range r.m.subscribed() {
 		s.OnEvent(e)
 	}
 }

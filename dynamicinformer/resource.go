@@ -2,21 +2,20 @@ package dynamicinformer
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -50,11 +49,26 @@ const (
 	StateExpanded State = "Expanded"
 )
 
+// host is what a Resource needs of the Manager that runs it: its logger and clock, the
+// subscribers its events go to and a number for each start of its informers, where its
+// informers read from, and the gate that holds their reading back.
+type host interface {
+	logger() *slog.Logger
+	clock() time.Time
+	subscribed() []Subscriber
+	nextRun() uint64
+	sourceOf(gvr schema.GroupVersionResource, metadataOnly bool) source
+	jsonClient() rest.Interface
+	waitRoom(ctx context.Context) error
+	gated(w watch.Interface) watch.Interface
+	Nudge()
+}
+
 // Resource is one configured resource and, while the apiserver serves it, its informers.
 type Resource struct {
 	cfg  *config.Resource
 	name string
-	m    *Manager
+	m    host
 	// parent is the whole group this resource is a member of; nil for a configured one.
 	parent *Resource
 	// members are a whole group's resources, in name order; guarded by the Manager's mu.
@@ -92,109 +106,6 @@ type namespaceInformer struct {
 	health     *health
 	moves      *moves
 }
-
-// health is whether an informer's calls to the apiserver succeed: since when they have failed,
-// and with what, or zero since the last success.
-type health struct {
-	mu      sync.Mutex
-	since   time.Time
-	lastErr string
-}
-
-func (h *health) observe(err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	switch {
-	case err == nil:
-		h.since, h.lastErr = time.Time{}, ""
-	case h.since.IsZero():
-		h.since, h.lastErr = time.Now(), err.Error()
-	default:
-		h.lastErr = err.Error()
-	}
-}
-
-// failing returns how long calls have failed and the last error, or zero.
-func (h *health) failing(now time.Time) (time.Duration, string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.since.IsZero() {
-		return 0, ""
-	}
-	return now.Sub(h.since), h.lastErr
-}
-
-// errListEnded is a watch-list stream that ended before its initial events did. client-go's
-// Watch returns such a stream, empty and already closed, rather than an error, when the
-// connection to the apiserver fails.
-var errListEnded = errors.New("the list's stream ended before its initial events")
-
-// observeList passes on the events of w, a watch-list stream, and reports its outcome to h: a
-// success once its initial events have ended, else the error that ended it.
-func observeList(ctx context.Context, w watch.Interface, h *health) watch.Interface {
-	o := newRelay(w)
-	go func() {
-		defer close(o.out)
-		defer w.Stop()
-		listed, err := false, errListEnded
-		for e := range w.ResultChan() {
-			switch {
-			case listed:
-			case e.Type == watch.Error:
-				err = apierrors.FromObject(e.Object)
-			case e.Type == watch.Bookmark:
-				if m, aerr := meta.Accessor(e.Object); aerr == nil && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-					listed = true
-					h.observe(nil)
-				}
-			}
-			if !o.send(e) {
-				return
-			}
-		}
-		if !listed && ctx.Err() == nil {
-			h.observe(err)
-		}
-	}()
-	return o
-}
-
-// relay is a watch that passes on, from its own goroutine, what it makes of the watch under
-// it (in; nil when that goroutine opens and stops the watch itself): that goroutine sends to
-// out until stop.
-type relay struct {
-	in   watch.Interface
-	out  chan watch.Event
-	stop chan struct{}
-	once sync.Once
-}
-
-func newRelay(in watch.Interface) *relay {
-	return &relay{in: in, out: make(chan watch.Event), stop: make(chan struct{})}
-}
-
-func (o *relay) ResultChan() <-chan watch.Event { return o.out }
-
-func (o *relay) Stop() {
-	o.once.Do(func() {
-		close(o.stop)
-		if o.in != nil {
-			o.in.Stop()
-		}
-	})
-}
-
-// send passes e on, and reports false once the watch is stopped.
-func (o *relay) send(e watch.Event) bool {
-	select {
-	case o.out <- e:
-		return true
-	case <-o.stop:
-		return false
-	}
-}
-
-type counter interface{ Inc() }
 
 // Name is the resource as configured, in resource.version.group form.
 func (r *Resource) Name() string { return r.name }
@@ -265,7 +176,7 @@ func (r *Resource) setState(s State, reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.state != s || r.reason != reason {
-		r.m.log.Info("resource state changed", "resource", r.name, "state", s, "reason", reason)
+		r.m.logger().Info("resource state changed", "resource", r.name, "state", s, "reason", reason)
 	}
 	r.state, r.reason = s, reason
 }
@@ -316,8 +227,8 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		informers = append(informers, ni)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	run := r.m.runs.Add(1)
-	for _, s := range r.m.subscribers {
+	run := r.m.nextRun()
+	for _, s := range r.m.subscribed() {
 		if o, ok := s.(ListObserver); ok {
 			o.ListStarted(gvr, run, slices.Clone(namespaces))
 		}
@@ -344,117 +255,14 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 		for _, ni := range informers {
 			revision = max(revision, object.Revision(ni.controller.LastSyncResourceVersion()))
 		}
-		for _, s := range r.m.subscribers {
+		for _, s := range r.m.subscribed() {
 			if o, ok := s.(ListObserver); ok {
 				o.ListSynced(gvr, run, revision)
 			}
 		}
 	})
-	r.m.log.Info("resource informers started", "resource", r.name, "gvr", object.ResourceName(gvr), "namespaces", r.cfg.Namespaces)
+	r.m.logger().Info("resource informers started", "resource", r.name, "gvr", object.ResourceName(gvr), "namespaces", r.cfg.Namespaces)
 	return nil
-}
-
-// listWatch lists and watches the resource in one namespace through client, as client-go's
-// dynamic informer does. Every list and watch call's outcome goes to h. With sel, only the
-// objects of the namespaces it selects are passed on, and its changes are brought in as they
-// happen, listed through src (see selectWatch).
-func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.ListOptions), h *health, sel *selection, mv *moves) *cache.ListWatch {
-	selected := &applied{}
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			tweak(&o)
-			if o.Continue == "" {
-				if err := r.m.waitRoom(ctx); err != nil {
-					return nil, err
-				}
-			}
-			if sel != nil && o.Continue == "" {
-				// Every page of the list is filtered by the selection as it is at its start.
-				cur, err := sel.wait(ctx, selectionWait)
-				if err != nil {
-					return nil, err
-				}
-				selected.put(cur)
-				mv.selectionApplied(cur.rev, true)
-			}
-			list, err := client.List(ctx, o)
-			if ctx.Err() == nil {
-				h.observe(err)
-			}
-			if err == nil {
-				r.dropExcluded(list, sel, selected)
-			}
-			return list, err
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			tweak(&o)
-			if err := r.m.waitRoom(ctx); err != nil {
-				return nil, err
-			}
-			initial := o.SendInitialEvents != nil && *o.SendInitialEvents
-			if sel != nil && initial {
-				cur, err := sel.wait(ctx, selectionWait)
-				if err != nil {
-					return nil, err
-				}
-				selected.put(cur)
-				mv.selectionApplied(cur.rev, true)
-			}
-			w, err := client.Watch(ctx, o)
-			switch {
-			case err == nil && initial:
-				w = observeList(ctx, w, h)
-			case ctx.Err() == nil:
-				h.observe(err)
-			}
-			if err == nil && sel != nil {
-				opts := metav1.ListOptions{}
-				tweak(&opts)
-				sw := &selectWatch{relay: newRelay(w), r: r, client: src, opts: opts, sel: sel, state: selected, moves: mv, initial: initial}
-				go sw.run(ctx, o.ResourceVersion)
-				return r.m.gated(sw), nil
-			}
-			if err != nil {
-				return nil, err
-			}
-			if len(r.cfg.ExcludedGlobs) > 0 {
-				w = watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-					o, ok := e.Object.(interface{ GetNamespace() string })
-					return e, !ok || e.Type == watch.Bookmark || !r.cfg.Excludes(o.GetNamespace())
-				})
-			}
-			return r.m.gated(w), nil
-		},
-	}
-}
-
-// selectionWait bounds how long a list waits for the namespaces a namespaceSelector selects
-// to be listed; past it the list fails, naming why, and the reflector tries again.
-const selectionWait = 10 * time.Second
-
-// dropExcluded removes from a list the objects of the namespaces the resource's
-// excludeNamespaces globs match (the apiserver has left out the named ones already) and, with
-// sel, of the namespaces not in the selection the list started with.
-func (r *Resource) dropExcluded(list runtime.Object, sel *selection, selected *applied) {
-	if len(r.cfg.ExcludedGlobs) == 0 && sel == nil {
-		return
-	}
-	var names members
-	if sel != nil {
-		names = selected.get().names
-	}
-	drop := func(namespace string) bool {
-		if _, ok := names[namespace]; sel != nil && !ok {
-			return true
-		}
-		return r.cfg.Excludes(namespace)
-	}
-	switch list := list.(type) {
-	case *unstructured.UnstructuredList:
-		list.Items = slices.DeleteFunc(list.Items, func(u unstructured.Unstructured) bool { return drop(u.GetNamespace()) })
-	case *wireList:
-		list.Items = slices.DeleteFunc(list.Items, func(w *wire) bool { return drop(w.Namespace) })
-	}
 }
 
 // stopInformers stops the informers, waits for them, and drops their caches.
@@ -472,19 +280,7 @@ func (r *Resource) stopInformers() {
 	r.informers, r.selection, r.store = nil, nil, nil
 	r.mu.Unlock()
 	r.objects.Store(0)
-	r.m.log.Info("resource informers stopped", "resource", r.name)
-}
-
-func (r *Resource) onWatchError(ctx context.Context, reflector *cache.Reflector, err error) {
-	r.watchErrs.Inc()
-	r.mu.Lock()
-	r.lastError = err.Error()
-	r.mu.Unlock()
-	cache.DefaultWatchErrorHandler(ctx, reflector, err)
-	if apierrors.IsNotFound(err) {
-		// The resource may have gone away (CRD deleted): let discovery decide, now.
-		r.m.Nudge()
-	}
+	r.m.logger().Info("resource informers stopped", "resource", r.name)
 }
 
 // Status is a resource's state as reported by /status.

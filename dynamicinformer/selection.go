@@ -307,7 +307,7 @@ func (w *selectWatch) bringIn(ctx context.Context, rv string, cur *selected) boo
 	if err := w.transition(ctx, rv, *cur, next); errors.Is(err, errStopped) {
 		return false
 	} else if err != nil {
-		w.r.m.log.Info("namespace selection changed: listing again", "resource", w.r.name, "err", err)
+		w.r.m.logger().Info("namespace selection changed: listing again", "resource", w.r.name, "err", err)
 		status := apierrors.NewResourceExpired(fmt.Sprintf("namespace selection changed, and %v", err)).ErrStatus
 		w.send(watch.Event{Type: watch.Error, Object: &status})
 		return false

@@ -37,12 +37,12 @@ func (r *Resource) objectsOf(gvr schema.GroupVersionResource, gvk schema.GroupVe
 	if unstructuredOnly {
 		return unstructuredObjects{src.Namespace(namespace)}
 	}
-	l := jsonLister{client: r.m.json, gvr: gvr, namespace: namespace,
+	l := jsonLister{client: r.m.jsonClient(), gvr: gvr, namespace: namespace,
 		read: reader{cuts: cutsOf(r.cfg), typed: typeMembers(gvk.GroupVersion().String(), gvk.Kind), metadataOnly: r.cfg.MetadataOnly()}}
 	if l.read.metadataOnly {
 		return l // resumes whole objects only (see Resumer)
 	}
-	for _, s := range r.m.subscribers {
+	for _, s := range r.m.subscribed() {
 		if from, ok := s.(Resumer); ok {
 			l.resume = &resume{from: from, stream: namespace, selection: selectionOf(r.cfg)}
 			break

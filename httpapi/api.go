@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -240,17 +239,8 @@ func (a *api) serve(c *gin.Context) {
 		a.discovery(w, t)
 		return
 	}
-	res, ok := a.Informers.Lookup(t.gv.WithResource(t.resource))
+	res, ok := a.lookup(c, t)
 	if !ok {
-		if a.eventsFromAPIServer(c, t) {
-			return
-		}
-		writeStatus(w, notServed())
-		return
-	}
-	gvr, info, running := res.API()
-	if !running || (info.Namespaced && t.namespace == "" && t.name != "") || (!info.Namespaced && t.namespace != "") {
-		writeStatus(w, notServed())
 		return
 	}
 	q, serr := parseQuery(c.Request.URL.Query(), a.MaxPageSize)
@@ -258,35 +248,13 @@ func (a *api) serve(c *gin.Context) {
 		writeStatus(w, serr)
 		return
 	}
-	gk := schema.GroupKind{Group: gvr.Group, Kind: info.Kind}
-	table := wantsTable(c.Request)
-	var crd crdView
-	if table || !q.fields.Empty() {
-		crd = a.crds.view(c.Request.Context(), gvr)
-	}
-	if !q.fields.Empty() {
-		if serr := q.selectFields(selectableFields(gk, crd.selectable, res.Config(), a.AnyFieldSelectors)); serr != nil {
-			writeStatus(w, serr)
-			return
-		}
-	}
-	switch st := res.State(); {
-	case st == dynamicinformer.StateSynced:
-	case st == dynamicinformer.StateStale && !res.Listed():
-		writeStatus(w, apierrors.NewServiceUnavailable(res.Name()+" has never been listed: its list keeps failing"))
-		return
-	case st == dynamicinformer.StateStale:
-		// Kubernetes' warning format (RFC 7234 299), which kubectl and client-go print.
-		c.Header("Warning", `299 - "dynwatch: the data of `+res.Name()+` is stale: its list and watch keep failing"`)
-	default:
-		writeStatus(w, apierrors.NewServiceUnavailable(res.Name()+" has not synced yet"))
+	out, serr := a.responder(c, res, q)
+	if serr != nil {
+		writeStatus(w, serr)
 		return
 	}
-	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd), chunks: a.chunks}
-	if res.Config().MetadataOnly() {
-		// The cache holds what the apiserver sends metadata informers, and says so: a client
-		// that reads the kind's fields finds none, rather than empty ones.
-		out.gvk, out.printer = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadata"), defaultPrinter
+	if !synced(c, res) {
+		return
 	}
 	switch {
 	case t.watch(c.Request.URL.Query()):
@@ -295,6 +263,7 @@ func (a *api) serve(c *gin.Context) {
 		a.deadline(c, a.RequestTimeout)
 		obj, found := res.Get(t.namespace, t.name)
 		if !found {
+			gvr, _, _ := res.API()
 			writeStatus(w, apierrors.NewNotFound(gvr.GroupResource(), t.name))
 			return
 		}
@@ -303,6 +272,66 @@ func (a *api) serve(c *gin.Context) {
 		a.deadline(c, a.RequestTimeout)
 		a.list(c, res, t, q, out)
 	}
+}
+
+// lookup is the running resource t names; false once it has answered otherwise: with the
+// events from the apiserver, or not served.
+func (a *api) lookup(c *gin.Context, t target) (*dynamicinformer.Resource, bool) {
+	res, ok := a.Informers.Lookup(t.gv.WithResource(t.resource))
+	if !ok {
+		if !a.eventsFromAPIServer(c, t) {
+			writeStatus(c.Writer, notServed())
+		}
+		return nil, false
+	}
+	_, info, running := res.API()
+	if !running || (info.Namespaced && t.namespace == "" && t.name != "") || (!info.Namespaced && t.namespace != "") {
+		writeStatus(c.Writer, notServed())
+		return nil, false
+	}
+	return res, true
+}
+
+// responder is how an answer of res is written, as a table or objects; q's field selectors
+// are checked first against the fields res's kind can be selected by.
+func (a *api) responder(c *gin.Context, res *dynamicinformer.Resource, q *query) (responder, *apierrors.StatusError) {
+	gvr, info, _ := res.API()
+	gk := schema.GroupKind{Group: gvr.Group, Kind: info.Kind}
+	table := wantsTable(c.Request)
+	var crd crdView
+	if table || !q.fields.Empty() {
+		crd = a.crds.view(c.Request.Context(), gvr)
+	}
+	if !q.fields.Empty() {
+		if serr := q.selectFields(selectableFields(gk, crd.selectable, res.Config(), a.AnyFieldSelectors)); serr != nil {
+			return responder{}, serr
+		}
+	}
+	out := responder{gvk: gvr.GroupVersion().WithKind(info.Kind), table: table, include: includeObject(c.Request), printer: printerFor(gk, crd), chunks: a.chunks}
+	if res.Config().MetadataOnly() {
+		// The cache holds what the apiserver sends metadata informers, and says so: a client
+		// that reads the kind's fields finds none, rather than empty ones.
+		out.gvk, out.printer = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadata"), defaultPrinter
+	}
+	return out, nil
+}
+
+// synced reports whether res's cache may answer: synced, or stale once listed (with a
+// warning); otherwise it answers 503.
+func synced(c *gin.Context, res *dynamicinformer.Resource) bool {
+	switch st := res.State(); {
+	case st == dynamicinformer.StateSynced:
+	case st == dynamicinformer.StateStale && !res.Listed():
+		writeStatus(c.Writer, apierrors.NewServiceUnavailable(res.Name()+" has never been listed: its list keeps failing"))
+		return false
+	case st == dynamicinformer.StateStale:
+		// Kubernetes' warning format (RFC 7234 299), which kubectl and client-go print.
+		c.Header("Warning", `299 - "dynwatch: the data of `+res.Name()+` is stale: its list and watch keep failing"`)
+	default:
+		writeStatus(c.Writer, apierrors.NewServiceUnavailable(res.Name()+" has not synced yet"))
+		return false
+	}
+	return true
 }
 
 // routeOf names a Kubernetes API path's route for metrics, before anything about the request
@@ -333,58 +362,4 @@ func printerFor(gk schema.GroupKind, crd crdView) printer {
 		return p
 	}
 	return defaultPrinter
-}
-
-func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
-	ctx, cancel := context.WithTimeout(c.Request.Context(), a.RequestTimeout)
-	defer cancel()
-	// Every page reads the first page's snapshot, at its resourceVersion: it holds every change
-	// up to it and none after.
-	gvr, _, _ := res.API()
-	snap, rv, pinned, kept := a.listSnapshot(res, t.namespace, q)
-	if !kept {
-		writeStatus(c.Writer, apierrors.NewResourceExpired("the provided continue parameter is too old to display a consistent list result: start a new list without it"))
-		return
-	}
-	l, serr := q.candidates(res, snap)
-	if serr != nil {
-		writeStatus(c.Writer, serr)
-		return
-	}
-	p, err := q.paginate(ctx, l, t.namespace)
-	if err != nil {
-		a.interrupted(c)
-		return
-	}
-	if p.last != "" {
-		if pinned == 0 {
-			pinned = a.pins.pin(gvr, snap)
-		}
-		p.next = encodeContinue(rv, p.last, pinned)
-	}
-	c.Header("X-Dynwatch-Lookup", l.strategy)
-	out.list(c.Writer, p, rv)
-}
-
-// listSnapshot is the snapshot a list's page reads, with the list's resourceVersion and the
-// id it is pinned under: for a first page, the cache now (not pinned yet, id 0); for a later
-// one, its first page's, and false once that is no longer kept.
-func (a *api) listSnapshot(res *dynamicinformer.Resource, namespace string, q *query) (dynamicinformer.Snapshot, string, uint64, bool) {
-	if q.after == "" {
-		snap := res.Snapshot()
-		return snap, strconv.FormatUint(snap.Revision(namespace), 10), 0, true
-	}
-	gvr, _, _ := res.API()
-	snap, ok := a.pins.get(q.pinned, gvr)
-	return snap, q.listRV, q.pinned, ok
-}
-
-// interrupted ends a request whose work was cut short: by its client going away (nobody to
-// answer) or by api.requestTimeout (504, as the apiserver answers).
-func (a *api) interrupted(c *gin.Context) {
-	if c.Request.Context().Err() != nil {
-		c.Abort()
-		return
-	}
-	a.reject(c, rejectRequestTimeout, apierrors.NewTimeoutError(fmt.Sprintf("request did not complete within %s", a.RequestTimeout), 0))
 }

@@ -9,8 +9,10 @@
 // exactly what it could read from the apiserver. Security builds those from the config, with
 // the serving certificate (tls.go), which follows its files without a restart.
 //
-// Handlers only read: they take their data from the dynamicinformer.Manager and the Prometheus
-// gatherer they are built with, and are safe for concurrent use. Work on a request stops when
+// Handlers only read, and are safe for concurrent use: objects from the dynamicinformer.Manager's
+// caches and the watch Hub; /status also from the reload, election and journal reports they are
+// given; OpenAPI documents, CustomResourceDefinitions and (with api.events apiserver) events
+// from the apiserver, with dynwatch's identity; the metrics from the Prometheus gatherer. Work on a request stops when
 // its client goes away or api.requestTimeout passes. Serve runs one http.Server until its
 // context ends, then shuts it down gracefully.
 package httpapi

@@ -192,9 +192,46 @@ var (
 // then the containers from last to first; sidecars (restartable init containers) count
 // among the containers.
 func podRow(pod *corev1.Pod) ([]any, []metav1.TableRowCondition) {
-	restarts, sidecarRestarts := 0, 0
-	total, ready := len(pod.Spec.Containers), 0
-	var lastRestart, lastSidecarRestart metav1.Time
+	st := podStatus{total: len(pod.Spec.Containers), reason: podReason(pod)}
+	sidecar := map[string]bool{}
+	for _, c := range pod.Spec.InitContainers {
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			sidecar[c.Name] = true
+			st.total++
+		}
+	}
+	if !st.initContainers(pod, sidecar) || podCondition(pod, corev1.PodInitialized) {
+		st.containers(pod)
+	}
+	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	switch {
+	case pod.DeletionTimestamp != nil && pod.Status.Reason == "NodeLost":
+		st.reason = "Unknown"
+	case pod.DeletionTimestamp != nil && !terminal:
+		st.reason = "Terminating"
+	}
+	restartCell := strconv.Itoa(st.restarts)
+	if st.restarts != 0 && !st.lastRestart.IsZero() {
+		restartCell = fmt.Sprintf("%d (%s ago)", st.restarts, age(st.lastRestart))
+	}
+	ip := "<none>"
+	if len(pod.Status.PodIPs) > 0 && pod.Status.PodIPs[0].IP != "" {
+		ip = pod.Status.PodIPs[0].IP
+	}
+	var conditions []metav1.TableRowCondition
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		conditions = podSucceeded
+	case corev1.PodFailed:
+		conditions = podFailed
+	}
+	return []any{pod.Name, fmt.Sprintf("%d/%d", st.ready, st.total), st.reason, restartCell, age(pod.CreationTimestamp),
+		ip, orNone(pod.Spec.NodeName), orNone(pod.Status.NominatedNodeName), readinessGates(pod)}, conditions
+}
+
+// podReason is a pod's STATUS before its containers are looked at: its phase, its reason, or
+// SchedulingGated.
+func podReason(pod *corev1.Pod) string {
 	reason := string(pod.Status.Phase)
 	if pod.Status.Reason != "" {
 		reason = pod.Status.Reason
@@ -204,123 +241,112 @@ func podRow(pod *corev1.Pod) ([]any, []metav1.TableRowCondition) {
 			reason = corev1.PodReasonSchedulingGated
 		}
 	}
-	var conditions []metav1.TableRowCondition
-	switch pod.Status.Phase {
-	case corev1.PodSucceeded:
-		conditions = podSucceeded
-	case corev1.PodFailed:
-		conditions = podFailed
+	return reason
+}
+
+// podStatus is what a pod's row reads from its containers' statuses.
+type podStatus struct {
+	reason                          string
+	ready, total                    int
+	restarts, sidecarRestarts       int
+	lastRestart, lastSidecarRestart metav1.Time
+}
+
+// later moves last to s's last termination, if that came after it.
+func later(last *metav1.Time, s corev1.ContainerStatus) {
+	if t := s.LastTerminationState.Terminated; t != nil && last.Before(&t.FinishedAt) {
+		*last = t.FinishedAt
 	}
-	sidecar := map[string]bool{}
-	for _, c := range pod.Spec.InitContainers {
-		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-			sidecar[c.Name] = true
-			total++
-		}
+}
+
+// terminated is the reason a container that terminated gives, after prefix.
+func terminated(prefix string, t *corev1.ContainerStateTerminated) string {
+	switch {
+	case t.Reason != "":
+		return prefix + t.Reason
+	case t.Signal != 0:
+		return fmt.Sprintf("%sSignal:%d", prefix, t.Signal)
+	default:
+		return fmt.Sprintf("%sExitCode:%d", prefix, t.ExitCode)
 	}
-	later := func(last *metav1.Time, s corev1.ContainerStatus) {
-		if t := s.LastTerminationState.Terminated; t != nil && last.Before(&t.FinishedAt) {
-			*last = t.FinishedAt
-		}
-	}
-	initializing := false
+}
+
+// initContainers reads the init containers' statuses, and reports whether the pod is still
+// initializing: an init container neither done nor a started sidecar.
+func (st *podStatus) initContainers(pod *corev1.Pod, sidecar map[string]bool) bool {
 	for i, s := range pod.Status.InitContainerStatuses {
-		restarts += int(s.RestartCount)
-		later(&lastRestart, s)
+		st.restarts += int(s.RestartCount)
+		later(&st.lastRestart, s)
 		if sidecar[s.Name] {
-			sidecarRestarts += int(s.RestartCount)
-			later(&lastSidecarRestart, s)
+			st.sidecarRestarts += int(s.RestartCount)
+			later(&st.lastSidecarRestart, s)
 		}
 		switch t, w := s.State.Terminated, s.State.Waiting; {
 		case t != nil && t.ExitCode == 0:
 			continue
 		case sidecar[s.Name] && s.Started != nil && *s.Started:
 			if s.Ready {
-				ready++
+				st.ready++
 			}
 			continue
 		case t != nil:
-			switch {
-			case t.Reason != "":
-				reason = "Init:" + t.Reason
-			case t.Signal != 0:
-				reason = fmt.Sprintf("Init:Signal:%d", t.Signal)
-			default:
-				reason = fmt.Sprintf("Init:ExitCode:%d", t.ExitCode)
-			}
+			st.reason = terminated("Init:", t)
 		case w != nil && w.Reason != "" && w.Reason != "PodInitializing":
-			reason = "Init:" + w.Reason
+			st.reason = "Init:" + w.Reason
 		default:
-			reason = fmt.Sprintf("Init:%d/%d", i, len(pod.Spec.InitContainers))
+			st.reason = fmt.Sprintf("Init:%d/%d", i, len(pod.Spec.InitContainers))
 		}
-		initializing = true
-		break
+		return true
 	}
-	if !initializing || podCondition(pod, corev1.PodInitialized) {
-		restarts, lastRestart = sidecarRestarts, lastSidecarRestart
-		running, errorReason := false, ""
-		for i := len(pod.Status.ContainerStatuses) - 1; i >= 0; i-- {
-			s := pod.Status.ContainerStatuses[i]
-			restarts += int(s.RestartCount)
-			later(&lastRestart, s)
-			switch t, w := s.State.Terminated, s.State.Waiting; {
-			case w != nil && w.Reason != "":
-				reason = w.Reason
-			case t != nil:
-				switch {
-				case t.Reason != "":
-					reason = t.Reason
-				case t.Signal != 0:
-					reason = fmt.Sprintf("Signal:%d", t.Signal)
-				default:
-					reason = fmt.Sprintf("ExitCode:%d", t.ExitCode)
-				}
-				if t.ExitCode != 0 {
-					errorReason = reason
-				}
-			case s.Ready && s.State.Running != nil:
-				running = true
-				ready++
+	return false
+}
+
+// containers reads the containers' statuses, from last to first; their restarts replace the
+// init containers' but the sidecars'.
+func (st *podStatus) containers(pod *corev1.Pod) {
+	st.restarts, st.lastRestart = st.sidecarRestarts, st.lastSidecarRestart
+	running, errorReason := false, ""
+	for i := len(pod.Status.ContainerStatuses) - 1; i >= 0; i-- {
+		s := pod.Status.ContainerStatuses[i]
+		st.restarts += int(s.RestartCount)
+		later(&st.lastRestart, s)
+		switch t, w := s.State.Terminated, s.State.Waiting; {
+		case w != nil && w.Reason != "":
+			st.reason = w.Reason
+		case t != nil:
+			st.reason = terminated("", t)
+			if t.ExitCode != 0 {
+				errorReason = st.reason
 			}
-		}
-		if reason == "Completed" {
-			switch {
-			case running && podCondition(pod, corev1.PodReady):
-				reason = "Running"
-			case errorReason != "":
-				reason = errorReason
-			case running:
-				reason = "NotReady"
-			}
+		case s.Ready && s.State.Running != nil:
+			running = true
+			st.ready++
 		}
 	}
-	terminal := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
-	switch {
-	case pod.DeletionTimestamp != nil && pod.Status.Reason == "NodeLost":
-		reason = "Unknown"
-	case pod.DeletionTimestamp != nil && !terminal:
-		reason = "Terminating"
-	}
-	restartCell := strconv.Itoa(restarts)
-	if restarts != 0 && !lastRestart.IsZero() {
-		restartCell = fmt.Sprintf("%d (%s ago)", restarts, age(lastRestart))
-	}
-	ip := "<none>"
-	if len(pod.Status.PodIPs) > 0 && pod.Status.PodIPs[0].IP != "" {
-		ip = pod.Status.PodIPs[0].IP
-	}
-	gates := "<none>"
-	if len(pod.Spec.ReadinessGates) > 0 {
-		met := 0
-		for _, g := range pod.Spec.ReadinessGates {
-			if i := slices.IndexFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == g.ConditionType }); i >= 0 && pod.Status.Conditions[i].Status == corev1.ConditionTrue {
-				met++
-			}
+	if st.reason == "Completed" {
+		switch {
+		case running && podCondition(pod, corev1.PodReady):
+			st.reason = "Running"
+		case errorReason != "":
+			st.reason = errorReason
+		case running:
+			st.reason = "NotReady"
 		}
-		gates = fmt.Sprintf("%d/%d", met, len(pod.Spec.ReadinessGates))
 	}
-	return []any{pod.Name, fmt.Sprintf("%d/%d", ready, total), reason, restartCell, age(pod.CreationTimestamp),
-		ip, orNone(pod.Spec.NodeName), orNone(pod.Status.NominatedNodeName), gates}, conditions
+}
+
+// readinessGates is the READINESS GATES column: met/all, or <none>.
+func readinessGates(pod *corev1.Pod) string {
+	if len(pod.Spec.ReadinessGates) == 0 {
+		return "<none>"
+	}
+	met := 0
+	for _, g := range pod.Spec.ReadinessGates {
+		if podCondition(pod, g.ConditionType) {
+			met++
+		}
+	}
+	return fmt.Sprintf("%d/%d", met, len(pod.Spec.ReadinessGates))
 }
 
 // podCondition reports whether the pod's first condition of type t is True.

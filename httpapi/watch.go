@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -260,23 +261,8 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 		c.Writer.Flush()
 		return err == nil
 	}
-	if initial {
-		sent, ok := 0, true
-		visible(res, snap, t.namespace, q, func(o *object.Object) bool {
-			if sent%checkEvery == 0 && c.Request.Context().Err() != nil {
-				ok = false
-				return false
-			}
-			if q.matches(o, t.namespace) {
-				sent++
-				ok = send(string(object.Added), o)
-			}
-			return ok
-		})
-		a.watchInitial.Add(float64(sent))
-		if !ok {
-			return
-		}
+	if initial && !a.sendInitial(c.Request.Context(), res, snap, t, q, send) {
+		return
 	}
 	if q.sendInitialEvents && q.allowWatchBookmarks {
 		bookmark := &unstructured.Unstructured{}
@@ -287,6 +273,31 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 			return
 		}
 	}
+	sendChanges(c.Request.Context(), s, w, t, q, timeout, send)
+}
+
+// sendInitial sends what of snap the watch sees as ADDED, in key order, and reports whether
+// the watch goes on: false once the client is gone or a write failed.
+func (a *api) sendInitial(ctx context.Context, res *dynamicinformer.Resource, snap dynamicinformer.Snapshot, t target, q *query, send func(string, *object.Object) bool) bool {
+	sent, ok := 0, true
+	visible(res, snap, t.namespace, q, func(o *object.Object) bool {
+		if sent%checkEvery == 0 && ctx.Err() != nil {
+			ok = false
+			return false
+		}
+		if q.matches(o, t.namespace) {
+			sent++
+			ok = send(string(object.Added), o)
+		}
+		return ok
+	})
+	a.watchInitial.Add(float64(sent))
+	return ok
+}
+
+// sendChanges sends what the watcher w of s is handed, as the watch sees it, until the stream
+// ends it, timeout passes, the client goes away (ctx) or a write fails.
+func sendChanges(ctx context.Context, s *stream, w *watcher, t target, q *query, timeout time.Duration, send func(string, *object.Object) bool) {
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	for {
@@ -303,7 +314,7 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 			}
 		case <-timer.C:
 			return
-		case <-c.Request.Context().Done():
+		case <-ctx.Done():
 			return
 		}
 	}

@@ -173,9 +173,16 @@ func (j *Journal) applyEvent(tx *txn, targets []Target, e object.Event, pre *pre
 		j.fanOut(tx, targets, e, nil, pre.verdicts, bt)
 		return nil
 	}
-	verdicts := pre.verdicts // hold while the event stays as recorded
-	var oldJSON []byte       // the old object as the sinks saw it: the same encoding a payload would make
 	tx.put(res, key, e.Object)
+	j.handOn(tx, targets, e, out, prev, old, pre.verdicts, bt)
+	return nil
+}
+
+// handOn fans out e, whose object's new state is stored, as its outcome says: as it came, or as
+// the sinks must see it given what they saw of the object last, old (the stored state, read
+// for outRecreated and outFromStored). verdicts hold while the event stays as recorded.
+func (j *Journal) handOn(tx *txn, targets []Target, e object.Event, out outcome, prev *stored, old *object.Object, verdicts map[Target]verdict, bt *batch) {
+	var oldJSON []byte // the old object as the sinks saw it: the same encoding a payload would make
 	switch out {
 	case outRederived:
 		e.Type, e.OldObject, verdicts = object.Added, nil, nil
@@ -196,7 +203,6 @@ func (j *Journal) applyEvent(tx *txn, targets []Target, e object.Event, pre *pre
 		}
 	}
 	j.fanOut(tx, targets, e, oldJSON, verdicts, bt)
-	return nil
 }
 
 // corruptObject counts and logs a stored object that does not decode.

@@ -9,12 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/delivery"
@@ -40,25 +37,6 @@ type Transport struct {
 	// the transport may read it until it closes it, which it may do after RoundTrip has
 	// returned, and a body it cannot tell is in memory has its headers flushed on their own.)
 	headerMaps sync.Pool
-}
-
-// credentials are a webhook's bearer token and signer, read again after a 401.
-type credentials struct {
-	token  config.Secret
-	secret config.Secret
-	signer *standardwebhooks.Webhook // nil without a signing secret
-}
-
-func newCredentials(name string, token, secret config.Secret) (*credentials, error) {
-	c := &credentials{token: token, secret: secret}
-	if len(secret) > 0 {
-		signer, err := standardwebhooks.NewWebhookRaw(secret)
-		if err != nil {
-			return nil, fmt.Errorf("webhook %s: signing secret: %w", name, err)
-		}
-		c.signer = signer
-	}
-	return c, nil
 }
 
 // New builds the transport of a webhook, whose requests write nothing once f has lapsed.
@@ -104,38 +82,6 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 		return delivery.Rejected(err)
 	}
 	return err
-}
-
-// rereadCredentials reads the bearer token and signing secret files again. When either
-// changed, it makes the new values current and returns them; else nil.
-func (t *Transport) rereadCredentials(cur *credentials) *credentials {
-	c := t.cfg
-	token, secret := cur.token, cur.secret
-	var err error
-	if c.BearerTokenFile != "" {
-		if token, err = config.ReadCredential(c.BearerTokenFile); err != nil {
-			t.log.Warn("read the bearer token file again after a 401", "err", err)
-			return nil
-		}
-	}
-	if c.SigningSecretFile != "" {
-		if secret, err = config.ReadSigningSecret(c.SigningSecretFile); err != nil {
-			t.log.Warn("read the signing secret file again after a 401", "err", err)
-			return nil
-		}
-	}
-	if bytes.Equal(token, cur.token) && bytes.Equal(secret, cur.secret) {
-		return nil
-	}
-	fresh, err := newCredentials(c.Name, token, secret)
-	if err != nil {
-		return nil
-	}
-	if t.creds.CompareAndSwap(cur, fresh) {
-		t.log.Info("credentials read again after a 401 differ: retrying with them")
-		return fresh
-	}
-	return t.creds.Load()
 }
 
 // post makes one request for d with body, within the webhook's timeout.
@@ -197,18 +143,7 @@ func (t *Transport) setHeaders(h http.Header, creds *credentials, d delivery.Del
 	if d.FilterError == "" {
 		t.unset(h, "Ce-Filtererror")
 	}
-	put(h, "Webhook-Id", d.ID)
-	put(h, "Webhook-Timestamp", strconv.FormatInt(now.Unix(), 10))
-	signed := false
-	if creds.signer != nil {
-		if sig, err := creds.signer.Sign(d.ID, now, body); err == nil {
-			put(h, "Webhook-Signature", sig)
-			signed = true
-		}
-	}
-	if !signed {
-		t.unset(h, "Webhook-Signature")
-	}
+	t.sign(h, creds, d.ID, body, now)
 }
 
 // put sets h's canonical key to v alone, in the value slice it has if it has one.

@@ -168,12 +168,7 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
 	subject := Subject(t.cfg.SubjectPrefix, d)
-	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-	for _, a := range delivery.CloudEvent(*d) {
-		msg.Header.Set("ce-"+a.Name, delivery.HeaderString(a.Value))
-	}
-	msg.Header.Set("ce-datacontenttype", "application/json")
-	msg.Header.Set("ce-resourceversion", d.Event.Object.GetResourceVersion())
+	msg := message(subject, d, body)
 	// A stale expected sequence is read again and the publish made once more, at most twice:
 	// more means another publisher writes the subject as fast as this one. An ADDED event is
 	// first published expecting an empty subject, without reading it: its object is new, or
@@ -219,6 +214,18 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 		}
 	}
 	return fmt.Errorf("publish %s: the subject's last sequence changed under every attempt", subject)
+}
+
+// message is d as a NATS message on subject: its body, and its CloudEvents attributes as
+// headers (the NATS binding's binary mode).
+func message(subject string, d *delivery.Delivery, body []byte) *nats.Msg {
+	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
+	for _, a := range delivery.CloudEvent(*d) {
+		msg.Header.Set("ce-"+a.Name, delivery.HeaderString(a.Value))
+	}
+	msg.Header.Set("ce-datacontenttype", "application/json")
+	msg.Header.Set("ce-resourceversion", d.Event.Object.GetResourceVersion())
+	return msg
 }
 
 // expect returns the sequence subject's last message has, 0 for none. Unless this transport

@@ -148,7 +148,10 @@ func TestAnOutboxWhoseSinkIsGoneIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	t.Run("renamed while stopped", func(t *testing.T) {
 		hanging, fast := newReceiver(t, nil, true), newReceiver(t, nil, false)
-		f := newStoreFixture(t, func(string) string { return fmt.Sprintf("webhooks: [{name: old, url: %s, workers: 1}]", hanging.URL) })
+		// The request to the hanging sink is cut half way to the shutdown timeout: 2 s.
+		f := newStoreFixture(t, func(string) string {
+			return fmt.Sprintf("webhooks: [{name: old, url: %s, workers: 1}]\nshutdownTimeout: 4s", hanging.URL)
+		})
 		p := startProcess(t, f.config)
 		if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, 3, testbed.NumberedConfigMap(f.ns, "cm-%02d")); err != nil {
 			t.Fatal(err)

@@ -1,0 +1,75 @@
+package delivery
+
+import (
+	"fmt"
+	"slices"
+
+	"cel.dev/cel-go/cel"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// Selects implements journal.Target: it reports whether the sink's filters select e. An event
+// its filter cannot decide on is counted, logged (at most a line a second, naming the object,
+// never its content) and, as filterErrors says, selected with the error (deadLetter, deliver)
+// or left out (drop).
+func (s *Sink) Selects(e object.Event) (bool, error) {
+	c := s.cfg()
+	if len(c.EventTypes) > 0 && !slices.Contains(c.EventTypes, string(e.Type)) {
+		return false, nil
+	}
+	if len(c.GroupResources) > 0 && !slices.Contains(c.GroupResources, e.Resource.GroupResource()) {
+		return false, nil
+	}
+	if len(c.Namespaces) > 0 && !slices.Contains(c.Namespaces, e.Object.GetNamespace()) {
+		return false, nil
+	}
+	if !c.Labels.Empty() && !c.Labels.Matches(e.Object.Labels()) &&
+		(e.OldObject == nil || !c.Labels.Matches(e.OldObject.Labels())) {
+		return false, nil
+	}
+	if c.Program == nil {
+		return true, nil
+	}
+	ok, err := evaluate(c.Program, e)
+	if err == nil {
+		return ok, nil
+	}
+	s.m.filterErrors.Inc()
+	s.filterLog.Do(func() {
+		s.log.Warn("the filter could not decide on an event", "resource", object.ResourceName(e.Resource), "namespace", e.Object.GetNamespace(),
+			"name", e.Object.GetName(), "type", string(e.Type), "filterErrors", string(c.FilterErrors), "err", err)
+	})
+	return c.FilterErrors != config.FilterErrorsDrop, fmt.Errorf("filter: %w", err)
+}
+
+// evaluate runs a filter on e, its objects decoded from the JSON the cache keeps.
+func evaluate(p cel.Program, e object.Event) (bool, error) {
+	obj, err := e.Object.Decode()
+	if err != nil {
+		return false, err
+	}
+	vars := map[string]any{
+		"type":      string(e.Type),
+		"object":    obj.Object,
+		"oldObject": nil,
+		"resource":  map[string]string{"group": e.Resource.Group, "version": e.Resource.Version, "resource": e.Resource.Resource},
+	}
+	if e.OldObject != nil {
+		old, err := e.OldObject.Decode()
+		if err != nil {
+			return false, err
+		}
+		vars["oldObject"] = old.Object
+	}
+	out, _, err := p.Eval(vars)
+	if err != nil {
+		return false, err
+	}
+	ok, isBool := out.Value().(bool)
+	if !isBool {
+		return false, fmt.Errorf("the filter returned %s, not a bool", out.Type().TypeName())
+	}
+	return ok, nil
+}
