@@ -46,9 +46,11 @@ var (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if !testing.Short() {
-		// Both builds go on while the test bed starts, not in the first tests that need them.
-		go raceBinary.make()
-		go noRaceBinary.make()
+		// Both builds are made before the test bed starts, one after the other, not in the
+		// first tests that need them. Made beside the test bed's start, they starved its
+		// apiserver, which once was not ready within three minutes (a CI-like run).
+		raceBinary.make()
+		noRaceBinary.make()
 	}
 	code := testbed.MainAll(m, &cluster)
 	raceBinary.remove()
