@@ -259,7 +259,6 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 	}
 	st := s.cur.Load()
 	err := s.attempt(ctx, st, d)
-	var rejected *rejectedError
 	switch {
 	case err == nil:
 		s.m.delivered.Inc()
@@ -274,7 +273,7 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.queue.Done(*d)
 	case ctx.Err() != nil || s.fence.Lapsed():
 		return true // stopped, or no longer certainly the leader: not a failed attempt
-	case errors.As(err, &rejected):
+	case IsRejected(err):
 		s.dead.submit(*d, reasonRejected, err)
 		s.queue.Done(*d)
 	default:
