@@ -14,7 +14,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/httpapi"
 )
@@ -64,19 +63,19 @@ type service struct {
 	log       *slog.Logger
 	host      string
 	informers *dynamicinformer.Manager
-	webhooks  *delivery.Dispatcher
+	pipeline  *pipeline
 	reloader  *config.Reloader
 	security  httpapi.Security
 	api, ops  http.Handler
 }
 
-// run runs the parts under one errgroup until ctx ends or one fails. Delivery stops only once
-// the informers have: no event may reach a sink that is draining.
+// run runs the parts under one errgroup until ctx ends or one fails. The pipeline stops only
+// once the informers have: no event may reach a journal that is closing.
 func (s *service) run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	deliver, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	g.Go(func() error { defer stopDelivery(); return s.informers.Run(ctx) })
-	g.Go(func() error { return s.webhooks.Run(deliver) })
+	g.Go(func() error { return s.pipeline.run(deliver) })
 	g.Go(func() error { return s.reloader.Run(ctx) })
 	g.Go(func() error { return s.security.Run(ctx) })
 	g.Go(func() error {

@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/httpapi"
 	"github.com/dynwatch/dynwatch/leader"
@@ -56,40 +55,38 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	if sameDir(cfg.State.Path, o.ConfigPath) {
 		log.Warn("state.path is in the configuration file's directory, which dynwatch watches for changes: every commit to the store wakes the watcher (about 5% of the CPU under load); give the store a directory of its own", "path", cfg.State.Path)
 	}
-	var election delivery.Election
+	var elector *leader.Elector
 	var status func() any
 	if cfg.LeaderElection.Enabled {
 		client, err := kubernetes.NewForConfig(forConcern(restConfig, "leader-election", limits.LeaderElection))
 		if err != nil {
 			return nil, fmt.Errorf("leader election client: %w", err)
 		}
-		elector, err := leader.New(leader.Options{Config: cfg.LeaderElection, Client: client, Logger: log, Registerer: reg})
-		if err != nil {
+		if elector, err = leader.New(leader.Options{Config: cfg.LeaderElection, Client: client, Logger: log, Registerer: reg}); err != nil {
 			return nil, err
 		}
-		election, status = elector, func() any { return elector.Status() }
+		status = func() any { return elector.Status() }
 	}
-	if s.webhooks, err = delivery.New(delivery.Options{Logger: log, Registerer: reg, Sinks: cfg.Sinks(), Transports: transports, StatePath: cfg.State.Path, MaxPendingBytes: cfg.State.MaxPendingBytes, Election: election, ShutdownTimeout: cfg.ShutdownTimeout,
-		Resources: func() []*dynamicinformer.Resource { return s.informers.Resources() }}); err != nil {
+	if s.pipeline, err = newPipeline(log, reg, cfg, elector, func() []*dynamicinformer.Resource { return s.informers.Resources() }); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			_ = s.webhooks.Close() // the state store: an in-process caller may try again
+			_ = s.pipeline.journal.Close() // the state store: an in-process caller may try again
 		}
 	}()
 	watches := httpapi.NewHub(cfg.API.WatchHistory)
 	if s.informers, err = dynamicinformer.New(dynamicinformer.Options{
 		Logger: log, JSON: objects, Dynamic: dyn, Metadata: meta, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
-		Subscribers: []dynamicinformer.Subscriber{watches, s.webhooks}, Gate: s.webhooks,
+		Subscribers: []dynamicinformer.Subscriber{watches, s.pipeline.journal}, Gate: s.pipeline.journal,
 	}); err != nil {
 		return nil, err
 	}
 	if s.reloader, err = config.NewReloader(config.ReloaderOptions{
 		Logger: log, Registerer: reg, Path: o.ConfigPath, Current: cfg, Signals: o.Reload,
 		Apply: func(next *config.Config) error {
-			if err := s.webhooks.Update(next.Sinks()); err != nil {
+			if err := s.pipeline.delivery.Update(next.Sinks()); err != nil {
 				return err
 			}
 			s.informers.Update(next.Resources)
@@ -114,7 +111,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	if s.api, err = newAPI(log, cfg, restConfig, s, watches, status, reg); err != nil {
 		return nil, err
 	}
-	s.ops = httpapi.NewOps(reg, cfg.Metrics.PProf, s.informers, s.webhooks)
+	s.ops = httpapi.NewOps(reg, cfg.Metrics.PProf, s.informers, s.pipeline.journal)
 	return s, nil
 }
 
@@ -133,7 +130,7 @@ func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *se
 	}
 	return httpapi.NewAPI(httpapi.APIOptions{
 		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus,
-		Journal:     func() any { return s.webhooks.Pressure() },
+		Journal:     func() any { return s.pipeline.journal.Pressure() },
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 		Authenticator: s.security.Authenticator, Authorizer: s.security.Authorizer, Limits: cfg.API.Limits,
 		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: upstreamClient, Dynamic: upstreamDynamic,

@@ -1,7 +1,6 @@
 package delivery_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -68,14 +67,8 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 	cfg := config.Webhook{Sink: config.Sink{Name: "bench", Labels: labels.Everything()}, Endpoint: endpoint, SigningSecret: []byte("0123456789abcdef0123456789abcdef")}
 	cfg.Timeout, cfg.Workers, cfg.QueueSize = 10*time.Second, 4, 1<<20
 	cfg.Retry = config.Retry{InitialBackoff: 10 * time.Millisecond, MaxBackoff: time.Second, MaxElapsed: time.Minute}
-	d, err := delivery.New(delivery.Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: signed, Sinks: []config.SinkConfig{&cfg}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	d := delivery.StartPipeline(b, delivery.Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: signed, Sinks: []config.SinkConfig{&cfg}}, "")
+	defer d.Stop()
 
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 	sent := map[string]time.Time{}
@@ -92,7 +85,7 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 		}
 		e := object.Event{Type: object.Added, Resource: gvr, Object: object.New(obj), Observed: time.Now()}
 		sent[journal.EventID(e)] = e.Observed
-		d.OnEvent(e)
+		d.Journal.OnEvent(e)
 		i++
 	}
 	for {

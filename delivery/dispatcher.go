@@ -5,18 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
-	"github.com/dynwatch/dynwatch/object"
 )
 
 // Options are a Dispatcher's dependencies.
@@ -27,31 +23,30 @@ type Options struct {
 	Sinks []config.SinkConfig
 	// Transports builds each sink's transport, by its kind.
 	Transports Transports
-	// StatePath is the state store's file, which keeps the object state and the outboxes
-	// across restarts; empty keeps them in memory.
-	StatePath string
-	// MaxPendingBytes bounds the events the journal holds before the informers are held back
-	// (see journal.Options.MaxPendingBytes).
-	MaxPendingBytes int64
-	// Election, when set, makes this replica deliver only while it leads; it needs a
-	// StatePath.
-	Election Election
+	// Journal is what the sinks' deliveries come from and are acknowledged to: its Targets
+	// are the Dispatcher's (Targets) and it hands retired sinks back (Retire). Its caller runs
+	// and closes it (see Stop).
+	Journal *journal.Journal
+	// Leadership, when set, makes this replica deliver only from Lead to Follow, each request
+	// made under its Fence; the journal then needs a state store.
+	Leadership Leadership
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
-	// ShutdownTimeout bounds what Run does once its context ends.
+	// ShutdownTimeout bounds what Stop does once Start's context has ended.
 	ShutdownTimeout time.Duration
-	// Resources are the informers' resources, read by the initialState replays (package
-	// dynamicinformer's Manager.Resources); nil replays nothing.
-	Resources func() []*dynamicinformer.Resource
+	// Cache is what initialState replays read (see replay.go); nil replays nothing.
+	Cache Cache
 }
 
-// Dispatcher hands every event to the sinks whose filters select it, through the journal.
+// Dispatcher runs the sinks: it queues what the journal hands each of them, delivers it while
+// this replica delivers (Lead, Follow), applies reloads (Update) and dead-letters what cannot
+// be delivered.
 type Dispatcher struct {
 	log             *slog.Logger
 	now             func() time.Time
 	m               *metrics
 	journal         *journal.Journal
-	election        Election // nil: this replica always delivers
+	leadership      Leadership // nil: this replica always delivers
 	transports      Transports
 	shutdownTimeout time.Duration
 	// abandon ends when the shutdown deadline passes: work still running then is cut short.
@@ -62,62 +57,53 @@ type Dispatcher struct {
 	finish       context.Context
 	finishCancel context.CancelFunc
 	retiring     sync.WaitGroup
-	resources    func() []*dynamicinformer.Resource
+	cache        Cache
 	replays      sync.WaitGroup  // the initialState replays
-	replayCtx    context.Context // Run's, once it runs: Update starts replays under it
+	replayCtx    context.Context // Start's: Update starts replays under it
 
-	life  sync.Mutex // held by Update, and by Run while it starts and stops
+	life  sync.Mutex // held by Update, Start, Lead, Follow and Stop
 	mu    sync.RWMutex
 	sinks []*Sink         // in configuration order
-	ctx   context.Context // Run's while the sinks run
+	ctx   context.Context // Lead's while the sinks deliver
 }
 
-// New builds a Dispatcher with one Sink per configured webhook and registers the metrics.
-// Nothing is sent until Run.
+// New builds a Dispatcher with one Sink per configured sink and registers the metrics.
+// Nothing is sent until Lead.
 func New(o Options) (*Dispatcher, error) {
-	d := &Dispatcher{log: o.Logger, now: o.Now, election: o.Election, transports: o.Transports, shutdownTimeout: o.ShutdownTimeout, resources: o.Resources}
+	d := &Dispatcher{log: o.Logger, now: o.Now, journal: o.Journal, leadership: o.Leadership, transports: o.Transports, shutdownTimeout: o.ShutdownTimeout, cache: o.Cache}
 	if d.now == nil {
 		d.now = time.Now
 	}
 	if o.Transports == nil {
 		return nil, errors.New("no transports: Options.Transports builds each sink's")
 	}
+	if o.Journal == nil {
+		return nil, errors.New("no journal: Options.Journal is what the sinks deliver")
+	}
+	if o.Leadership != nil && !o.Journal.Durable() {
+		return nil, errors.New("leader election needs a state store (state.path)")
+	}
 	if d.shutdownTimeout <= 0 {
 		d.shutdownTimeout = config.DefaultShutdownTimeout
 	}
 	d.abandon, d.abandonCancel = context.WithCancel(context.Background())
 	d.finish, d.finishCancel = context.WithCancel(context.Background())
-	var err error
-	if o.Election != nil && o.StatePath == "" {
-		return nil, errors.New("leader election needs a state store (state.path)")
-	}
-	d.journal, err = journal.New(journal.Options{Logger: o.Logger, Registerer: o.Registerer, Path: o.StatePath, MaxPendingBytes: o.MaxPendingBytes, Now: d.now, Targets: d.targets, Retired: d.retire,
-		Workers: filterWorkers(), Bound: d.selectionRevision, Current: d.cached})
-	if err != nil {
-		return nil, err
-	}
 	d.m = newMetrics(d.journal)
 	for _, cfg := range o.Sinks {
 		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports)
 		if err != nil {
-			_ = d.journal.Close()
 			return nil, err
 		}
 		d.sinks = append(d.sinks, s)
 	}
 	if err := o.Registerer.Register(d.m); err != nil {
-		_ = d.journal.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
-// Close releases what New took (the state store), for a Dispatcher whose Run is never to be
-// called. Run closes it itself.
-func (d *Dispatcher) Close() error { return d.journal.Close() }
-
-// targets are the sinks as the journal sees them.
-func (d *Dispatcher) targets() []journal.Target {
+// Targets are the sinks as the journal sees them (journal.Options.Targets).
+func (d *Dispatcher) Targets() []journal.Target {
 	sinks := d.current()
 	out := make([]journal.Target, len(sinks))
 	for i, s := range sinks {
@@ -132,113 +118,47 @@ func (d *Dispatcher) current() []*Sink {
 	return d.sinks
 }
 
-// Ready implements httpapi.Readiness: not ready while the state store cannot commit.
-func (d *Dispatcher) Ready() (bool, []string) {
-	if err := d.journal.Healthy(); err != nil {
-		return false, []string{err.Error()}
-	}
-	return true, nil
-}
-
-// Room implements dynamicinformer.Gate: the journal's room for more events.
-func (d *Dispatcher) Room() <-chan struct{} { return d.journal.Room() }
-
-// Pressure reports the journal's backpressure, for /status.
-func (d *Dispatcher) Pressure() journal.PressureStatus { return d.journal.Pressure() }
-
-// OnEvent implements dynamicinformer.Subscriber: it hands e to the journal, never blocking.
-// Changes of the election's own Lease and checkpoint ConfigMap are not events to deliver: a
-// delivery would move the checkpoint, whose write would be another change, every second.
-func (d *Dispatcher) OnEvent(e object.Event) {
-	if d.election != nil && d.election.Owns(e.Resource, e.Object.GetNamespace(), e.Object.GetName()) {
-		return
-	}
-	d.journal.Record(e)
-}
-
-// ListStarted implements dynamicinformer.ListObserver.
-func (d *Dispatcher) ListStarted(gvr schema.GroupVersionResource, run uint64, streams []string) {
-	d.journal.ListStarted(gvr, run, streams)
-}
-
-// ListSynced implements dynamicinformer.ListObserver.
-func (d *Dispatcher) ListSynced(gvr schema.GroupVersionResource, run uint64, revision uint64) {
-	d.journal.ListSynced(gvr, run, revision)
-}
-
-// Resume implements dynamicinformer.Resumer: with a store, an informer's stream resumes from
-// what the journal recorded of it (see journal.Journal.Resume).
-func (d *Dispatcher) Resume(ctx context.Context, gvr schema.GroupVersionResource, stream, selection string) ([][]byte, uint64, bool, error) {
-	return d.journal.Resume(ctx, gvr, stream, selection)
-}
-
-// Run delivers until ctx ends. With a store it first queues the outboxes left by the previous
-// run, ahead of any new event, and dead-letters those of webhooks no longer configured; at the
-// end what is undelivered stays in the outboxes. Without a store, what is undelivered at the
-// end is dead-lettered with reason shutdown. With leader election it delivers only while it
-// leads, and until then records into the outboxes, trimmed to the leader's checkpoints. Once
-// ctx ends, Run returns within the shutdown timeout. OnEvent must not be called once ctx has
-// ended: end it only after the informers have stopped.
-func (d *Dispatcher) Run(ctx context.Context) error {
-	journalCtx, stopJournal := context.WithCancel(context.WithoutCancel(ctx))
-	journalDone := make(chan struct{})
-	go func() { defer close(journalDone); d.journal.Run(journalCtx) }()
+// Start starts the sinks' dead letters and initialState replays, under ctx. Once ctx ends, the
+// shutdown timeout runs: requests under way have half of it to finish (see Stop). With
+// Leadership the sinks record into their outboxes only until Lead; without, call Lead next.
+func (d *Dispatcher) Start(ctx context.Context) {
+	context.AfterFunc(ctx, func() {
+		time.AfterFunc(d.shutdownTimeout, d.abandonCancel)
+		time.AfterFunc(d.shutdownTimeout/2, d.finishCancel)
+	})
+	d.life.Lock()
+	defer d.life.Unlock()
+	d.replayCtx = ctx
 	for _, s := range d.current() {
 		s.dead.start()
 	}
-	d.life.Lock()
-	d.replayCtx = ctx
 	for _, s := range d.current() {
 		d.startReplay(ctx, s)
 	}
-	d.life.Unlock()
-	var elected sync.WaitGroup
-	if d.election == nil {
-		if err := d.lead(ctx); err != nil {
-			stopJournal()
-			<-journalDone
-			return err
-		}
-	} else {
+	if d.leadership != nil {
 		for _, s := range d.current() {
 			s.spill()
 		}
-		elected.Go(func() {
-			if err := d.election.Run(ctx, d.journal, func(ctx context.Context) {
-				if err := d.lead(ctx); err != nil {
-					d.log.Error("start delivering", "err", err)
-				}
-			}, d.follow); err != nil {
-				d.log.Error("leader election stopped", "err", err)
-			}
-		})
 	}
-
-	<-ctx.Done()
-	return d.shutdown(&elected, stopJournal, journalDone)
 }
 
-// shutdown stops delivering once Run's context has ended, within the shutdown timeout: the
-// election gives up the Lease once delivery has stopped, requests under way have half of the
-// timeout to finish, the journal queues what the informers handed over last and commits the
-// last acknowledgements before it closes.
-func (d *Dispatcher) shutdown(elected *sync.WaitGroup, stopJournal context.CancelFunc, journalDone <-chan struct{}) error {
-	deadline := time.AfterFunc(d.shutdownTimeout, d.abandonCancel)
-	defer deadline.Stop()
-	finishBy := time.AfterFunc(d.shutdownTimeout/2, d.finishCancel)
-	defer finishBy.Stop()
-	elected.Wait() // the lease is given up only once delivery has stopped
+// Stop stops delivering once Start's context has ended (and, with Leadership, once the
+// election has stopped: the Lease is given up only once delivery has stopped), within the
+// shutdown timeout. The replays end; then stopJournal is called, and must return once the
+// journal's writer has stopped, so that what the informers handed over last is queued; then
+// requests under way finish (or are cut half way to the timeout) and, without a state store,
+// what is still queued is dead-lettered with reason shutdown. The caller then flushes the
+// journal's last acknowledgements and closes it.
+func (d *Dispatcher) Stop(stopJournal func()) {
 	d.replays.Wait()
 	d.life.Lock()
 	defer d.life.Unlock()
 	d.mu.Lock()
 	d.ctx = nil
 	d.mu.Unlock()
-	stopJournal() // queue what the informers handed over last
-	<-journalDone
-	sinks := d.current()
+	stopJournal()
 	var wg sync.WaitGroup
-	for _, s := range sinks {
+	for _, s := range d.current() {
 		wg.Go(func() {
 			s.stopWorkers()
 			s.cur.Load().transport.Close()
@@ -250,13 +170,11 @@ func (d *Dispatcher) shutdown(elected *sync.WaitGroup, stopJournal context.Cance
 	}
 	wg.Wait()
 	d.waitRetired()
-	_ = d.journal.Flush() // the last acks
-	return d.journal.Close()
 }
 
-// lead starts delivering under ctx: the outboxes are queued again from their oldest entry,
-// and the sinks' workers start.
-func (d *Dispatcher) lead(ctx context.Context) error {
+// Lead starts delivering under ctx: the outboxes are queued again from their oldest entry, and
+// the sinks' workers start.
+func (d *Dispatcher) Lead(ctx context.Context) error {
 	d.life.Lock()
 	defer d.life.Unlock()
 	if ctx.Err() != nil {
@@ -275,9 +193,9 @@ func (d *Dispatcher) lead(ctx context.Context) error {
 	return nil
 }
 
-// follow stops delivering: everything queued stays in the outboxes only, for the leader's
+// Follow stops delivering: everything queued stays in the outboxes only, for the leader's
 // checkpoints to trim, or for this replica to deliver if it leads again.
-func (d *Dispatcher) follow() {
+func (d *Dispatcher) Follow() {
 	d.life.Lock()
 	defer d.life.Unlock()
 	d.mu.Lock()
@@ -292,6 +210,7 @@ func (d *Dispatcher) follow() {
 	}
 }
 
+// waitRetired waits for the removed sinks' dead letters, until the shutdown deadline.
 func (d *Dispatcher) waitRetired() {
 	done := make(chan struct{})
 	go func() { d.retiring.Wait(); close(done) }()
@@ -331,43 +250,8 @@ func (d *Dispatcher) restore() error {
 
 // fence is what every request is made under: the election's, or one that always holds.
 func (d *Dispatcher) fence() Fence {
-	if d.election == nil {
+	if d.leadership == nil {
 		return Always{}
 	}
-	return d.election
-}
-
-// filterWorkers is how many goroutines filter events off the journal's writer: twice the CPUs, at least 4, so that a few costly objects being filtered at once do not
-// hold up everyone else's.
-func filterWorkers() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
-
-// cached is the object namespace/name of gvr as the informers' cache holds it now (see
-// journal.Options.Current); false when no running informer has it.
-func (d *Dispatcher) cached(gvr schema.GroupVersionResource, namespace, name string) (*object.Object, bool) {
-	if r, ok := d.running(gvr); ok {
-		return r.Get(namespace, name)
-	}
-	return nil, false
-}
-
-// selectionRevision bounds the journal's checkpoints of a resource with a namespaceSelector
-// (see journal.Options.Bound and dynamicinformer.Resource.SelectionRevision).
-func (d *Dispatcher) selectionRevision(gvr schema.GroupVersionResource) (uint64, bool) {
-	if r, ok := d.running(gvr); ok {
-		return r.SelectionRevision()
-	}
-	return 0, false
-}
-
-// running is the informers' resource of gvr, if one is running.
-func (d *Dispatcher) running(gvr schema.GroupVersionResource) (*dynamicinformer.Resource, bool) {
-	if d.resources == nil {
-		return nil, false
-	}
-	for _, r := range d.resources() {
-		if g, _, running := r.API(); running && g == gvr {
-			return r, true
-		}
-	}
-	return nil, false
+	return d.leadership
 }

@@ -1,17 +1,20 @@
 // Package delivery owns delivery of dynwatch's events to its sinks, HTTP webhooks, NATS JetStream
 // streams and Kafka topics, alike for every kind: filtering, queues, retries, fences, dead
 // letters, payloads and CloudEvents attributes. How one attempt reaches a destination is a
-// Transport's (package delivery; stream/jetstream, stream/kafka), chosen above this package. It makes its
-// events durable through the journal, which alone opens, reads and closes the state store, and sees
-// leader election only through the Election interface it declares (package leader implements it).
+// Transport's (webhook, stream/jetstream, stream/kafka), chosen above this package. What it
+// delivers comes from the journal, which alone opens, reads and closes the state store; app
+// builds, runs and closes the journal, runs the leader election, and calls Start, Lead, Follow
+// and Stop (app/pipeline.go). Delivery sees the election only through the Leadership
+// interface it declares, and the informers' cache only through Cache.
 //
 // Vocabulary: a Sink is one configured sink of any kind: its filters, its Queue, its workers, its
 // Transport and its dead-letter target. A Transport makes one attempt to hand a delivery to the
-// destination: package delivery POSTs it, signed; stream/jetstream publishes it and waits for
-// the stream's acknowledgement, stream/kafka produces it and waits for the cluster's. The Dispatcher is the dynamicinformer.Subscriber that hands each event to every
-// Sink whose filters select it, through the journal, which makes it durable in the state store
-// first. A Delivery is one event queued for one sink, with its stable id (the CloudEvents ce-id and
-// Standard Webhooks webhook-id) and its ordering key, the object's resource, namespace and name.
+// destination: package webhook POSTs it, signed; stream/jetstream publishes it and waits for
+// the stream's acknowledgement, stream/kafka produces it and waits for the cluster's. The
+// Dispatcher runs the Sinks: they are the journal's Targets, whose filters it asks and to
+// which it hands each entry once the state store holds it. A Delivery is one event queued for
+// one sink, with its stable id (the CloudEvents ce-id and Standard Webhooks webhook-id) and its
+// ordering key, the object's resource, namespace and name.
 //
 // Guarantees: deliveries with the same key are made in order, one at a time, so the DELETED of
 // an object precedes the ADDED of one re-created under its name; different keys are delivered
@@ -26,9 +29,9 @@
 // queue is a window over the outbox, and what does not fit waits on disk. A commit that fails
 // stops delivery of what it carried until a commit succeeds.
 //
-// Concurrency: OnEvent never blocks and does no I/O: it appends to the journal, whose one
-// goroutine commits and queues. Workers do the sending; each sink has its own queue, workers
-// and transport, so a slow sink never delays another, nor the informers. Update swaps a
+// Concurrency: the journal's one goroutine queues each committed entry (Queue never blocks);
+// workers do the sending; each sink has its own queue, workers and transport, so a slow sink
+// never delays another, nor the informers. Update swaps a
 // sink's settings and restarts its workers; its queue, outbox and dead letters stay. Under
 // leader election a replica delivers only while it leads, and a request is written only while
 // the Fence holds: a connection refuses to write once it has lapsed.

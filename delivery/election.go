@@ -4,24 +4,13 @@ import (
 	"context"
 	"errors"
 	"net"
-
-	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/dynwatch/dynwatch/journal"
 )
 
-// Election is leader election as delivery needs it (package leader provides it): a replica
-// delivers only while it leads, and each request is made under the Fence.
-type Election interface {
-	// Run takes part in the election until ctx ends, exchanging j's checkpoints with the other
-	// replicas. It calls lead with a context that ends when leadership does, and follow
-	// whenever this replica stops leading.
-	Run(ctx context.Context, j *journal.Journal, lead func(context.Context), follow func()) error
+// Leadership is leader election as delivery needs it (package leader's Elector provides it,
+// and app runs it, calling Lead and Follow): each request is made under the Fence.
+type Leadership interface {
 	// Leading reports whether this replica has been elected and not yet stopped leading.
 	Leading() bool
-	// Owns reports whether the object is the election's own (its Lease or checkpoints): its
-	// changes are not delivered, or each checkpoint write would cause another.
-	Owns(gvr schema.GroupVersionResource, namespace, name string) bool
 	Fence
 }
 

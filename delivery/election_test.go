@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/journal"
 )
 
 // TestALapsedFenceWritesNothing: a worker paused after it checked the fence, and resumed
@@ -71,7 +72,12 @@ func (f *testFence) Wait(ctx context.Context) { <-ctx.Done() }
 func TestWorkersStopWhenLeadershipEndsWithTheFenceLapsedAndEventsQueued(t *testing.T) {
 	cfg := config.Webhook{Sink: config.Sink{Name: "hook", Labels: labels.Everything()}, Endpoint: &url.URL{Scheme: "http", Host: "127.0.0.1:1"}}
 	cfg.Timeout, cfg.Workers, cfg.QueueSize = time.Second, 2, 10
-	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: []config.SinkConfig{&cfg}})
+	reg := prometheus.NewRegistry()
+	j, err := journal.New(journal.Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg}) // in memory, never run
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Transports: testTransports, Sinks: []config.SinkConfig{&cfg}, Journal: j})
 	if err != nil {
 		t.Fatal(err)
 	}

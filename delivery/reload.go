@@ -119,7 +119,7 @@ func (d *Dispatcher) swapSinks(sinks []config.SinkConfig) (changes []sinkChange,
 		if err != nil {
 			return changes, nil, started, nil, err
 		}
-		if d.election != nil && d.ctx == nil {
+		if d.leadership != nil && d.ctx == nil {
 			s.spill() // following: it records, the leader delivers
 		}
 		next = append(next, s)
@@ -129,11 +129,11 @@ func (d *Dispatcher) swapSinks(sinks []config.SinkConfig) (changes []sinkChange,
 	return changes, old, started, d.ctx, nil
 }
 
-// retire dead-letters what a removed sink had not delivered, with reason sink_removed: its
+// Retire dead-letters what a removed sink had not delivered, with reason sink_removed: its
 // queue, and with a store its whole outbox, which holds the queue and whatever did not fit.
-// The journal calls it once everything queued for the sink is committed. A replica that does
+// The journal calls it (journal.Options.Retired) once everything queued for the sink is committed. A replica that does
 // not lead drops the outbox instead: the leader dead-letters its own.
-func (d *Dispatcher) retire(t journal.Target) {
+func (d *Dispatcher) Retire(t journal.Target) {
 	s := t.(*Sink)
 	d.retiring.Add(1)
 	go func() {
@@ -143,7 +143,7 @@ func (d *Dispatcher) retire(t journal.Target) {
 			s.deadLetterQueue(reasonRemoved)
 		} else {
 			s.queue.Drain() // every one of them is in the outbox
-			following := d.election != nil && !d.election.Leading()
+			following := d.leadership != nil && !d.leadership.Leading()
 			_, _, err := d.journal.ReadOutbox(s.name, 0, 0, func(e journal.Entry) bool {
 				if following {
 					d.journal.Ack(s.name, e.Seq) // the leader dead-letters its own

@@ -6,7 +6,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -21,11 +20,22 @@ const replayPageSize = 100
 // been recorded yet, or at a queue still busy with the last page.
 const replayPoll = 50 * time.Millisecond
 
+// Cache is the informers' cache as an initialState replay reads it (app gives the informers').
+type Cache interface {
+	// Lookup reports whether gvr's informers run and whether they have synced (or, once
+	// synced, fell stale), and whether a resource discovery has yet to place may still turn
+	// out to be gvr.
+	Lookup(gvr schema.GroupVersionResource) (running, synced, pending bool)
+	// Page calls fn once with up to size of gvr's objects whose keys follow after, in key
+	// order, and whether more follow; false, without calling fn, if gvr's informers do not run.
+	Page(gvr schema.GroupVersionResource, after string, size int, fn func(objs []*object.Object, more bool)) bool
+}
+
 // startReplay starts handing s the current objects, if the journal says it is to have them
 // (see journal.ReplayPage), until that is done, ctx ends or stopReplay is called on s. The
 // caller holds d.life.
 func (d *Dispatcher) startReplay(ctx context.Context, s *Sink) {
-	if d.resources == nil {
+	if d.cache == nil {
 		return
 	}
 	ctx, s.stopReplay = context.WithCancel(ctx)
@@ -64,7 +74,7 @@ func (d *Dispatcher) replay(ctx context.Context, s *Sink) error {
 // replayResource pages one resource to its end. A resource whose informers do not run is
 // replayed empty: when they start, its objects come as its initial list brings them.
 func (d *Dispatcher) replayResource(ctx context.Context, s *Sink, st journal.ReplayStatus) error {
-	r, err := d.syncedResource(ctx, st.Resource)
+	running, err := d.synced(ctx, st.Resource)
 	if err != nil {
 		return err
 	}
@@ -76,7 +86,7 @@ func (d *Dispatcher) replayResource(ctx context.Context, s *Sink, st journal.Rep
 		}
 		var recorded <-chan int
 		more := false
-		read := r != nil && r.Page(after, size, func(objs []*object.Object, m bool) {
+		read := running && d.cache.Page(st.Resource, after, size, func(objs []*object.Object, m bool) {
 			more = m
 			if len(objs) > 0 {
 				after = object.KeyOf(objs[len(objs)-1])
@@ -98,33 +108,24 @@ func (d *Dispatcher) replayResource(ctx context.Context, s *Sink, st journal.Rep
 	}
 }
 
-// syncedResource waits until the resource gvr's informers have synced and the journal has
-// recorded their initial lists, and returns it; nil if, once discovery has placed every
-// resource, no running resource is gvr.
-func (d *Dispatcher) syncedResource(ctx context.Context, gvr schema.GroupVersionResource) (*dynamicinformer.Resource, error) {
+// synced waits until the resource gvr's informers have synced and the journal has recorded
+// their initial lists, and returns true; false if, once discovery has placed every resource,
+// no running resource is gvr.
+func (d *Dispatcher) synced(ctx context.Context, gvr schema.GroupVersionResource) (bool, error) {
 	tick := time.NewTicker(replayPoll)
 	defer tick.Stop()
 	for {
-		var found *dynamicinformer.Resource
-		pending := false
-		for _, r := range d.resources() {
-			if g, _, running := r.API(); running && g == gvr {
-				found = r
-			}
-			pending = pending || r.State() == dynamicinformer.StatePending
+		running, synced, pending := d.cache.Lookup(gvr)
+		if !running && !pending {
+			return false, nil
 		}
-		if found == nil && !pending {
-			return nil, nil
-		}
-		if found != nil && d.journal.Synced(gvr) {
-			if st := found.State(); st == dynamicinformer.StateSynced || st == dynamicinformer.StateStale {
-				return found, nil
-			}
+		if running && synced && d.journal.Synced(gvr) {
+			return true, nil
 		}
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return false, ctx.Err()
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package delivery
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,8 +22,9 @@ import (
 	"github.com/dynwatch/dynwatch/object"
 )
 
-// run starts a Dispatcher for the webhooks YAML (the resources are fixed) until the test ends.
-func run(t testing.TB, webhooksYAML string) *Dispatcher {
+// run starts a Dispatcher for the webhooks YAML (the resources are fixed), with a journal in
+// memory, until the test ends.
+func run(t testing.TB, webhooksYAML string) *Pipeline {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte("resources: [{version: v1, resource: configmaps}]\nwebhooks:\n"+webhooksYAML), 0o600); err != nil {
@@ -34,15 +34,7 @@ func run(t testing.TB, webhooksYAML string) *Dispatcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return d
+	return StartPipeline(t, Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks()}, "")
 }
 
 func event(name string) object.Event {
@@ -87,7 +79,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 	}))
 	defer srv.Close()
 	d := run(t, fmt.Sprintf("  - {name: limited, url: %s, retry: {initialBackoff: 10ms, maxBackoff: 20ms}}\n", srv.URL))
-	d.OnEvent(event("a"))
+	d.Journal.OnEvent(event("a"))
 	for range 2 {
 		select {
 		case <-a.ch:
@@ -107,7 +99,7 @@ func TestDeadLettersArePostedToTheDeadLetterURL(t *testing.T) {
 	deadSrv := httptest.NewServer(dl.handler(func(int, http.ResponseWriter) {}))
 	defer deadSrv.Close()
 	d := run(t, fmt.Sprintf("  - {name: strict, url: %s, deadLetter: {url: %s}}\n", rejecting.URL, deadSrv.URL))
-	d.OnEvent(event("b"))
+	d.Journal.OnEvent(event("b"))
 	select {
 	case body := <-dl.ch:
 		var rec DeadLetter

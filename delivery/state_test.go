@@ -1,7 +1,6 @@
 package delivery
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -42,15 +41,8 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := func(now func() time.Time) (*Dispatcher, func()) {
-		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks(), StatePath: filepath.Join(dir, "state.db"), Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { _ = d.Run(ctx); close(done) }()
-		return d, func() { cancel(); <-done }
+	start := func(now func() time.Time) *Pipeline {
+		return StartPipeline(t, Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks(), Now: now}, filepath.Join(dir, "state.db"))
 	}
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
@@ -61,17 +53,16 @@ func TestARestartKeepsTheRetryDeadline(t *testing.T) {
 		}
 	}
 
-	d, stop := start(nil)
-	d.OnEvent(event("a"))
+	d := start(nil)
+	d.Journal.OnEvent(event("a"))
 	waitUntil("retries", func() bool { return requests.Load() >= 3 })
-	stop()
+	d.Stop()
 	if dead, _ := os.ReadFile(deadFile); len(dead) != 0 {
 		t.Fatalf("stopping with a state store dead-lettered %s", dead)
 	}
 
 	tried := requests.Load()
-	d, stop = start(func() time.Time { return time.Now().Add(time.Hour) }) // past the 1m deadline
-	defer stop()
+	d = start(func() time.Time { return time.Now().Add(time.Hour) }) // past the 1m deadline
 	waitUntil("a dead letter", func() bool { b, _ := os.ReadFile(deadFile); return len(b) > 0 })
 	b, _ := os.ReadFile(deadFile)
 	var rec DeadLetter
@@ -127,31 +118,23 @@ func TestAGracefulStopLetsTheDeliveryUnderWayFinish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := func() (*Dispatcher, context.CancelFunc, chan struct{}) {
-		d, err := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks(), StatePath: filepath.Join(dir, "state.db"), ShutdownTimeout: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { _ = d.Run(ctx); close(done) }()
-		return d, cancel, done
+	start := func() *Pipeline {
+		return StartPipeline(t, Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: testTransports, Sinks: cfg.Sinks(), ShutdownTimeout: time.Minute}, filepath.Join(dir, "state.db"))
 	}
 
-	d, stop, done := start()
-	d.OnEvent(event("a"))
+	d := start()
+	d.Journal.OnEvent(event("a"))
 	<-arrived
-	stop()
+	d.Cancel()
 	select { // a request cut by the stop shows at once; give it a second to show
 	case <-cut:
 	case <-time.After(time.Second):
 	}
 	close(release)
-	<-done
+	<-d.Done()
 
-	d, stop, done = start()
-	defer func() { stop(); <-done }()
-	d.OnEvent(event("b"))
+	d = start()
+	d.Journal.OnEvent(event("b"))
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		mu.Lock()
 		got := slices.Clone(ids)

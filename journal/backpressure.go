@@ -137,7 +137,7 @@ func (p *pressure) status() PressureStatus {
 
 // Room returns a channel that is closed while the journal has room for more events, and
 // closes once it has again: the informers wait on it before they read more of a watch or
-// start a list (see dynamicinformer.Gate). Record never blocks on it.
+// start a list (see dynamicinformer.Gate). OnEvent never blocks on it.
 func (j *Journal) Room() <-chan struct{} { return j.pressure.room() }
 
 // Pressure reports the journal's backpressure, for /status.

@@ -69,7 +69,7 @@ func TestAStoreThatCannotCommitHoldsTheInformersBack(t *testing.T) {
 			on.Store(true)
 			const events, size = 400, 64 << 10 // 25 MB: past syncBytes unsynced, and then past the limit held
 			for i := range events {
-				j.Record(addedWithData(fmt.Sprintf("cm-%03d", i), uint64(100+i), size))
+				j.OnEvent(addedWithData(fmt.Sprintf("cm-%03d", i), uint64(100+i), size))
 			}
 			testbed.Eventually(t, 10*time.Second, func() error {
 				select {

@@ -73,7 +73,7 @@ func TestACheckpointStopsBelowTheOldestUnacknowledgedEntry(t *testing.T) {
 	j.ListStarted(configmaps, 1, []string{""})
 	j.ListSynced(configmaps, 1, 10)
 	for i, name := range []string{"a", "b", "c"} {
-		j.Record(addedAt(name, uint64(11+i)))
+		j.OnEvent(addedAt(name, uint64(11+i)))
 	}
 	flush(t, j)
 	check := func(want uint64) {
@@ -97,7 +97,7 @@ func TestACheckpointStopsBelowTheOldestUnacknowledgedEntry(t *testing.T) {
 func TestTrimRemovesWhatACheckpointCoversAndRecordsNothingBelowIt(t *testing.T) {
 	j, _ := newJournal(t)
 	for i, name := range []string{"a", "b", "c"} {
-		j.Record(addedAt(name, uint64(11+i)))
+		j.OnEvent(addedAt(name, uint64(11+i)))
 	}
 	flush(t, j)
 	j.Trim(Checkpoints{"sink": {configmaps: 12}})
@@ -105,8 +105,8 @@ func TestTrimRemovesWhatACheckpointCoversAndRecordsNothingBelowIt(t *testing.T) 
 	if n := j.OutboxLen("sink"); n != 1 {
 		t.Fatalf("outbox after a checkpoint at 12: %d entries; want 1 (13)", n)
 	}
-	j.Record(addedAt("late", 12)) // a slow informer's view of something the leader acknowledged
-	j.Record(addedAt("new", 14))
+	j.OnEvent(addedAt("late", 12)) // a slow informer's view of something the leader acknowledged
+	j.OnEvent(addedAt("new", 14))
 	flush(t, j)
 	var revs []uint64
 	if _, _, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool {
@@ -145,7 +145,7 @@ func TestATrimWhoseCommitFailedIsMadeWhenTriedAgain(t *testing.T) {
 	record := func(sync func() error) int64 {
 		before := segments()
 		rev++
-		j.Record(addedWithData(fmt.Sprint("o-", rev), rev, 1<<20))
+		j.OnEvent(addedWithData(fmt.Sprint("o-", rev), rev, 1<<20))
 		if err := sync(); err != nil {
 			t.Fatal(err)
 		}
@@ -177,13 +177,13 @@ func TestATrimWhoseCommitFailedIsMadeWhenTriedAgain(t *testing.T) {
 func TestALowerCheckpointLowersTheFloor(t *testing.T) {
 	j, _ := newJournal(t)
 	j.Trim(Checkpoints{"sink": {configmaps: 100}})
-	j.Record(addedAt("under-the-first", 50))
+	j.OnEvent(addedAt("under-the-first", 50))
 	flush(t, j)
 	if n := j.OutboxLen("sink"); n != 0 {
 		t.Fatalf("%d entries recorded at 50 under a checkpoint at 100; want none", n)
 	}
 	j.Trim(Checkpoints{"sink": {configmaps: 20}}) // the ConfigMap repaired
-	j.Record(addedAt("over-the-second", 50))
+	j.OnEvent(addedAt("over-the-second", 50))
 	flush(t, j)
 	if n := j.OutboxLen("sink"); n != 1 {
 		t.Fatalf("%d entries recorded at 50 once the checkpoint is 20; want 1: the floor follows the checkpoints down", n)
@@ -198,10 +198,10 @@ func TestSeenIsTheHighestRevisionOfAnyStream(t *testing.T) {
 	j.ListStarted(configmaps, 1, []string{"b", "a"})
 	e := addedAt("x", 40)
 	e.Stream = "b"
-	j.Record(e)
+	j.OnEvent(e)
 	e = addedAt("y", 30)
 	e.Stream = "a"
-	j.Record(e)
+	j.OnEvent(e)
 	flush(t, j)
 	if rev, streams := j.Seen(configmaps); rev != 40 || !slices.Equal(streams, []string{"a", "b"}) {
 		t.Errorf("Seen = %d, %v; want 40 and [a b]", rev, streams)
@@ -241,10 +241,10 @@ func TestAChangeKnownAsARangeIsNotLostAtAHandover(t *testing.T) {
 				j.ListStarted(configmaps, 1, []string{""})
 				j.ListSynced(configmaps, 1, 10)
 			}
-			leader.Record(c.leader)
-			follower.Record(c.follower)
+			leader.OnEvent(c.leader)
+			follower.OnEvent(c.follower)
 			for _, j := range []*Journal{leader, follower} {
-				j.Record(addedAt("later", 500)) // the watch goes on past both
+				j.OnEvent(addedAt("later", 500)) // the watch goes on past both
 			}
 			flush(t, leader)
 			flush(t, follower)
@@ -289,7 +289,7 @@ func TestABoundCapsTheCheckpoint(t *testing.T) {
 	t.Cleanup(func() { _ = j.Close() })
 	j.ListStarted(configmaps, 1, []string{""})
 	j.ListSynced(configmaps, 1, 10)
-	j.Record(addedAt("a", 200))
+	j.OnEvent(addedAt("a", 200))
 	flush(t, j)
 	j.Ack("sink", tg.entries[0].Seq)
 	flush(t, j)

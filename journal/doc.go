@@ -62,7 +62,7 @@
 // (decide) and the fan-out, outbox.go the reading of outboxes, store.go and txn.go the store
 // and one commit's transaction, records.go the records' encoding.
 //
-// Concurrency: Record, Ack and the other operations never block and do no I/O (ListStarted and
+// Concurrency: OnEvent, Ack and the other operations never block and do no I/O (ListStarted and
 // ListSynced wait, with workers, for the preselector to empty); one goroutine (Run) applies
 // them, a batch per commit (one frame appended, one fdatasync). Targets' Queue is called from that goroutine; their Selects
 // from it and, with workers, from the workers at once. Checkpoints, OutboxLen, ReadOutbox and

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// Journal is the one path from the informers to the sinks' queues. Record only appends to
+// Journal is the one path from the informers to the sinks' queues. OnEvent only appends to
 // it; its goroutine takes everything pending at once and, in one commit to the store (a group
 // commit), compares each event with the stored state of its object, filters it for every
 // sink, writes the outbox entries and the object's new state, and only after the commit is
@@ -33,6 +33,7 @@ type Journal struct {
 	targets func() []Target
 	m       *metrics
 	retired func(Target)
+	ignore  func(schema.GroupVersionResource, string, string) bool
 	pre     *preselector // nil: the writer filters
 	bound   func(schema.GroupVersionResource) (uint64, bool)
 	current func(gvr schema.GroupVersionResource, namespace, name string) (*object.Object, bool)
@@ -119,6 +120,10 @@ type Options struct {
 	Targets func() []Target
 	// Retired is called, after the commit, for each target RemoveTarget removed.
 	Retired func(Target)
+	// Ignore, when set, names the objects whose changes are not recorded: the leader
+	// election's own Lease and checkpoint ConfigMap, whose every delivery would move the
+	// checkpoint, and so write it again.
+	Ignore func(gvr schema.GroupVersionResource, namespace, name string) bool
 	// MaxPendingBytes bounds the bytes of events recorded and not yet committed before the
 	// informers are held back (see Room); 0 never holds them back.
 	MaxPendingBytes int64
@@ -158,7 +163,7 @@ func New(o Options) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, bound: o.Bound, current: o.Current, commitBytes: cmp.Or(o.commitBytes, maxCommitBytes), m: newMetrics(st),
+	j := &Journal{store: st, log: o.Logger, now: o.Now, targets: o.Targets, retired: o.Retired, ignore: o.Ignore, bound: o.Bound, current: o.Current, commitBytes: cmp.Or(o.commitBytes, maxCommitBytes), m: newMetrics(st),
 		wake: make(chan struct{}, 1), lazy: make(chan struct{}, 1), lists: map[schema.GroupVersionResource]*listing{}, selections: map[string]map[string]string{}, floor: Checkpoints{},
 		outbox: map[string]map[uint64]indexed{}, progress: map[schema.GroupVersionResource]*progress{},
 		sinks: map[string]*sinkReplay{}, first: true, listsCoverAll: st == nil || st.Fresh,
@@ -235,12 +240,15 @@ func (j *Journal) Sinks() ([]string, error) {
 	return slices.Sorted(maps.Keys(j.outbox)), nil
 }
 
-// Record hands an informer's event to the journal. It never blocks: what it holds until the
-// event is committed is bounded by holding the informers back (see Room). With workers, an
-// event other than an initial list's is filtered by them first; an initial list's, mostly
-// unchanged objects after a restart, goes straight to the writer, which filters only what
-// changed.
-func (j *Journal) Record(e object.Event) {
+// OnEvent hands an informer's event to the journal (it implements dynamicinformer.Subscriber).
+// It never blocks: what it holds until the event is committed is bounded by holding the
+// informers back (see Room). With workers, an event other than an initial list's is filtered
+// by them first; an initial list's, mostly unchanged objects after a restart, goes straight to
+// the writer, which filters only what changed. An object Ignore names is not recorded.
+func (j *Journal) OnEvent(e object.Event) {
+	if j.ignore != nil && j.ignore(e.Resource, e.Object.GetNamespace(), e.Object.GetName()) {
+		return
+	}
 	j.pressure.take(heldBytes(e))
 	if j.pre != nil && !e.InitialList {
 		j.pre.add(op{kind: opEvent, event: e})
@@ -339,4 +347,12 @@ func (j *Journal) Healthy() error {
 		return errors.New(*msg)
 	}
 	return nil
+}
+
+// Ready implements httpapi.Readiness: not ready while the state store cannot commit.
+func (j *Journal) Ready() (bool, []string) {
+	if err := j.Healthy(); err != nil {
+		return false, []string{err.Error()}
+	}
+	return true, nil
 }

@@ -51,7 +51,7 @@ func TestAcknowledgementsRideOnTheNextCommit(t *testing.T) {
 	t.Cleanup(func() { <-done })
 	record := func(name string, rev uint64) Entry {
 		t.Helper()
-		j.Record(addedAt(name, rev))
+		j.OnEvent(addedAt(name, rev))
 		select {
 		case <-tg.queued:
 		case <-time.After(10 * time.Second):
@@ -109,7 +109,7 @@ func TestAnEntryIsHandedOnOnceWrittenAndSyncedSoonAfter(t *testing.T) {
 	done := make(chan struct{})
 	go func() { j.Run(t.Context()); close(done) }()
 	t.Cleanup(func() { <-done })
-	j.Record(addedAt("a", 11))
+	j.OnEvent(addedAt("a", 11))
 	select {
 	case <-tg.queued:
 	case <-time.After(10 * time.Second):
@@ -156,14 +156,14 @@ func TestCommitsGoOnWhileAnFdatasyncRuns(t *testing.T) {
 	released := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(released)
 	hold.Store(true)
-	j.Record(addedAt("a", 11))
+	j.OnEvent(addedAt("a", 11))
 	<-tg.queued
 	select {
 	case <-entered: // a's commit's fdatasync, held
 	case <-time.After(10 * time.Second):
 		t.Fatal("a's commit was not synced")
 	}
-	j.Record(addedAt("b", 12))
+	j.OnEvent(addedAt("b", 12))
 	select {
 	case <-tg.queued:
 	case <-time.After(10 * time.Second):
@@ -202,7 +202,7 @@ func TestALargeFlushHoldsAtMostSyncBytesUnsynced(t *testing.T) {
 	j.targets = func() []Target { return []Target{tg} }
 	const objects = 10000 // of about 2 KB: each commit of maxBatch writes about 4 MB
 	for i := range objects {
-		j.Record(addedWithData(fmt.Sprintf("cm-%05d", i), uint64(10+i), 2000))
+		j.OnEvent(addedWithData(fmt.Sprintf("cm-%05d", i), uint64(10+i), 2000))
 	}
 	if err := j.flush(); err != nil {
 		t.Fatal(err)
@@ -228,11 +228,11 @@ func TestACommitUsesABufferAgainOnceItsFrameIsSynced(t *testing.T) {
 	for i := range events {
 		events[i] = addedWithData(fmt.Sprintf("cm-%03d", i), uint64(10+i), size)
 	}
-	j.Record(addedWithData("first", 1, size))
+	j.OnEvent(addedWithData("first", 1, size))
 	flush(t, j)
 	total := allocated(func() {
 		for _, e := range events {
-			j.Record(e)
+			j.OnEvent(e)
 			flush(t, j)
 		}
 	})
@@ -260,7 +260,7 @@ func TestACommitBufferIsNotUsedAgainWhileTheLogMayWriteItAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = j.Close() })
-	j.Record(addedWithData("a", 11, 8192))
+	j.OnEvent(addedWithData("a", 11, 8192))
 	if err := j.flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -331,8 +331,8 @@ func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	j, _ := newJournal(t)
 	e := addedAt("a", 1)
 	cycle := func() {
-		j.Record(e)
-		j.Record(e)
+		j.OnEvent(e)
+		j.OnEvent(e)
 		j.Ack("sink", 1)
 		ops, acks := j.takeBatch(1)
 		if len(ops) != 2 || len(acks) != 1 {
@@ -347,7 +347,7 @@ func TestABatchOfAllThatIsPendingIsTakenWithoutACopy(t *testing.T) {
 	}
 	// More than a batch: the first maxBatch are taken as they lie in the array.
 	for i := range maxBatch + 2 {
-		j.Record(addedAt("a", uint64(3+i)))
+		j.OnEvent(addedAt("a", uint64(3+i)))
 	}
 	j.mu.Lock()
 	first := &j.pending[0][0]
@@ -389,13 +389,13 @@ func TestAFlushedEventIsNotKeptAliveByThePendingOperations(t *testing.T) {
 	const versions = 1500 // two commits' worth, so the array is grown past what it holds
 	old := make([]weak.Pointer[object.Object], 0, versions)
 	prev := addedAt("a", 10).Object
-	j.Record(addedAt("a", 10))
+	j.OnEvent(addedAt("a", 10))
 	for v := range versions {
 		e := addedAt("a", uint64(11+v))
 		e.Type, e.OldObject = object.Modified, prev
 		old = append(old, weak.Make(prev))
 		prev = e.Object
-		j.Record(e)
+		j.OnEvent(e)
 	}
 	if err := j.flush(); err != nil {
 		t.Fatal(err)
@@ -420,13 +420,13 @@ func TestADrainedBacklogLeavesNothingOfItsSize(t *testing.T) {
 	j, _ := newJournal(t)
 	j.targets = func() []Target { return []Target{discarding{}} }
 	const entries = 20_000
-	j.Record(addedAt("a", 1))
+	j.OnEvent(addedAt("a", 1))
 	flush(t, j)
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for v := range entries {
-		j.Record(addedAt("a", uint64(2+v))) // one object: its state is the same size throughout
+		j.OnEvent(addedAt("a", uint64(2+v))) // one object: its state is the same size throughout
 	}
 	flush(t, j)
 	if n := j.OutboxLen("sink"); n != entries+1 {
@@ -489,7 +489,7 @@ func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
 	}
 	record := func(events []object.Event) {
 		for _, e := range events { // at once, as an informer hands a list it has read
-			j.Record(e)
+			j.OnEvent(e)
 		}
 		flush(t, j)
 	}
@@ -507,11 +507,11 @@ func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
 // (an initial list of 20,000 objects queued 20,000 of them).
 func TestAnEntryIsQueuedWithoutABodyOfItsOwn(t *testing.T) {
 	j, tg := newJournal(t)
-	j.Record(addedWithData("a", 11, 100))
+	j.OnEvent(addedWithData("a", 11, 100))
 	flush(t, j)
 	changed := addedWithData("a", 12, 200)
 	changed.Type = object.Modified
-	j.Record(changed)
+	j.OnEvent(changed)
 	flush(t, j)
 	if len(tg.entries) != 2 {
 		t.Fatalf("%d entries queued; want 2", len(tg.entries))
@@ -559,7 +559,7 @@ func TestAnEntryReadBackHoldsTheCachedObjectItCarries(t *testing.T) {
 	c.Type, c.OldObject = object.Modified, addedWithData("c", 14, 50).Object
 	cache["a"], cache["b"], cache["c"] = a.Object, addedWithData("b", 13, 100).Object, c.Object
 	for _, e := range []object.Event{a, b, c} {
-		j.Record(e)
+		j.OnEvent(e)
 	}
 	flush(t, j)
 	var read []Entry
@@ -609,7 +609,7 @@ func TestACommitWritesObjectsFromWhereTheyLie(t *testing.T) {
 	}
 	total := allocated(func() {
 		for _, e := range events {
-			j.Record(e)
+			j.OnEvent(e)
 		}
 		flush(t, j)
 	})
@@ -645,9 +645,9 @@ func TestACommitIsBoundedInSize(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = j.Close() })
 	const objects, size = 10, 150 << 10 // about 300 KiB a commit with one sink
-	j.Record(addedWithData("big", 1, 3<<20))
+	j.OnEvent(addedWithData("big", 1, 3<<20))
 	for i := range objects {
-		j.Record(addedWithData(fmt.Sprint("o-", i), uint64(2+i), size))
+		j.OnEvent(addedWithData(fmt.Sprint("o-", i), uint64(2+i), size))
 	}
 	flush(t, j)
 	// The big one alone, then three of 150 KiB to a commit.

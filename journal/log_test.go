@@ -35,7 +35,7 @@ func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
 	}
 	const n = 1500
 	for i := range n {
-		j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: obj(i, 10+i), Revision: uint64(10 + i), InOrder: true})
+		j.OnEvent(object.Event{Type: object.Added, Resource: configmaps, Object: obj(i, 10+i), Revision: uint64(10 + i), InOrder: true})
 	}
 	flush(t, j)
 	deadline := time.Unix(1700000600, 0)
@@ -48,7 +48,7 @@ func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
 		t.Fatalf("no compaction began with %d bytes in the log", j.store.size.Load())
 	}
 	for i := range 10 { // while the snapshot is written
-		j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: obj(i, 10000+i), OldObject: obj(i, 10+i), Revision: uint64(10000 + i), InOrder: true})
+		j.OnEvent(object.Event{Type: object.Modified, Resource: configmaps, Object: obj(i, 10000+i), OldObject: obj(i, 10+i), Revision: uint64(10000 + i), InOrder: true})
 	}
 	flush(t, j)
 	j.finishCompaction(<-j.compacted)
@@ -89,7 +89,7 @@ func TestACompactedStoreReadsBackAsItWas(t *testing.T) {
 		if i < 10 {
 			rev = 10000 + i
 		}
-		j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: obj(i, rev), InitialList: true, Revision: uint64(rev)})
+		j.OnEvent(object.Event{Type: object.Added, Resource: configmaps, Object: obj(i, rev), InitialList: true, Revision: uint64(rev)})
 	}
 	j.ListSynced(configmaps, 1, 20000)
 	flush(t, j)
@@ -106,7 +106,7 @@ func TestNothingOfTheStoreIsMapped(t *testing.T) {
 	targets := []Target{tg}
 	j := openJournal(t, path, &targets)
 	for i := range 100 {
-		j.Record(addedAt(fmt.Sprintf("cm-%03d", i), uint64(10+i)))
+		j.OnEvent(addedAt(fmt.Sprintf("cm-%03d", i), uint64(10+i)))
 	}
 	flush(t, j)
 	if _, _, err := j.ReadOutbox("sink", 0, 0, func(Entry) bool { return true }); err != nil {
@@ -156,7 +156,7 @@ func TestAFailedCompactionIsNotRetriedOnEveryCommit(t *testing.T) {
 	rev := 10
 	commit := func() {
 		rev++
-		j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: obj(rev%100, rev), Revision: uint64(rev), InOrder: true})
+		j.OnEvent(object.Event{Type: object.Added, Resource: configmaps, Object: obj(rev%100, rev), Revision: uint64(rev), InOrder: true})
 		flush(t, j)
 		for _, e := range tg.entries {
 			j.Ack("sink", e.Seq)
@@ -186,7 +186,7 @@ func TestASnapshotCopiesOutboxEntriesWithoutABufferEach(t *testing.T) {
 	j, tg := newJournal(t)
 	const n = 4000 // 32 MB of entries, against a frame buffer grown once to snapshotFrame
 	for i := range n {
-		j.Record(addedWithData(fmt.Sprintf("cm-%04d", i), uint64(10+i), 8192))
+		j.OnEvent(addedWithData(fmt.Sprintf("cm-%04d", i), uint64(10+i), 8192))
 	}
 	flush(t, j)
 	j.SetDeadline("sink", tg.entries[0].Seq, time.Unix(1700000600, 0))
@@ -211,7 +211,7 @@ func TestASnapshotCopiesStoredObjectsWithoutABufferEach(t *testing.T) {
 	j := openJournal(t, path, &targets)
 	const n = 4000 // 32 MB of states
 	for i := range n {
-		j.Record(addedWithData(fmt.Sprintf("cm-%04d", i), uint64(10+i), 8192))
+		j.OnEvent(addedWithData(fmt.Sprintf("cm-%04d", i), uint64(10+i), 8192))
 	}
 	flush(t, j)
 	if err := j.Close(); err != nil {

@@ -66,9 +66,9 @@ func TestACostlyObjectHoldsUpOnlyItsOwnEvents(t *testing.T) {
 		e.InOrder = true
 		return e
 	}
-	j.Record(watched("big", 11))
-	j.Record(watched("big", 12))
-	j.Record(watched("small", 13))
+	j.OnEvent(watched("big", 11))
+	j.OnEvent(watched("big", 12))
+	j.OnEvent(watched("small", 13))
 	testbed.Eventually(t, 10*time.Second, func() error {
 		if got := c.got(); !slices.Equal(got, []string{"small@13"}) {
 			return fmt.Errorf("queued %q while big is being filtered; want small@13", got)

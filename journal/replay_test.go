@@ -59,7 +59,7 @@ func (c *cluster) set(name string) {
 	if old != nil {
 		e.Type, e.OldObject = object.Modified, object.New(old)
 	}
-	c.j.Record(e)
+	c.j.OnEvent(e)
 }
 
 // del deletes the configmap name, and records the event.
@@ -68,7 +68,7 @@ func (c *cluster) del(name string) {
 	u := c.objects["ns/"+name].DeepCopy()
 	u.SetResourceVersion(strconv.FormatUint(c.rev, 10))
 	delete(c.objects, "ns/"+name)
-	c.j.Record(object.Event{Type: object.Deleted, Resource: configmaps, Object: object.New(u), Revision: c.rev, InOrder: true})
+	c.j.OnEvent(object.Event{Type: object.Deleted, Resource: configmaps, Object: object.New(u), Revision: c.rev, InOrder: true})
 }
 
 // list records a start's initial list: ListStarted, every object, ListSynced.
@@ -76,7 +76,7 @@ func (c *cluster) list(run uint64) {
 	c.j.ListStarted(configmaps, run, []string{""})
 	for _, k := range slices.Sorted(maps.Keys(c.objects)) {
 		u := c.objects[k]
-		c.j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: object.New(u), InitialList: true, Revision: object.Revision(u.GetResourceVersion())})
+		c.j.OnEvent(object.Event{Type: object.Added, Resource: configmaps, Object: object.New(u), InitialList: true, Revision: object.Revision(u.GetResourceVersion())})
 	}
 	c.j.ListSynced(configmaps, run, c.rev)
 	flush(c.t, c.j)

@@ -75,11 +75,11 @@ func TestAStreamResumesFromTheRevisionOfItsLastRecordedEvent(t *testing.T) {
 		t.Fatal("a fresh store resumed a stream")
 	}
 	j.ListStarted(configmaps, 1, []string{"a"})
-	j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: cm("a", "x", "u1", 5), InitialList: true, Stream: "a", Revision: 5})
-	j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: cm("a", "y", "u2", 6), InitialList: true, Stream: "a", Revision: 6})
+	j.OnEvent(object.Event{Type: object.Added, Resource: configmaps, Object: cm("a", "x", "u1", 5), InitialList: true, Stream: "a", Revision: 5})
+	j.OnEvent(object.Event{Type: object.Added, Resource: configmaps, Object: cm("a", "y", "u2", 6), InitialList: true, Stream: "a", Revision: 6})
 	j.ListSynced(configmaps, 1, 10)
 	flush(t, j)
-	j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 12), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 12, InOrder: true})
+	j.OnEvent(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 12), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 12, InOrder: true})
 	flush(t, j)
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
@@ -98,8 +98,8 @@ func TestAStreamResumesFromTheRevisionOfItsLastRecordedEvent(t *testing.T) {
 	}
 	resume(j, "a", "sel")
 	// A watch resumed from before x@12 sends x@8: it was recorded already, and is passed over.
-	j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 8), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 8, InOrder: true})
-	j.Record(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "y", "u2", 14), OldObject: cm("a", "y", "u2", 6), Stream: "a", Revision: 14, InOrder: true})
+	j.OnEvent(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "x", "u1", 8), OldObject: cm("a", "x", "u1", 5), Stream: "a", Revision: 8, InOrder: true})
+	j.OnEvent(object.Event{Type: object.Modified, Resource: configmaps, Object: cm("a", "y", "u2", 14), OldObject: cm("a", "y", "u2", 6), Stream: "a", Revision: 14, InOrder: true})
 	flush(t, j)
 	var got []string
 	for _, e := range tg.entries {

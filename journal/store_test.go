@@ -59,7 +59,7 @@ func TestAFilterErrorIsKeptInTheOutbox(t *testing.T) {
 		return j
 	}
 	j := open(&undecided{})
-	j.Record(addedAt("a", 11))
+	j.OnEvent(addedAt("a", 11))
 	flush(t, j)
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
@@ -86,8 +86,8 @@ func TestACorruptStoredObjectAffectsOnlyItself(t *testing.T) {
 	targets := []Target{tg}
 	j := openJournal(t, path, &targets)
 	j.ListStarted(configmaps, 1, nil)
-	j.Record(addedAt("a", 10))
-	j.Record(addedAt("b", 11))
+	j.OnEvent(addedAt("a", 10))
+	j.OnEvent(addedAt("b", 11))
 	j.ListSynced(configmaps, 1, 11)
 	flush(t, j)
 	if err := j.Close(); err != nil {
@@ -113,8 +113,8 @@ func TestACorruptStoredObjectAffectsOnlyItself(t *testing.T) {
 	tg.entries = nil
 	j = openJournal(t, path, &targets)
 	j.ListStarted(configmaps, 1, nil)
-	j.Record(addedAt("a", 12)) // changed while dynwatch was stopped
-	j.Record(addedAt("b", 11)) // unchanged
+	j.OnEvent(addedAt("a", 12)) // changed while dynwatch was stopped
+	j.OnEvent(addedAt("b", 11)) // unchanged
 	j.ListSynced(configmaps, 1, 12)
 	flush(t, j)
 	var got []string

@@ -66,7 +66,7 @@ func TestCheckpointsAreActedOnOnlyWhenTheLeaseHolderWroteThemAndTheClusterReache
 	t.Cleanup(func() { _ = j.Close() })
 	j.ListStarted(configmaps, 1, []string{""})
 	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"namespace": "ns", "name": "a", "uid": "u", "resourceVersion": "50"}}}
-	j.Record(object.Event{Type: object.Added, Resource: configmaps, Object: object.New(u), Revision: 50, InOrder: true})
+	j.OnEvent(object.Event{Type: object.Added, Resource: configmaps, Object: object.New(u), Revision: 50, InOrder: true})
 	if err := j.Flush(); err != nil {
 		t.Fatal(err)
 	}

@@ -21,5 +21,6 @@
 //
 // Concurrency: Run takes part until its context ends and gives the Lease up on the way out.
 // Leading, Status, Owns and the fence's methods (Bound, Lapsed, Wait) may be called from any
-// goroutine. Delivery sees the Elector only through an interface of its own (delivery.Election).
+// goroutine. app runs the Elector with the journal; delivery sees it only through an interface
+// of its own (delivery.Leadership), the journal only through journal.Options.Ignore (Owns).
 package leader
