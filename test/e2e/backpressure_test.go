@@ -83,14 +83,7 @@ state: {path: %s}
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, ns, rc.URL, filepath.Join(faults.Dir, "state")))
-	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: c.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	supervise(t, p)
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	p := startReady(t, runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: c.Kubeconfig})
 	api, metrics, _ := p.WaitListening(t.Context())
 	testbed.Eventually(t, time.Minute, func() error {
 		if n := rc.len(); n < stalledObjects {

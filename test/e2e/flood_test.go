@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -273,19 +272,6 @@ func floodClient(roots *x509.CertPool) *http.Client {
 		ForceAttemptHTTP2: true,
 		MaxConnsPerHost:   1,
 	}}
-}
-
-// floodGet GETs url with token and returns the status code, 0 if there was no answer.
-func floodGet(c *http.Client, url, token string) int {
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
 }
 
 func randomToken() string {

@@ -61,15 +61,8 @@ state: {path: %s}
 // start starts dynwatch on the fixture's configuration and state, and waits until it is ready.
 func (f *gapFixture) start(t *testing.T) {
 	t.Helper()
-	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: f.config, Kubeconfig: f.cluster.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := startReady(t, runner.Options{Config: f.config, Kubeconfig: f.cluster.Kubeconfig})
 	f.p = p
-	supervise(t, p)
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func (f gapFixture) create(t *testing.T, name, v string) {

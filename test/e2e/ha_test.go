@@ -53,7 +53,7 @@ func (r *replica) start(t *testing.T) {
 
 // tryStart is start for a goroutine other than the test's: it returns its error.
 func (r *replica) tryStart(t *testing.T) error {
-	p, err := tryStart(t, cluster.Kubeconfig, r.config)
+	p, err := launch(t, runner.Options{Config: r.config})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dynwatch/dynwatch/object"
+	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -163,7 +164,7 @@ func checkStream(t *testing.T, s jetstream.Stream, u *updater) []storedMessage {
 // restart starts r again in the background, reporting a failure to start on errs.
 func restart(t *testing.T, r *replica, wg *sync.WaitGroup, errs chan<- error) {
 	wg.Go(func() {
-		p, err := tryStart(t, cluster.Kubeconfig, r.config)
+		p, err := launch(t, runner.Options{Config: r.config})
 		if err == nil {
 			err = p.WaitReady(t.Context())
 		}

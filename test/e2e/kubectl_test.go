@@ -31,8 +31,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 
@@ -473,21 +471,6 @@ func TestKubectlDescribeAndExplainMatchTheAPIServer(t *testing.T) {
 	})
 }
 
-func getJSON(t *testing.T, client *http.Client, url string, v any) {
-	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s", url, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-}
-
 // TestDescribeReadsUnwatchedEventsWithTheCallersRights: events that dynwatch does not watch
 // come from the apiserver, for a caller the cluster lets list them, as from the apiserver.
 func TestDescribeReadsUnwatchedEventsWithTheCallersRights(t *testing.T) {
@@ -527,23 +510,6 @@ func TestDescribeReadsUnwatchedEventsWithTheCallersRights(t *testing.T) {
 	})
 }
 
-// withToken copies kubeconfig with token as its user's only credential.
-func withToken(t *testing.T, kubeconfig, token string) string {
-	t.Helper()
-	cfg, err := clientcmd.LoadFromFile(kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, u := range cfg.AuthInfos {
-		*u = clientcmdapi.AuthInfo{Token: token}
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // TestAWatchFromAnExpiredResourceVersionEndsAsTheAPIServersDoes: 200 and one ERROR event
 // carrying a 410 Expired Status, on the wire and through client-go.
 func TestAWatchFromAnExpiredResourceVersionEndsAsTheAPIServersDoes(t *testing.T) {
@@ -567,14 +533,7 @@ resources: [{version: v1, resource: configmaps, namespaces: [`+ns+`]}]
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: cfg, Kubeconfig: c.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	supervise(t, p)
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	p := startReady(t, runner.Options{Config: cfg, Kubeconfig: c.Kubeconfig})
 	url, _, _ := p.WaitListening(t.Context())
 	d := dynwatchAPI{url: url, caFile: caFile}
 

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -221,14 +219,6 @@ func TestHostileRequestsCostLittle(t *testing.T) {
 	})
 }
 
-func decodeJSON(resp *http.Response, v any) error {
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
-}
-
 func TestTenThousandWatchesAreBoundedAndAnIdleWatchCostsLittle(t *testing.T) {
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	path := filepath.Join(t.TempDir(), "config.yaml")
@@ -247,14 +237,7 @@ api:
   auth: {tokenCacheTTL: 10m, allowCacheTTL: 10m}
 metrics: {address: "127.0.0.1:0", pprof: true}
 `, ns, caFile))
-	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: cluster.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	supervise(t, p)
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	p := startReady(t, runner.Options{Binary: plainBinary(t), Config: path})
 	url, metrics, _ := p.WaitListening(t.Context())
 	client := httpClient(t, dynwatchAPI{url: url, caFile: caFile}.restConfig(cluster.Config.BearerToken))
 	// One watch first, so that the connections' and the handler's one-off costs are paid.

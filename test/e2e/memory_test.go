@@ -149,14 +149,7 @@ func TestTheGoMemoryLimitLeavesHeadroomUnderTheContainersLimit(t *testing.T) {
 		{"another ratio in AUTOMEMLIMIT", []string{"AUTOMEMLIMIT=0.5"}, limit / 2},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := runner.Start(runner.Options{Binary: dynwatchBinary(t), Config: cfg, Kubeconfig: cluster.Kubeconfig, Env: tt.env, Cgroup: cg})
-			if err != nil {
-				t.Fatal(err)
-			}
-			supervise(t, p)
-			if err := p.WaitReady(t.Context()); err != nil {
-				t.Fatal(err)
-			}
+			p := startReady(t, runner.Options{Config: cfg, Env: tt.env, Cgroup: cg})
 			_, metrics, _ := p.WaitListening(t.Context())
 			if got := metricValue(t, metrics, "go_gc_gomemlimit_bytes"); got != tt.want {
 				t.Errorf("go_gc_gomemlimit_bytes = %.0f, want %.0f", got, tt.want)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -88,18 +87,4 @@ webhooks:
 	if obj, ok, _ := informer.GetStore().GetByKey(ns + "/meta"); !ok || obj.(*metav1.PartialObjectMetadata).Labels["app"] != "web" {
 		t.Errorf("the metadata informer through dynwatch holds %v (found %t); want meta with its labels", obj, ok)
 	}
-}
-
-func getBody(t *testing.T, c *http.Client, url string) ([]byte, int) {
-	t.Helper()
-	resp, err := c.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return body, resp.StatusCode
 }

@@ -645,14 +645,7 @@ state: {path: %s/state}
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, key+"=in", flapped.URL, flap, mine.URL, other, shared.URL, t.TempDir()))
-	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: cluster.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	supervise(t, p)
-	if err := p.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	p := startReady(t, runner.Options{Binary: plainBinary(t), Config: path})
 	_, metrics, _ := p.WaitListening(ctx)
 	flapped.waitFor(t, objects, time.Minute)
 	before := readMemory(p.PID())

@@ -2,12 +2,8 @@ package e2e
 
 import (
 	"crypto/x509/pkix"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,62 +32,6 @@ func (c caller) config(host, caFile string, caData []byte) *rest.Config {
 	return &rest.Config{Host: host, BearerToken: c.token, TLSClientConfig: rest.TLSClientConfig{
 		CAFile: caFile, CAData: caData, CertFile: c.certFile, KeyFile: c.keyFile,
 	}}
-}
-
-func httpClient(t *testing.T, cfg *rest.Config) *http.Client {
-	t.Helper()
-	c, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// answer is what a server answered to a GET: the status code and, for errors, the Status.
-type answer struct {
-	code    int
-	reason  metav1.StatusReason
-	message string
-}
-
-// shortURL keeps test messages readable when a test sends a huge URL.
-func shortURL(u string) string {
-	if len(u) > 160 {
-		return fmt.Sprintf("%s... (%d bytes)", u[:160], len(u))
-	}
-	return u
-}
-
-// shortErr is err's message with any URL in it cut as shortURL cuts it.
-func shortErr(err error) string {
-	var uerr *neturl.Error
-	if errors.As(err, &uerr) {
-		return fmt.Sprintf("%s %s: %v", uerr.Op, shortURL(uerr.URL), uerr.Err)
-	}
-	return err.Error()
-}
-
-func (a answer) String() string { return fmt.Sprintf("%d %s %q", a.code, a.reason, a.message) }
-
-// ask GETs url and returns the answer; it reads only the headers of a successful watch.
-func ask(t *testing.T, client *http.Client, url string) answer {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", shortURL(url), shortErr(err))
-	}
-	defer resp.Body.Close()
-	a := answer{code: resp.StatusCode}
-	if resp.StatusCode >= 400 {
-		var st metav1.Status
-		b, _ := io.ReadAll(resp.Body)
-		if err := json.Unmarshal(b, &st); err != nil || st.Kind != "Status" {
-			t.Fatalf("GET %s: %d with a body that is no Status: %.300s", shortURL(url), resp.StatusCode, b)
-		}
-		a.reason, a.message = st.Reason, st.Message
-	}
-	return a
 }
 
 // securityFixture is one dynwatch with the secure defaults and client certificates from the

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -70,24 +69,6 @@ func waitOutbox(t *testing.T, metrics, sink string, n int) {
 		}
 		return nil
 	})
-}
-
-// startProcess runs dynwatch on a configuration file the test owns (and may rewrite), and
-// waits until it is ready.
-func startProcess(t *testing.T, configPath string) *runner.Process {
-	t.Helper()
-	p := startFile(t, cluster.Kubeconfig, configPath)
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func writeFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestARestartDeliversExactlyWhatChangedWhileDown stops dynwatch, changes a few of thousands of

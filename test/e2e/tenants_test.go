@@ -64,14 +64,7 @@ state: {path: %s/state.db}
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
 metrics: {address: "127.0.0.1:0"}
 `, big, other, strings.Join(sinks, "\n"), t.TempDir()))
-	p, err := runner.Start(runner.Options{Binary: plainBinary(t), Config: path, Kubeconfig: cluster.Kubeconfig})
-	if err != nil {
-		t.Fatal(err)
-	}
-	supervise(t, p)
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	p := startReady(t, runner.Options{Binary: plainBinary(t), Config: path})
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	data := make(map[string]string, bigKeys)
 	for i := range bigKeys {

@@ -19,49 +19,10 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
-
-// reply is what a server answered to a GET, read as far as its first JSON value: the status
-// code, the Status's reason for errors, and what came first (an object's kind, or "watch
-// event TYPE" for a watch stream).
-type reply struct {
-	code   int
-	reason metav1.StatusReason
-	first  string
-}
-
-// askFirst GETs url and reads the answer's first JSON value, then hangs up.
-func askFirst(t *testing.T, client *http.Client, url string) reply {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	var v struct {
-		Kind   string              `json:"kind"`
-		Reason metav1.StatusReason `json:"reason"`
-		Type   string              `json:"type"`
-		Object json.RawMessage     `json:"object"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		// A watch that ended before its first event: an answer that differs from any
-		// expected one, which a caller waiting for agreement retries.
-		return reply{code: resp.StatusCode, first: fmt.Sprintf("no JSON value: %v", err)}
-	}
-	r := reply{code: resp.StatusCode, reason: v.Reason, first: v.Kind}
-	if v.Type != "" && v.Object != nil {
-		r.first = "watch event " + v.Type
-	}
-	return r
-}
 
 // TestVerbsAndBooleansAgreeWithTheAPIServer sends the same GETs, with the same token, to the
 // apiserver and to dynwatch: watch and the other boolean parameters in every spelling, and

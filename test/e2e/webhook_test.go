@@ -24,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -176,16 +175,6 @@ func signingSecret(t *testing.T) (secret, path string) {
 		t.Fatal(err)
 	}
 	return secret, path
-}
-
-func startWithWebhooks(t *testing.T, yaml string) (*runner.Process, string) {
-	t.Helper()
-	p := start(t, cluster.Kubeconfig, yaml+"\napi: {address: \"127.0.0.1:0\", auth: {mode: none}, tls: {enabled: false}}\nmetrics: {address: \"127.0.0.1:0\"}\n")
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	_, metrics, _ := p.WaitListening(t.Context())
-	return p, metrics
 }
 
 // countDeadLetters counts the records of a dead-letter file with the reason.
