@@ -116,7 +116,7 @@ metrics: {address: "127.0.0.1:0"}
 	if code, _, err := get(t.Context(), metrics+"/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("/healthz = %d, %v while not ready; liveness must not depend on readiness", code, err)
 	}
-	grantConfigMapReads(t, ns, user)
+	grantConfigMapReads(t, nil, ns, user)
 	testbed.Eventually(t, 60*time.Second, func() error {
 		code, body, err := get(t.Context(), metrics+"/readyz")
 		if err != nil {

@@ -133,7 +133,7 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	f.base, _, _ = p.WaitListening(t.Context())
 	f.list = f.base + "/api/v1/namespaces/" + f.ns + "/configmaps"
-	grantConfigMapReads(t, f.ns, "alice")
+	grantConfigMapReads(t, nil, f.ns, "alice")
 	if _, err := f.cs.RbacV1().RoleBindings(f.ns).Create(t.Context(), &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "bob"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},

@@ -327,7 +327,7 @@ func TestAResourceThatCannotBeListedBecomesStale(t *testing.T) {
 	ns := namespace(t)
 	user := "stale-" + ns
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
-	grantConfigMapReads(t, ns, user)
+	grantConfigMapReads(t, nil, ns, user)
 	target, _ := url.Parse(cluster.URL())
 	proxy := startProxy(t, target.Host)
 	kubeconfig, err := cluster.KubeconfigAs(user)
@@ -410,7 +410,7 @@ metrics: {address: "127.0.0.1:0"}
 		}
 		proxy.cut() // a watch outlives the access that started it; a new list does not
 		stale("forbidden")
-		bindConfigMapReads(t, ns, user)
+		grantConfigMapReads(t, nil, ns, user)
 		fresh()
 	})
 }

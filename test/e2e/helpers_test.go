@@ -24,6 +24,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -202,34 +203,20 @@ func startWithWebhooks(t *testing.T, yaml string) (*runner.Process, string) {
 
 // RBAC.
 
-// grantConfigMapReads lets user get, list and watch configmaps in ns of the shared test bed: a
-// Role and a RoleBinding, both named dynwatch.
-func grantConfigMapReads(t *testing.T, ns, user string) {
+// grantConfigMapReads lets user get, list and watch configmaps in ns, through cs (nil: the
+// shared test bed): a Role and a RoleBinding, both named dynwatch. A Role an earlier grant
+// made in ns is kept, and bound.
+func grantConfigMapReads(t *testing.T, cs kubernetes.Interface, ns, user string) {
 	t.Helper()
-	grantConfigMapReadsIn(t, kubernetes.NewForConfigOrDie(cluster.Config), ns, user)
-}
-
-// grantConfigMapReadsIn is grantConfigMapReads through cs, in whichever apiserver it reaches.
-func grantConfigMapReadsIn(t *testing.T, cs kubernetes.Interface, ns, user string) {
-	t.Helper()
+	if cs == nil {
+		cs = kubernetes.NewForConfigOrDie(cluster.Config)
+	}
 	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
 		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
-	}, metav1.CreateOptions{}); err != nil {
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	bindConfigMapReadsIn(t, cs, ns, user)
-}
-
-// bindConfigMapReads binds the Role grantConfigMapReads made to user.
-func bindConfigMapReads(t *testing.T, ns, user string) {
-	t.Helper()
-	bindConfigMapReadsIn(t, kubernetes.NewForConfigOrDie(cluster.Config), ns, user)
-}
-
-// bindConfigMapReadsIn is bindConfigMapReads through cs, in whichever apiserver it reaches.
-func bindConfigMapReadsIn(t *testing.T, cs kubernetes.Interface, ns, user string) {
-	t.Helper()
 	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},

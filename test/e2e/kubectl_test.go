@@ -490,7 +490,7 @@ func TestDescribeReadsUnwatchedEventsWithTheCallersRights(t *testing.T) {
 	})
 	t.Run("as a user who may read configmaps, then events too", func(t *testing.T) {
 		user := "dave"
-		grantConfigMapReads(t, f.ns, user)
+		grantConfigMapReads(t, nil, f.ns, user)
 		apiserver := withToken(t, cluster.Kubeconfig, cluster.Token(user))
 		dynwatch := withToken(t, f.kubeconfig, cluster.Token(user))
 		out := sameAsAPIServer(t, dynwatch, apiserver, "describe", "configmap", "web-0", "-n", f.ns)
@@ -652,7 +652,7 @@ func TestDescribeShowsTheObjectWhenEventsCannotBeRead(t *testing.T) {
 	}
 	makeEvent(t, ns, "quiet.1", corev1.ObjectReference{Kind: "ConfigMap", Namespace: ns, Name: "quiet", UID: cm.UID, APIVersion: "v1"}, "Touched", "someone touched it")
 	// carol may read configmaps in ns and nothing else: as dynwatch's identity, she cannot list events.
-	grantConfigMapReads(t, ns, "carol")
+	grantConfigMapReads(t, nil, ns, "carol")
 	asCarol, err := cluster.KubeconfigAs("carol")
 	if err != nil {
 		t.Fatal(err)

@@ -58,7 +58,7 @@ func TestAWatchCostsWhatItsCallerMaySee(t *testing.T) {
 	if err := testbed.CreateConfigMaps(t.Context(), c.Config, watchedObjects, testbed.NumberedConfigMap(small, "cm-%d")); err != nil {
 		t.Fatal(err)
 	}
-	grantConfigMapReadsIn(t, cs, small, "bob")
+	grantConfigMapReads(t, cs, small, "bob")
 	if _, err := cs.CoreV1().ConfigMaps(tenant).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
