@@ -38,6 +38,15 @@ type pipeline struct {
 	elector  *leader.Elector // nil without leader election
 }
 
+// The informers find what the journal does for them by asserting its type: a journal that
+// stopped implementing one of these would lose it silently, so the build fails instead.
+var (
+	_ dynamicinformer.Subscriber   = (*journal.Journal)(nil)
+	_ dynamicinformer.ListObserver = (*journal.Journal)(nil)
+	_ dynamicinformer.Resumer      = (*journal.Journal)(nil)
+	_ dynamicinformer.Gate         = (*journal.Journal)(nil)
+)
+
 // newPipeline builds the journal and delivery for cfg; elector is nil without leader election,
 // and resources are the informers', which are built after the pipeline (they subscribe the
 // journal) and asked for only once it runs.
