@@ -1,19 +1,19 @@
 package e2e
 
 import (
-	"crypto/rand"
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
@@ -65,7 +66,7 @@ const newcomerAfter = 10 * time.Second
 // It runs alone (no t.Parallel), so that every review the apiserver counts is this test's.
 func TestARandomTokenFloodStallsNoOneElse(t *testing.T) {
 	f := newFlood(t)
-	f.run(t, func(string) (string, string) { return randomToken(), f.list })
+	f.run(t, f.list, "") // a fresh random token each
 	f.check(t, "tokenreviews")
 }
 
@@ -79,9 +80,7 @@ func TestARandomTokenFloodStallsNoOneElse(t *testing.T) {
 func TestAValidTokensFloodOfRandomNamesStallsNoOneElse(t *testing.T) {
 	f := newFlood(t)
 	token := serviceAccountToken(t, f.cs, f.ns, "flooder")
-	f.run(t, func(base string) (string, string) {
-		return token, base + "/api/v1/namespaces/" + randomToken()[:12] + "/configmaps/" + randomToken()[:12]
-	})
+	f.run(t, f.base+"/api/v1/namespaces/{random}/configmaps/{random}", token)
 	f.check(t, "subjectaccessreviews")
 }
 
@@ -92,13 +91,14 @@ type flood struct {
 	ns          string
 	rc          *receiver
 	roots       *x509.CertPool
+	caFile      string // the API's CA, for the flooder
 	base, list  string
 	retryPeriod time.Duration
 	reviews     map[string]float64 // apiserver requests by resource, before the flood
 
 	start, deadline time.Time
 	elapsed         time.Duration
-	flooded, busy   atomic.Int64
+	flooded         struct{ Requests, Busy int64 } // what the flooder made, and how many were answered 429
 	updates         int
 	renewals        *renewals
 	known, newcomer prober
@@ -148,16 +148,21 @@ metrics: {address: "127.0.0.1:0"}
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.caFile = caFile
 	f.roots = x509.NewCertPool()
 	f.roots.AppendCertsFromPEM(pem)
 	return f
 }
 
 // run floods the API for floodFor with floodRequests requests at once over floodConnections
-// connections, each asking what next gives (a token and a URL, from the API's base URL),
-// while alice (known before the flood) and bob (new 10 s into it) list their namespace, the
-// tenant's configmap is updated every 200 ms and the Lease's renewals are recorded.
-func (f *flood) run(t *testing.T, next func(base string) (token, url string)) {
+// connections, each asking for url (see test/flooder: "{random}" in it is random in each) with
+// token (empty: a random one each), while alice (known before the flood) and bob (new 10 s
+// into it) list their namespace, the tenant's configmap is updated every 200 ms and the
+// Lease's renewals are recorded. The flood comes from a process of its own, as an attacker's
+// pod's would: in this one, alice's and bob's requests would wait behind the flood's
+// goroutines in the test's own scheduler, under the race detector, and what is timed would be
+// the test more than dynwatch.
+func (f *flood) run(t *testing.T, url, token string) {
 	valid := floodClient(f.roots)
 	if code := floodGet(valid, f.list, cluster.Token("alice")); code != http.StatusOK {
 		t.Fatalf("alice's list before the flood: %d", code)
@@ -165,24 +170,16 @@ func (f *flood) run(t *testing.T, next func(base string) (token, url string)) {
 	f.renewals = watchRenewals(t, f.cs, f.ns)
 	f.reviews = apiserverRequests(t, f.cs)
 
+	var out, stderr bytes.Buffer
+	cmd := exec.CommandContext(t.Context(), flooderBinary(t), "-url", url, "-token", token, "-ca", f.caFile,
+		"-requests", strconv.Itoa(floodRequests), "-connections", strconv.Itoa(floodConnections), "-for", floodFor.String())
+	cmd.Stdout, cmd.Stderr = &out, &stderr
 	f.start = time.Now()
 	f.deadline = f.start.Add(floodFor)
-	var wg sync.WaitGroup
-	for range floodConnections {
-		client := floodClient(f.roots)
-		for range floodRequests / floodConnections {
-			wg.Go(func() {
-				for time.Now().Before(f.deadline) {
-					token, url := next(f.base)
-					code := floodGet(client, url, token)
-					f.flooded.Add(1)
-					if code == http.StatusTooManyRequests {
-						f.busy.Add(1)
-					}
-				}
-			})
-		}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
+	var wg sync.WaitGroup
 	f.known.name, f.newcomer.name = "alice", "bob"
 	wg.Go(func() { f.known.probe(f, valid, f.start) })
 	wg.Go(func() {
@@ -190,8 +187,31 @@ func (f *flood) run(t *testing.T, next func(base string) (token, url string)) {
 		f.newcomer.probe(f, floodClient(f.roots), time.Now())
 	})
 	wg.Go(func() { f.updates = stamp(t, f.cs, f.ns, "tenant", 200*time.Millisecond, floodFor) })
+	err := cmd.Wait()
 	wg.Wait()
 	f.elapsed = time.Since(f.start)
+	if err != nil {
+		t.Fatalf("the flooder: %v\n%s", err, stderr.Bytes())
+	}
+	if err := json.Unmarshal(out.Bytes(), &f.flooded); err != nil {
+		t.Fatalf("the flooder's result %q: %v", out.Bytes(), err)
+	}
+}
+
+// flooderBinary builds test/flooder into a directory of the test's.
+func flooderBinary(t *testing.T) string {
+	t.Helper()
+	root, err := runner.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "flooder")
+	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./test/flooder")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./test/flooder: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // probe lists the namespace as p's user every probeEvery from from until the flood ends.
@@ -219,7 +239,7 @@ func (f *flood) check(t *testing.T, reviewed string) {
 	t.Helper()
 	after := apiserverRequests(t, f.cs)
 	t.Logf("%d flood requests in %s, %d answered 429; reached the apiserver: %d TokenReviews, %d SubjectAccessReviews",
-		f.flooded.Load(), f.elapsed.Round(time.Millisecond), f.busy.Load(),
+		f.flooded.Requests, f.elapsed.Round(time.Millisecond), f.flooded.Busy,
 		int(after["tokenreviews"]-f.reviews["tokenreviews"]), int(after["subjectaccessreviews"]-f.reviews["subjectaccessreviews"]))
 	for _, p := range []*prober{&f.known, &f.newcomer} {
 		if len(p.failures) > 0 {
@@ -272,12 +292,6 @@ func floodClient(roots *x509.CertPool) *http.Client {
 		ForceAttemptHTTP2: true,
 		MaxConnsPerHost:   1,
 	}}
-}
-
-func randomToken() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // apiserverRequests is how many requests the apiserver has answered since it started, by
