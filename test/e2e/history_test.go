@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/dynwatch/dynwatch/test/validate"
+)
+
+// The churn the recorded watches run under.
+const (
+	churnObjects = 12               // configmaps the writes go round
+	churnFor     = 15 * time.Second // how long they last
+	churnEvery   = 25 * time.Millisecond
+)
+
+// TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory records, while configmaps of one
+// namespace are created, updated and deleted at random (the seed is logged, and
+// DYNWATCH_TEST_SEED sets it), the apiserver's own watch of them from before the first write
+// (the reference history) and four watches
+// through dynwatch's query API: one resumed from a list's resourceVersion, one that asks for
+// initial events, one of a single object by field selector, and one resumed from a
+// resourceVersion some seconds old. Once every watch has received its last change, each must
+// keep every promise package validate checks against the reference: Ordered, Unique, Atomic,
+// Bookmarkable, Reliable, Resumable, and the initial state at its bookmark. No fault is
+// injected: this is the validators' first ground; the faults come after.
+func TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
+metrics: {address: "127.0.0.1:0"}
+`, ns))
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	api, _, _ := p.WaitListening(t.Context())
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	upstream := dynamic.NewForConfigOrDie(cluster.Config).Resource(gvr).Namespace(ns)
+	through := dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(gvr).Namespace(ns)
+
+	list, err := upstream.List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reference := record(t, "the apiserver", upstream, metav1.ListOptions{ResourceVersion: list.GetResourceVersion()})
+
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("DYNWATCH_TEST_SEED"), 10, 64); err == nil {
+		seed = s // the writes of a run to look at again; their timing is the machine's
+	}
+	t.Logf("seed %d (DYNWATCH_TEST_SEED=%[1]d makes the same writes)", seed)
+	churned := make(chan struct{})
+	go func() { defer close(churned); churnConfigMaps(t, ns, seed) }()
+
+	var streams []*recording
+	time.Sleep(2 * time.Second)
+	streams = append(streams, resumeFromList(t, "resumed from a list", through, metav1.ListOptions{}))
+	time.Sleep(2 * time.Second)
+	yes := true
+	streams = append(streams, record(t, "initial events", through, metav1.ListOptions{
+		SendInitialEvents: &yes, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true,
+	}))
+	streams[1].stream.SendInitialEvents = true
+	time.Sleep(2 * time.Second)
+	one := fields.OneTermEqualSelector("metadata.name", "cm-03").String()
+	streams = append(streams, resumeFromList(t, "cm-03 alone", through, metav1.ListOptions{FieldSelector: one}))
+	streams[2].stream.Match = func(key string) bool { return key == ns+"/cm-03" }
+	time.Sleep(2 * time.Second)
+	old := reference.events()
+	if len(old) < 10 {
+		t.Fatalf("the apiserver's watch has %d changes 8 s into the churn", len(old))
+	}
+	from := old[len(old)*2/3].Revision // some seconds ago
+	streams = append(streams, record(t, "resumed from an older revision", through, metav1.ListOptions{ResourceVersion: strconv.FormatUint(from, 10), AllowWatchBookmarks: true}))
+	<-churned
+
+	history := validate.History(reference.events())
+	for _, s := range streams {
+		s.waitFor(t, history)
+	}
+	for _, s := range streams {
+		s.stop()
+		got := s.snapshot()
+		if s.err != nil {
+			t.Errorf("%s: %v", got.Name, s.err)
+		}
+		for _, v := range validate.Watch(history, got) {
+			t.Error(v)
+		}
+		t.Logf("%s: %d events", got.Name, len(got.Events))
+	}
+	reference.stop()
+	if reference.err != nil {
+		t.Errorf("the reference: %v", reference.err)
+	}
+}
+
+// churnConfigMaps creates, updates and deletes the configmaps cm-00 to cm-11 of ns at random, one write
+// every churnEvery, for churnFor.
+func churnConfigMaps(t *testing.T, ns string, seed uint64) {
+	cms := kubernetes.NewForConfigOrDie(cluster.Config).CoreV1().ConfigMaps(ns)
+	r := rand.New(rand.NewPCG(seed, seed))
+	exists := map[string]bool{}
+	for end := time.Now().Add(churnFor); time.Now().Before(end); time.Sleep(churnEvery) {
+		name := fmt.Sprintf("cm-%02d", r.IntN(churnObjects))
+		var err error
+		switch {
+		case !exists[name]:
+			_, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "0"}}, metav1.CreateOptions{})
+			exists[name] = err == nil
+		case r.IntN(10) < 7:
+			_, err = cms.Update(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": strconv.Itoa(r.IntN(1 << 20))}}, metav1.UpdateOptions{})
+		default:
+			err = cms.Delete(t.Context(), name, metav1.DeleteOptions{})
+			exists[name] = err != nil
+		}
+		if err != nil && !apierrors.IsConflict(err) {
+			t.Errorf("churn: %v", err)
+			return
+		}
+	}
+}
+
+// recording is one watch, as it is received.
+type recording struct {
+	mu     sync.Mutex
+	stream validate.Stream
+	err    error // an ERROR event, or the watch ending before stop
+	w      watch.Interface
+	done   chan struct{}
+	closed bool
+}
+
+// record opens a watch with opts and records every event it receives until stop.
+func record(t *testing.T, name string, res dynamic.ResourceInterface, opts metav1.ListOptions) *recording {
+	t.Helper()
+	w, err := res.Watch(t.Context(), opts)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	r := &recording{stream: validate.Stream{Name: name}, w: w, done: make(chan struct{})}
+	if opts.ResourceVersion != "" {
+		r.stream.From, _ = strconv.ParseUint(opts.ResourceVersion, 10, 64)
+	}
+	t.Cleanup(r.stop)
+	go r.read()
+	return r
+}
+
+// resumeFromList lists with opts and records a watch resumed from the list's resourceVersion.
+func resumeFromList(t *testing.T, name string, res dynamic.ResourceInterface, opts metav1.ListOptions) *recording {
+	t.Helper()
+	list, err := res.List(t.Context(), opts)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	opts.ResourceVersion, opts.AllowWatchBookmarks = list.GetResourceVersion(), true
+	return record(t, name, res, opts)
+}
+
+func (r *recording) read() {
+	defer close(r.done)
+	for e := range r.w.ResultChan() {
+		r.mu.Lock()
+		if e.Type == watch.Error {
+			if !r.closed { // client-go reports its own stop as an error from the stream
+				r.err = fmt.Errorf("ERROR event: %w", apierrors.FromObject(e.Object))
+			}
+			r.mu.Unlock()
+			continue
+		}
+		u, ok := e.Object.(*unstructured.Unstructured)
+		if !ok {
+			r.err = fmt.Errorf("a %s event of a %T", e.Type, e.Object)
+			r.mu.Unlock()
+			continue
+		}
+		rv, err := strconv.ParseUint(u.GetResourceVersion(), 10, 64)
+		if err != nil {
+			r.err = fmt.Errorf("a %s event with resourceVersion %q", e.Type, u.GetResourceVersion())
+		}
+		ev := validate.Event{Type: string(e.Type), Revision: rv}
+		if e.Type == watch.Bookmark {
+			ev.InitialEventsEnd = u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"
+		} else {
+			ev.Key = u.GetNamespace() + "/" + u.GetName()
+		}
+		r.stream.Events = append(r.stream.Events, ev)
+		r.mu.Unlock()
+	}
+	r.mu.Lock()
+	if !r.closed && r.err == nil {
+		r.err = fmt.Errorf("the watch ended after %d events", len(r.stream.Events))
+	}
+	r.mu.Unlock()
+}
+
+// events are the changes recorded so far.
+func (r *recording) events() []validate.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.stream.Events)
+}
+
+// snapshot is the stream as recorded so far.
+func (r *recording) snapshot() validate.Stream {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.stream
+	s.Events = slices.Clone(s.Events)
+	return s
+}
+
+// waitFor waits until the stream has received the last change of history it selects.
+func (r *recording) waitFor(t *testing.T, history validate.History) {
+	t.Helper()
+	s := r.snapshot()
+	var last validate.Event
+	for _, e := range history {
+		if s.Match == nil || s.Match(e.Key) {
+			last = e
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !slices.Contains(r.events(), last) {
+		if time.Now().After(deadline) {
+			t.Errorf("%s: %s did not arrive within a minute", s.Name, last)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop ends the watch and waits until its last event is recorded.
+func (r *recording) stop() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.w.Stop()
+	<-r.done
+}
