@@ -1,8 +1,10 @@
-// Package validate checks recorded history against the guarantees dynwatch makes: each watch
-// stream a test recorded through the query API against the reference history the apiserver
-// recorded of the same resource, with the validators etcd's robustness suite holds its watch
+// Package validate checks recorded history against the guarantees dynwatch makes, with the
+// reference history the apiserver recorded of the same resource: each watch stream a test
+// recorded through the query API, with the validators etcd's robustness suite holds its watch
 // to (Ordered, Unique, Atomic, Bookmarkable, Reliable, Resumable) and the initial state a watch
-// asked for with sendInitialEvents.
+// asked for with sendInitialEvents (watch.go); and what each sink received (sink.go): every
+// change delivered, or at least each object's last state, first arrivals in order per object,
+// one id per change, and no version the apiserver never had.
 //
 // Vocabulary: a History is every change of one resource as the apiserver made it, in
 // resourceVersion order (a watch on the apiserver opened before the changes, or its Exact

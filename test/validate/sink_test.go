@@ -1,0 +1,68 @@
+package validate
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// delivered is what a sink selecting "ns" receives when every promise holds: each change once,
+// and one repeated later under its first id.
+func delivered() Sink {
+	d := func(typ, key string, rev uint64) Delivery {
+		return Delivery{fmt.Sprintf("%s.%d.%s", key, rev, typ), typ, key, rev}
+	}
+	return Sink{Name: "hook", Match: inNS, Deliveries: []Delivery{
+		d(Added, "ns/a", 10), d(Added, "ns/b", 11), d(Modified, "ns/a", 12), d(Deleted, "ns/b", 14),
+		d(Modified, "ns/a", 15), d(Modified, "ns/a", 12), d(Added, "ns/d", 16),
+	}}
+}
+
+func TestASinkThatKeepsEveryPromisePassesEverySinkValidator(t *testing.T) {
+	if v := append(Deliveries(history, delivered()), Delivered(history, delivered())...); len(v) > 0 {
+		t.Errorf("%v; want none", v)
+	}
+	// A deletion a relist found carries the object as last seen: it converges all the same.
+	relisted := editSink(delivered(), func(d []Delivery) []Delivery { d[3].Revision = 11; return d })
+	if v := Deliveries(history, relisted); len(v) > 0 {
+		t.Errorf("a deletion found by a relist: %v; want none", v)
+	}
+}
+
+// TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise: every sink validator finds what
+// it is for.
+func TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		sink      Sink
+		validator string
+	}{
+		{"a change in the middle never delivered", editSink(delivered(), func(d []Delivery) []Delivery { return slices.Delete(d, 1, 2) }), "Delivered"},
+		{"an object's last version never delivered", editSink(delivered(), func(d []Delivery) []Delivery { return slices.Delete(d, 4, 5) }), "Converged"},
+		{"a deletion never delivered", editSink(delivered(), func(d []Delivery) []Delivery { return slices.Delete(d, 3, 4) }), "Converged"},
+		{"an older version first arriving after a newer", editSink(delivered(), func(d []Delivery) []Delivery { d[2], d[4] = d[4], d[2]; return d }), "InOrder"},
+		{"a repeat under another id", editSink(delivered(), func(d []Delivery) []Delivery { d[5].ID = "other"; return d }), "StableIDs"},
+		{"two changes under one id", editSink(delivered(), func(d []Delivery) []Delivery { d[6].ID = d[0].ID; return d }), "StableIDs"},
+		{"a version the history never had", editSink(delivered(), func(d []Delivery) []Delivery {
+			return append(d, Delivery{"x", Modified, "ns/a", 13})
+		}), "Known"},
+		{"an object the sink does not select", editSink(delivered(), func(d []Delivery) []Delivery {
+			return append(d, Delivery{"y", Added, "other/c", 13})
+		}), "Known"},
+		{"a deletion at a version that was not the last", editSink(delivered(), func(d []Delivery) []Delivery { d[3].Revision = 10; return d }), "Known"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := append(Deliveries(history, tt.sink), Delivered(history, tt.sink)...)
+			if !slices.ContainsFunc(v, func(v Violation) bool { return v.Validator == tt.validator }) {
+				t.Fatalf("violations %v; want one of %s", v, tt.validator)
+			}
+			t.Log(v)
+		})
+	}
+}
+
+// editSink is s with its deliveries changed by f, on a copy.
+func editSink(s Sink, f func([]Delivery) []Delivery) Sink {
+	s.Deliveries = f(slices.Clone(s.Deliveries))
+	return s
+}
