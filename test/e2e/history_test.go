@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/dynwatch/dynwatch/test/testbed"
 	"github.com/dynwatch/dynwatch/test/validate"
 )
 
@@ -39,16 +42,27 @@ const (
 // initial events, one of a single object by field selector, and one resumed from a
 // resourceVersion some seconds old. Once every watch has received its last change, each must
 // keep every promise package validate checks against the reference: Ordered, Unique, Atomic,
-// Bookmarkable, Reliable, Resumable, and the initial state at its bookmark. No fault is
-// injected: this is the validators' first ground; the faults come after.
+// Bookmarkable, Reliable, Resumable, and the initial state at its bookmark. A webhook beside
+// them, which answers the first attempt at every fifth change 503, must receive every change,
+// first arrivals in order per object, each under one id, and no version the apiserver never
+// had. No fault is injected in dynwatch or the apiserver: this is the validators' first
+// ground; the faults come after.
 func TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory(t *testing.T) {
 	t.Parallel()
 	ns := namespace(t)
+	// The webhook answers the first attempt at every fifth change 503: those come again.
+	rc := newJudge(t, func(r received, n int, _ http.Header) int {
+		if n == 1 && crc32.ChecksumIEEE([]byte(r.ceID))%5 == 0 {
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	})
 	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+webhooks: [{name: r, url: %s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
 metrics: {address: "127.0.0.1:0"}
-`, ns))
+`, ns, rc.URL))
 	if err := p.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +126,41 @@ metrics: {address: "127.0.0.1:0"}
 	if reference.err != nil {
 		t.Errorf("the reference: %v", reference.err)
 	}
+
+	// The webhook: every change, in order per object, each under one id.
+	sink := validate.Sink{Name: "the webhook"}
+	testbed.Eventually(t, time.Minute, func() error {
+		sink.Deliveries = deliveries(t, rc)
+		if v := validate.Converged(history, sink); len(v) > 0 {
+			return fmt.Errorf("%d objects' last state not delivered yet, such as %s", len(v), v[0])
+		}
+		return nil
+	})
+	for _, v := range append(validate.Deliveries(history, sink), validate.Delivered(history, sink)...) {
+		t.Error(v)
+	}
+	t.Logf("the webhook: %d deliveries of %d changes", len(sink.Deliveries), len(history))
+}
+
+// deliveries are what rc received, as package validate reads them.
+func deliveries(t *testing.T, rc *receiver) []validate.Delivery {
+	t.Helper()
+	var out []validate.Delivery
+	for _, r := range rc.got() {
+		if r.parseErr != nil {
+			t.Fatalf("a delivery the receiver could not read: %v", r.parseErr)
+		}
+		meta, _ := r.payload.Object["metadata"].(map[string]any)
+		ns, _ := meta["namespace"].(string)
+		name, _ := meta["name"].(string)
+		rv, _ := meta["resourceVersion"].(string)
+		rev, err := strconv.ParseUint(rv, 10, 64)
+		if err != nil {
+			t.Fatalf("a delivery of %s/%s with resourceVersion %q", ns, name, rv)
+		}
+		out = append(out, validate.Delivery{ID: r.ceID, Type: r.payload.Type, Key: ns + "/" + name, Revision: rev})
+	}
+	return out
 }
 
 // churnConfigMaps creates, updates and deletes the configmaps cm-00 to cm-11 of ns at random, one write
