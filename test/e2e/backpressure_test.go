@@ -51,15 +51,17 @@ const (
 // in the metric and /status, and once the store recovers the receiver must end with every
 // configmap's last version, a DELETED for each deleted one and the created ones present.
 //
-// It has an apiserver of its own, which the updates keep busy, and measures no time.
+// It has an apiserver of its own, which the updates keep busy, and measures no time. It runs
+// alone (no t.Parallel): twice, its apiserver, started beside seven busy tests (some with a
+// filesystem of theirs stalled), logged its bootstrap only as the readiness wait ran out, three
+// and then ten minutes after it began.
 func TestAStalledJournalKeepsMemoryBoundedAndLosesNothing(t *testing.T) {
-	t.Parallel()
-	faults := mountFaultFS(t)
 	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
+	faults := mountFaultFS(t) // after the apiserver has started: nothing it starts sees the mount
 	const ns = "stalled"
 	cs := kubernetes.NewForConfigOrDie(c.Config)
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

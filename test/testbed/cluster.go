@@ -330,30 +330,39 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	c.mu.Lock()
 	c.api = p
 	c.mu.Unlock()
-	// The apiserver writes its self-signed serving certificate and CA before it listens.
+	// The apiserver writes its self-signed serving certificate and CA before it listens; a
+	// file read while it is being written holds no certificate yet, and is read again.
 	var client *http.Client
+	last := "no answer yet" // the last probe's outcome, for the error
 	err = c.waitFor(ctx, p, "kube-apiserver.log", func() bool {
 		if client == nil {
 			ca, err := os.ReadFile(filepath.Join(c.Dir, "pki", "apiserver.crt"))
 			if err != nil {
+				last = err.Error()
+				return false
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(ca) {
+				last = "pki/apiserver.crt holds no certificate yet"
 				return false
 			}
 			c.Config.CAData = ca
-			pool := x509.NewCertPool()
-			pool.AppendCertsFromPEM(ca)
 			client = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.apiURL+"/readyz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.apiURL+"/readyz?verbose", nil)
 		req.Header.Set("Authorization", "Bearer "+c.Config.BearerToken)
 		resp, err := client.Do(req)
 		if err != nil {
+			last = err.Error()
 			return false
 		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
+		last = fmt.Sprintf("/readyz: %s\n%s", resp.Status, body)
 		return resp.StatusCode == http.StatusOK
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("%w\nthe last readiness probe: %s", err, last)
 	}
 	return c.writeKubeconfig()
 }
