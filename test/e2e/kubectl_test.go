@@ -315,11 +315,13 @@ func runKubectl(t *testing.T, kubeconfig string, args ...string) (string, error)
 // sameAsAPIServer waits until kubectl prints the same against dynwatch (kubeconfig) as
 // against the apiserver (apiserverKubeconfig, "" for admin), the AGE cells given a second
 // to agree; it returns that output. The two run at once, so that they print ages at nearly
-// the same moment.
+// the same moment. It waits up to 30 s: after a change of the caller's rights, dynwatch's
+// cached decision lasts api.auth's cache TTLs (10 s by default), and each kubectl run on a
+// loaded machine takes seconds (15 s once ran out with the decision just renewed).
 func sameAsAPIServer(t *testing.T, kubeconfig, apiserverKubeconfig string, args ...string) string {
 	t.Helper()
 	var want string
-	testbed.Eventually(t, 15*time.Second, func() error {
+	testbed.Eventually(t, 30*time.Second, func() error {
 		var (
 			got        string
 			werr, gerr error
