@@ -80,14 +80,17 @@ func TestEachValidatorFailsOnTheStreamThatBreaksItsPromise(t *testing.T) {
 		{"an initial object that was deleted", history, edit(initial(), func(e []Event) []Event { e[2].Revision = 14; return slices.Delete(e, 3, 4) }), "InitialState"},
 		{"no initial events' bookmark", history, edit(initial(), func(e []Event) []Event { e[2].InitialEventsEnd = false; return e }), "InitialState"},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			v := Watch(tt.history, tt.stream)
-			if !slices.ContainsFunc(v, func(v Violation) bool { return v.Validator == tt.validator }) {
-				t.Fatalf("violations %v; want one of %s", v, tt.validator)
-			}
-			t.Log(v)
-		})
+		t.Run(tt.name, func(t *testing.T) { wantViolation(t, Watch(tt.history, tt.stream), tt.validator) })
 	}
+}
+
+// wantViolation fails the test unless v has one of validator's, and logs v.
+func wantViolation(t *testing.T, v []Violation, validator string) {
+	t.Helper()
+	if !slices.ContainsFunc(v, func(v Violation) bool { return v.Validator == validator }) {
+		t.Fatalf("violations %v; want one of %s", v, validator)
+	}
+	t.Log(v)
 }
 
 // edit is s with its events changed by f, on a copy.
