@@ -51,7 +51,9 @@ func TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise(t *testing.T) 
 		}), "Known"},
 		{"a deletion at a version that was not the last", editSink(delivered(), func(d []Delivery) []Delivery { d[3].Revision = 10; return d }), "Known"},
 	} {
-		t.Run(tt.name, func(t *testing.T) { wantViolation(t, append(Deliveries(history, tt.sink), Delivered(history, tt.sink)...), tt.validator) })
+		t.Run(tt.name, func(t *testing.T) {
+			wantViolation(t, append(Deliveries(history, tt.sink), Delivered(history, tt.sink)...), tt.validator)
+		})
 	}
 }
 
