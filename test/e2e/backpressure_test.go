@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,10 +109,14 @@ metrics: {address: "127.0.0.1:0"}
 		writes.Go(func() error { return w.run(writing, i) })
 	}
 	s := sample(t, p.PID(), metrics)
+	apiserver, etcd := c.PIDs()
+	cpu := cpuShares{"kube-apiserver": apiserver, "etcd": etcd, "dynwatch": p.PID(), "the test's process (writers, receiver)": os.Getpid()}
+	cpuBefore, doneBefore := cpu.read(t), w.done.Load()
 	began := time.Now()
 
 	time.Sleep(steadyFor) // the steady state: measured, not waited for
 	steady := s.mark()
+	cpu.report(t, cpuBefore, w.done.Load()-doneBefore, time.Since(began))
 	faults.Fill(true)
 	gone := cs.CoreV1().ConfigMaps(ns)
 	for i := range stalledGone {
@@ -196,6 +204,34 @@ metrics: {address: "127.0.0.1:0"}
 	if err := json.Unmarshal([]byte(status), &st); err != nil || !st.Journal.Backpressure || st.Journal.LimitBytes == 0 {
 		t.Errorf("/status while fdatasync stalled = %s (%v); want journal.backpressure true, with its bytes held and limit", status, err)
 	}
+}
+
+// cpuShares names the processes whose CPU a load test accounts for, by pid.
+type cpuShares map[string]int
+
+// read is each process's CPU time so far.
+func (c cpuShares) read(t *testing.T) map[string]time.Duration {
+	used := map[string]time.Duration{}
+	for name, pid := range c {
+		used[name] = cpuTime(t, pid)
+	}
+	return used
+}
+
+// report logs the CPU each process used since before, per update of the n made in elapsed, and
+// how many of the machine's cores they kept busy between them: where an update's cost lies when
+// the rate asked for is not reached.
+func (c cpuShares) report(t *testing.T, before map[string]time.Duration, n int64, elapsed time.Duration) {
+	now := c.read(t)
+	var total time.Duration
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(c)) {
+		used := now[name] - before[name]
+		total += used
+		parts = append(parts, fmt.Sprintf("%s %.2f ms", name, float64(used.Microseconds())/1e3/float64(max(n, 1))))
+	}
+	t.Logf("%d updates in %s (%.0f a second); CPU per update: %s; %.2f of %d cores busy", n, elapsed.Round(time.Second),
+		float64(n)/elapsed.Seconds(), strings.Join(parts, ", "), total.Seconds()/elapsed.Seconds(), runtime.NumCPU())
 }
 
 // mountFaultFS mounts a FaultFS for the test, and fails it, loudly, where that cannot be done.

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -88,20 +86,6 @@ func costlySelector() string {
 		reqs = append(reqs, fmt.Sprintf("metadata.annotations.k%d!=v", i))
 	}
 	return strings.Join(reqs, ",")
-}
-
-// cpuTime is the user and system CPU the process has used, from /proc.
-func cpuTime(t *testing.T, pid int) time.Duration {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Fields after the command name, which ends with ')': utime and stime are the 12th and 13th.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
 func TestHostileRequestsCostLittle(t *testing.T) {

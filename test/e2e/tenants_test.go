@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -78,7 +77,7 @@ metrics: {address: "127.0.0.1:0"}
 			t.Fatal(err)
 		}
 	}
-	cpuBefore := cpuSeconds(t, p.PID())
+	cpuBefore := cpuTime(t, p.PID())
 	began := time.Now()
 	var wg sync.WaitGroup
 	var replaced, updates int
@@ -96,22 +95,7 @@ metrics: {address: "127.0.0.1:0"}
 	wg.Go(func() { updates = stamp(t, cs, other, "other", 200*time.Millisecond, bigReplace) })
 	wg.Wait()
 	checkStampLatency(t, mine, updates, "while the big configmap was replaced")
-	cpu := cpuSeconds(t, p.PID()) - cpuBefore
+	cpu := (cpuTime(t, p.PID()) - cpuBefore).Seconds()
 	t.Logf("dynwatch used %.2f CPU-s in %s: %.3f CPU-s per replacement of the 900 KB configmap (%d replacements, %d other updates)",
 		cpu, time.Since(began).Round(time.Second), cpu/float64(max(1, replaced)), replaced, updates)
-}
-
-// cpuSeconds is the user and system CPU time process pid has used, from /proc/<pid>/stat.
-func cpuSeconds(t *testing.T, pid int) float64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The fields after the command (which may hold spaces), from the state on: utime is the
-	// 12th of them, stime the 13th, in clock ticks (100 a second on Linux).
-	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseFloat(fields[11], 64)
-	stime, _ := strconv.ParseFloat(fields[12], 64)
-	return (utime + stime) / 100
 }

@@ -46,7 +46,9 @@ func Root(t testing.TB) string {
 }
 
 // Build compiles dynwatch (with the race detector when race is true, and any further go build
-// flags) into dir and returns the binary's path.
+// flags) into dir and returns the binary's path. Without the race detector it builds as the
+// Dockerfile's build stage does (CGO_ENABLED=0, -trimpath): the binary tested is the one shipped,
+// and its packages compile once for the tests and the image's replayed build (test/image).
 func Build(ctx context.Context, dir string, race bool, flags ...string) (string, error) {
 	root, err := ModuleRoot()
 	if err != nil {
@@ -54,12 +56,17 @@ func Build(ctx context.Context, dir string, race bool, flags ...string) (string,
 	}
 	bin := filepath.Join(dir, "dynwatch")
 	args := []string{"build", "-o", bin}
+	env := os.Environ()
 	if race {
 		args = append(args, "-race")
+	} else {
+		args = append(args, "-trimpath")
+		env = append(env, "CGO_ENABLED=0")
 	}
 	args = append(args, flags...)
 	cmd := exec.CommandContext(ctx, "go", append(args, ".")...)
 	cmd.Dir = root
+	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build dynwatch: %w\n%s", err, out)
 	}

@@ -408,6 +408,14 @@ func (c *Cluster) logTail(name string) string {
 // URL is the apiserver's base URL.
 func (c *Cluster) URL() string { return c.apiURL }
 
+// PIDs are the process ids of the apiserver and etcd as they run now (a restart changes the
+// apiserver's), for a test that measures what they use.
+func (c *Cluster) PIDs() (apiserver, etcd int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.api.cmd.Process.Pid, c.etcd.cmd.Process.Pid
+}
+
 // RestartAPIServer stops the apiserver (SIGTERM, then SIGKILL after 5s: with watches open it
 // does not finish a graceful shutdown sooner) and starts it again on the same port and
 // storage, returning when it is ready. Watches against it break, as in a real restart.
