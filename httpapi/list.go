@@ -22,7 +22,7 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	gvr, _, _ := res.API()
 	snap, rv, pinned, kept := a.listSnapshot(res, t.namespace, q)
 	if !kept {
-		writeStatus(c.Writer, apierrors.NewResourceExpired("the provided continue parameter is too old to display a consistent list result: start a new list without it"))
+		writeStatus(c.Writer, expiredContinue(q.after))
 		return
 	}
 	l, serr := q.candidates(res, snap)
@@ -45,11 +45,24 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	out.list(c.Writer, p, rv)
 }
 
+// expiredContinue is the 410 Gone of a later page whose first page's snapshot is no longer kept.
+// As the apiserver's once etcd has compacted the first page's revision, its status carries a
+// continue token that lists on after the last key the client was sent, from the cache as it is
+// then: the rest of the list, though not consistent with the pages before.
+func expiredContinue(after string) *apierrors.StatusError {
+	err := apierrors.NewResourceExpired("the provided continue parameter is too old to display a consistent list result. " +
+		"You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. " +
+		"Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.")
+	err.ErrStatus.ListMeta.Continue = encodeContinue("", after, 0)
+	return err
+}
+
 // listSnapshot is the snapshot a list's page reads, with the list's resourceVersion and the
-// id it is pinned under: for a first page, the cache now (not pinned yet, id 0); for a later
-// one, its first page's, and false once that is no longer kept.
+// id it is pinned under: for a first page, or a page from an expired list's token (see
+// expiredContinue), the cache now (not pinned yet, id 0); for a later one, its first page's,
+// and false once that is no longer kept.
 func (a *api) listSnapshot(res *dynamicinformer.Resource, namespace string, q *query) (dynamicinformer.Snapshot, string, uint64, bool) {
-	if q.after == "" {
+	if q.after == "" || q.pinned == 0 {
 		snap := res.Snapshot()
 		return snap, strconv.FormatUint(snap.Revision(namespace), 10), 0, true
 	}

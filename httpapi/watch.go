@@ -110,6 +110,22 @@ func served(e object.Event) *object.Object {
 	return object.New(u)
 }
 
+// servedAs is the object a watch event of type typ carries for e: for an update that takes the
+// object out of the watch's selection, the object as it was, the last state the watch selected,
+// at the update's resourceVersion, as the apiserver sends it (its watch cache's
+// convertToWatchEvent); otherwise served(e).
+func servedAs(typ string, e object.Event) *object.Object {
+	if typ != string(object.Deleted) || e.Type != object.Modified || e.OldObject == nil {
+		return served(e)
+	}
+	u, err := e.OldObject.Decode()
+	if err != nil {
+		return e.Object // no copy to be had: the object as it is now, which the watch no longer selects
+	}
+	u.SetResourceVersion(strconv.FormatUint(revisionOf(e), 10))
+	return object.New(u)
+}
+
 func (s *stream) publish(e object.Event) {
 	rv := revisionOf(e)
 	s.mu.Lock()
@@ -305,7 +321,7 @@ func sendChanges(ctx context.Context, s *stream, w *watcher, t target, q *query,
 		case <-w.wake:
 			batch, done := s.take(w)
 			for _, e := range batch {
-				if typ := q.transition(e, t.namespace); typ != "" && !send(typ, served(e)) {
+				if typ := q.transition(e, t.namespace); typ != "" && !send(typ, servedAs(typ, e)) {
 					return
 				}
 			}

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"net/url"
 	"slices"
 	"strconv"
 	"testing"
@@ -105,5 +106,37 @@ func TestAWatchsResourceVersionsNeverGoBackAcrossASelectionsChange(t *testing.T)
 	batch, _ = s.take(w)
 	if got, want := typesAndNames(batch), []string{"ADDED x", "ADDED y", "MODIFIED a", "DELETED x", "ADDED z"}; !slices.Equal(got, want) {
 		t.Errorf("the watch from 30 got %q; want %q", got, want)
+	}
+}
+
+// TestAnObjectUpdatedOutOfAWatchsSelectorIsDeletedAsItWas: an update that takes an object out
+// of a label-selected watch is DELETED carrying the object as the watch last selected it, at the
+// update's resourceVersion, as the apiserver sends it; back in, it is ADDED as it is now.
+func TestAnObjectUpdatedOutOfAWatchsSelectorIsDeletedAsItWas(t *testing.T) {
+	q, serr := parseQuery(url.Values{"labelSelector": {"team=a"}}, 500)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	labelled := func(team string, rv uint64) *object.Object {
+		return object.New(&unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{
+			"namespace": "ns", "name": "x", "resourceVersion": strconv.FormatUint(rv, 10), "labels": map[string]any{"team": team}}}})
+	}
+	out := object.Event{Type: object.Modified, OldObject: labelled("a", 5), Object: labelled("b", 9)}
+	if typ := q.transition(out, ""); typ != string(object.Deleted) {
+		t.Fatalf("relabelled out of the selector: %q; want DELETED", typ)
+	}
+	sent := servedAs(string(object.Deleted), out)
+	if got := sent.Labels().Get("team"); got != "a" || sent.GetResourceVersion() != "9" {
+		t.Errorf("DELETED carried team=%s at resourceVersion %s; want the object as it was (team=a) at the update's, 9", got, sent.GetResourceVersion())
+	}
+	if got := out.OldObject.GetResourceVersion(); got != "5" {
+		t.Errorf("the cache's old object was changed to resourceVersion %s; want its own, 5", got)
+	}
+	in := object.Event{Type: object.Modified, OldObject: labelled("b", 9), Object: labelled("a", 12)}
+	if typ := q.transition(in, ""); typ != string(object.Added) {
+		t.Fatalf("relabelled back into the selector: %q; want ADDED", typ)
+	}
+	if sent := servedAs(string(object.Added), in); sent.Labels().Get("team") != "a" || sent.GetResourceVersion() != "12" {
+		t.Errorf("ADDED carried %v at %s; want the object as it is now", sent.Labels(), sent.GetResourceVersion())
 	}
 }
