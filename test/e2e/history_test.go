@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
@@ -37,10 +38,10 @@ const (
 // TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory records, while configmaps of one
 // namespace are created, updated and deleted at random (the seed is logged, and
 // DYNWATCH_TEST_SEED sets it), the apiserver's own watch of them from before the first write
-// (the reference history) and four watches
-// through dynwatch's query API: one resumed from a list's resourceVersion, one that asks for
-// initial events, one of a single object by field selector, and one resumed from a
-// resourceVersion some seconds old. Once every watch has received its last change, each must
+// (the reference history) and five watches through dynwatch's query API: one resumed from a
+// list's resourceVersion, one that asks for initial events, one of a single object by field
+// selector, one by a label selector that the writes move objects into and out of, and one
+// resumed from a resourceVersion some seconds old. Once every watch has received its last change, each must
 // keep every promise package validate checks against the reference: Ordered, Unique, Atomic,
 // Bookmarkable, Reliable, Resumable, and the initial state at its bookmark. A webhook beside
 // them, which answers the first attempt at every fifth change 503, must receive every change,
@@ -97,8 +98,10 @@ metrics: {address: "127.0.0.1:0"}
 	time.Sleep(2 * time.Second)
 	one := fields.OneTermEqualSelector("metadata.name", "cm-03").String()
 	streams = append(streams, resumeFromList(t, "cm-03 alone", through, metav1.ListOptions{FieldSelector: one}))
-	streams[2].stream.Match = func(key string) bool { return key == ns+"/cm-03" }
+	streams[2].stream.Match = func(e validate.Event) bool { return e.Key == ns+"/cm-03" }
 	time.Sleep(2 * time.Second)
+	streams = append(streams, resumeFromList(t, "team=a by label selector", through, metav1.ListOptions{LabelSelector: "team=a"}))
+	streams[3].stream.Match = func(e validate.Event) bool { return e.Labels == "team=a" }
 	old := reference.events()
 	if len(old) < 10 {
 		t.Fatalf("the apiserver's watch has %d changes 8 s into the churn", len(old))
@@ -164,20 +167,22 @@ func deliveries(t *testing.T, rc *receiver) []validate.Delivery {
 }
 
 // churnConfigMaps creates, updates and deletes the configmaps cm-00 to cm-11 of ns at random, one write
-// every churnEvery, for churnFor.
+// every churnEvery, for churnFor; each write labels the configmap team=a or team=b at random,
+// so that it comes into and goes out of a label-selected watch.
 func churnConfigMaps(t *testing.T, ns string, seed uint64) {
 	cms := kubernetes.NewForConfigOrDie(cluster.Config).CoreV1().ConfigMaps(ns)
 	r := rand.New(rand.NewPCG(seed, seed))
 	exists := map[string]bool{}
 	for end := time.Now().Add(churnFor); time.Now().Before(end); time.Sleep(churnEvery) {
 		name := fmt.Sprintf("cm-%02d", r.IntN(churnObjects))
+		meta := metav1.ObjectMeta{Name: name, Labels: map[string]string{"team": []string{"a", "b"}[r.IntN(2)]}}
 		var err error
 		switch {
 		case !exists[name]:
-			_, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": "0"}}, metav1.CreateOptions{})
+			_, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": "0"}}, metav1.CreateOptions{})
 			exists[name] = err == nil
 		case r.IntN(10) < 7:
-			_, err = cms.Update(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": strconv.Itoa(r.IntN(1 << 20))}}, metav1.UpdateOptions{})
+			_, err = cms.Update(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": strconv.Itoa(r.IntN(1 << 20))}}, metav1.UpdateOptions{})
 		default:
 			err = cms.Delete(t.Context(), name, metav1.DeleteOptions{})
 			exists[name] = err != nil
@@ -251,7 +256,7 @@ func (r *recording) read() {
 		if e.Type == watch.Bookmark {
 			ev.InitialEventsEnd = u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"
 		} else {
-			ev.Key = u.GetNamespace() + "/" + u.GetName()
+			ev.Key, ev.Labels = u.GetNamespace()+"/"+u.GetName(), labels.Set(u.GetLabels()).String()
 		}
 		r.stream.Events = append(r.stream.Events, ev)
 		r.mu.Unlock()
@@ -279,16 +284,15 @@ func (r *recording) snapshot() validate.Stream {
 	return s
 }
 
-// waitFor waits until the stream has received the last change of history it selects.
+// waitFor waits until the stream has received the last change of history it sees.
 func (r *recording) waitFor(t *testing.T, history validate.History) {
 	t.Helper()
 	s := r.snapshot()
-	var last validate.Event
-	for _, e := range history {
-		if s.Match == nil || s.Match(e.Key) {
-			last = e
-		}
+	seen := history.View(s)
+	if len(seen) == 0 {
+		return
 	}
+	last := seen[len(seen)-1]
 	deadline := time.Now().Add(time.Minute)
 	for !slices.Contains(r.events(), last) {
 		if time.Now().After(deadline) {

@@ -39,6 +39,9 @@ type Event struct {
 	// InitialEventsEnd marks the bookmark that ends a watch's initial events (the
 	// k8s.io/initial-events-end annotation).
 	InitialEventsEnd bool
+	// Labels are the object's labels in the event, as key=value pairs in key order joined by
+	// commas (labels.Set's String), for streams that select by them.
+	Labels string
 }
 
 func (e Event) String() string {
@@ -47,6 +50,9 @@ func (e Event) String() string {
 			return fmt.Sprintf("BOOKMARK %d (initial events end)", e.Revision)
 		}
 		return fmt.Sprintf("BOOKMARK %d", e.Revision)
+	}
+	if e.Labels != "" {
+		return fmt.Sprintf("%s %s %d {%s}", e.Type, e.Key, e.Revision, e.Labels)
 	}
 	return fmt.Sprintf("%s %s %d", e.Type, e.Key, e.Revision)
 }
@@ -63,8 +69,10 @@ type Stream struct {
 	// SendInitialEvents: the watch asked for the current objects first, ended by the initial
 	// events' bookmark.
 	SendInitialEvents bool
-	// Match reports whether the watch selects the object key; nil selects every object.
-	Match func(key string) bool
+	// Match reports whether the watch selects the object as a change left it (its key and
+	// labels); nil selects every object. An object that comes to match is ADDED to the stream,
+	// and one that stops matching DELETED (see History.View).
+	Match func(Event) bool
 	// Events are what the watch received, in order.
 	Events []Event
 }
@@ -131,7 +139,37 @@ func (s Stream) start() (uint64, bool) {
 	return s.Events[end-1].Revision, true
 }
 
-func (s Stream) matches(key string) bool { return s.Match == nil || s.Match(key) }
+// View is the history as a watch with s's selection sees it, as the apiserver's watch sends
+// it: the changes of the objects it selects; an object updated into the selection ADDED, and
+// one updated out of it DELETED, carrying the state the watch last selected at the update's
+// resourceVersion.
+func (h History) View(s Stream) History {
+	if s.Match == nil {
+		return h
+	}
+	var out History
+	last := map[string]Event{} // each object's state after its latest change
+	for _, e := range h {
+		prev, had := last[e.Key]
+		was, now := had && s.Match(prev), e.Type != Deleted && s.Match(e)
+		if e.Type == Deleted {
+			delete(last, e.Key)
+		} else {
+			last[e.Key] = e
+		}
+		switch {
+		case was && now:
+			out = append(out, e)
+		case now:
+			e.Type = Added
+			out = append(out, e)
+		case was:
+			prev.Type, prev.Revision = Deleted, e.Revision
+			out = append(out, prev)
+		}
+	}
+	return out
+}
 
 // Ordered reports where s breaks this promise: the changes come in resourceVersion order;
 // several may share one (objects a selection's change brought in or took out at once), none
@@ -183,8 +221,8 @@ func Atomic(h History, s Stream) []Violation {
 		for ; j < len(events) && events[j].Type != Bookmark && events[j].Revision == rev; j++ {
 			got[events[j].Key] = true
 		}
-		for _, e := range h {
-			if e.Revision == rev && s.matches(e.Key) && !got[e.Key] {
+		for _, e := range h.View(s) {
+			if e.Revision == rev && !got[e.Key] {
 				out = append(out, Violation{"Atomic", s.Name, s.initialEnd() + i, fmt.Sprintf("%s is missing from the changes at %d", e, rev)})
 			}
 		}
@@ -248,12 +286,11 @@ func Resumable(h History, s Stream) []Violation {
 	return gaps("Resumable", s, idx, evs, h.between(from, last, s))
 }
 
-// between is the history's changes after from, up to and including to, of the objects s
-// selects.
+// between is the history's changes after from, up to and including to, as s sees them (View).
 func (h History) between(from, to uint64, s Stream) []Event {
 	var out []Event
-	for _, e := range h {
-		if e.Revision > from && e.Revision <= to && s.matches(e.Key) {
+	for _, e := range h.View(s) {
+		if e.Revision > from && e.Revision <= to {
 			out = append(out, e)
 		}
 	}
@@ -291,8 +328,8 @@ func InitialState(h History, s Stream) []Violation {
 	}
 	at := s.Events[end-1].Revision
 	want := map[string]uint64{}
-	for _, e := range h {
-		if e.Revision > at || !s.matches(e.Key) {
+	for _, e := range h.View(s) {
+		if e.Revision > at {
 			continue
 		}
 		if e.Type == Deleted {
