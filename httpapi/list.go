@@ -53,7 +53,7 @@ func expiredContinue(after string) *apierrors.StatusError {
 	err := apierrors.NewResourceExpired("the provided continue parameter is too old to display a consistent list result. " +
 		"You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. " +
 		"Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.")
-	err.ErrStatus.ListMeta.Continue = encodeContinue("", after, 0)
+	err.ErrStatus.Continue = encodeContinue("", after, 0)
 	return err
 }
 

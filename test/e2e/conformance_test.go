@@ -622,7 +622,7 @@ func (u *upstream) expiredContinue(t *testing.T) {
 				case !apierrors.IsResourceExpired(err) || !errors.As(err, &status):
 					t.Fatalf("the expired token: %v; want 410 Gone", err)
 				}
-				if inconsistent = status.Status().ListMeta.Continue; inconsistent == "" {
+				if inconsistent = status.Status().Continue; inconsistent == "" {
 					t.Fatalf("410 Gone without a continue token: %v", err)
 				}
 				return nil
