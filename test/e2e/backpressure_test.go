@@ -62,11 +62,7 @@ const (
 // filesystem of theirs stalled), logged its bootstrap only as the readiness wait ran out, three
 // and then ten minutes after it began.
 func TestAStalledJournalKeepsMemoryBoundedAndLosesNothing(t *testing.T) {
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{})
 	faults := mountFaultFS(t) // after the apiserver has started: nothing it starts sees the mount
 	const ns = "stalled"
 	cs := kubernetes.NewForConfigOrDie(c.Config)

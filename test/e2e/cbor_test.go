@@ -48,11 +48,7 @@ const sampleSpec = `{"int": 7, "big": 9007199254740993, "neg": -3, "float": 1.5,
 // and reads the JSON it gets.
 func TestCBORFromTheApiserverGivesWhatJSONGives(t *testing.T) {
 	t.Parallel()
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir(), CBOR: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{CBOR: true})
 	dyn := dynamic.NewForConfigOrDie(c.Config)
 	crd := &unstructured.Unstructured{}
 	if err := yaml.Unmarshal([]byte(numberCRD), &crd.Object); err != nil {

@@ -66,11 +66,7 @@ func (s side) configMaps(ns string) dynamic.ResourceInterface {
 // minutes, which upstream's case waits for).
 func TestTheUpstreamWatchAndPagingCasesHoldThroughTheQueryAPI(t *testing.T) {
 	t.Parallel()
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir(), NoWatchCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{NoWatchCache: true})
 	p := start(t, c.Kubeconfig, `
 resources: [{version: v1, resource: configmaps}]
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}

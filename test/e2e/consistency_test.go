@@ -64,11 +64,7 @@ const (
 // beside the other parallel tests.
 func TestEveryInformerEndsWithTheAPIServersResourceVersions(t *testing.T) {
 	t.Parallel()
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{})
 	const ns = "consistency"
 	cs := kubernetes.NewForConfigOrDie(c.Config)
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

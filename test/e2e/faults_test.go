@@ -311,11 +311,7 @@ shutdownTimeout: 4s
 func TestAFirstStartOverManyObjectsWithASmallQueueDeliversAll(t *testing.T) {
 	t.Parallel()
 	const objects, queue = 20_000, 200
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{})
 	ns := "many"
 	if _, err := kubernetes.NewForConfigOrDie(c.Config).CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

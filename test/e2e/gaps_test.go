@@ -31,11 +31,7 @@ type gapFixture struct {
 
 func startGapFixture(t *testing.T) gapFixture {
 	t.Helper()
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir(), NoWatchCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{NoWatchCache: true})
 	f := gapFixture{cluster: c, rc: newReceiver(t, nil, false), client: kubernetes.NewForConfigOrDie(c.Config), ns: "gaps"}
 	if _, err := f.client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

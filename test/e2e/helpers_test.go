@@ -34,6 +34,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/test/runner"
+	"github.com/dynwatch/dynwatch/test/testbed"
 )
 
 // Starting dynwatch.
@@ -173,6 +174,20 @@ func namespace(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return name
+}
+
+// ownCluster starts a cluster of the test's own, its data in a directory of the test's, and stops
+// it when the test ends: for a test that restarts or compacts it, turns a gate or the watch cache
+// off, or loads it so much that the shared one would measure it.
+func ownCluster(t *testing.T, o testbed.Options) *testbed.Cluster {
+	t.Helper()
+	o.Dir = t.TempDir()
+	c, err := testbed.Start(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	return c
 }
 
 // startProcess runs dynwatch on a configuration file the test owns (and may rewrite), and

@@ -80,11 +80,7 @@ func stampLatencies(rc *receiver, from, to time.Time) []time.Duration {
 func TestASinkAddedByReloadReceivesEveryObjectOnceWhileAnotherKeepsItsLatency(t *testing.T) {
 	// A cluster of the test's own: in the shared one, every test watching all namespaces would
 	// list and follow its 10,000 objects.
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{})
 	ns := "replay"
 	fast := rest.CopyConfig(c.Config)
 	fast.QPS, fast.Burst = 2000, 2000

@@ -516,11 +516,7 @@ func TestDescribeReadsUnwatchedEventsWithTheCallersRights(t *testing.T) {
 // carrying a 410 Expired Status, on the wire and through client-go.
 func TestAWatchFromAnExpiredResourceVersionEndsAsTheAPIServersDoes(t *testing.T) {
 	t.Parallel()
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir(), NoWatchCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{NoWatchCache: true})
 	cs := kubernetes.NewForConfigOrDie(c.Config)
 	ns := "expiry"
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

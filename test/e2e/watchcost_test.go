@@ -40,11 +40,7 @@ const (
 // alone (no t.Parallel): what it measures is one caller's cost to the others.
 func TestAWatchCostsWhatItsCallerMaySee(t *testing.T) {
 	testbed.Need(t)
-	c, err := testbed.Start(t.Context(), testbed.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := ownCluster(t, testbed.Options{})
 	cs := kubernetes.NewForConfigOrDie(c.Config)
 	big, small, tenant := "big", "small", "tenant"
 	for _, ns := range []string{big, small, tenant} {
