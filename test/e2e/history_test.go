@@ -41,9 +41,11 @@ const (
 // (the reference history) and five watches through dynwatch's query API: one resumed from a
 // list's resourceVersion, one that asks for initial events, one of a single object by field
 // selector, one by a label selector that the writes move objects into and out of, and one
-// resumed from a resourceVersion some seconds old. Once every watch has received its last change, each must
-// keep every promise package validate checks against the reference: Ordered, Unique, Atomic,
-// Bookmarkable, Reliable, Resumable, and the initial state at its bookmark. A webhook beside
+// resumed from a resourceVersion some seconds old; and two paged lists through it, one by the
+// label selector. Once every watch has received its last change, each must keep every promise
+// package validate checks against the reference: Ordered, Unique, Atomic, Bookmarkable,
+// Reliable, Resumable, and the initial state at its bookmark; and each list's pages must share
+// a resourceVersion and hold the objects as the reference had them there. A webhook beside
 // them, which answers the first attempt at every fifth change 503, must receive every change,
 // first arrivals in order per object, each under one id, and no version the apiserver never
 // had. No fault is injected in dynwatch or the apiserver: this is the validators' first
@@ -100,8 +102,14 @@ metrics: {address: "127.0.0.1:0"}
 	streams = append(streams, resumeFromList(t, "cm-03 alone", through, metav1.ListOptions{FieldSelector: one}))
 	streams[2].stream.Match = func(e validate.Event) bool { return e.Key == ns+"/cm-03" }
 	time.Sleep(2 * time.Second)
+	teamA := func(e validate.Event) bool { return e.Labels == "team=a" }
 	streams = append(streams, resumeFromList(t, "team=a by label selector", through, metav1.ListOptions{LabelSelector: "team=a"}))
-	streams[3].stream.Match = func(e validate.Event) bool { return e.Labels == "team=a" }
+	streams[3].stream.Match = teamA
+	lists := []validate.List{
+		pagedList(t, "in pages of 3", through, metav1.ListOptions{Limit: 3}),
+		pagedList(t, "team=a in pages of 2", through, metav1.ListOptions{Limit: 2, LabelSelector: "team=a"}),
+	}
+	lists[1].Match, lists[1].Selectors = teamA, true
 	old := reference.events()
 	if len(old) < 10 {
 		t.Fatalf("the apiserver's watch has %d changes 8 s into the churn", len(old))
@@ -128,6 +136,12 @@ metrics: {address: "127.0.0.1:0"}
 	reference.stop()
 	if reference.err != nil {
 		t.Errorf("the reference: %v", reference.err)
+	}
+	for _, l := range lists {
+		for _, v := range validate.Paged(history, l) {
+			t.Error(v)
+		}
+		t.Logf("%s: %d pages", l.Name, len(l.Pages))
 	}
 
 	// The webhook: every change, in order per object, each under one id.
@@ -191,6 +205,33 @@ func churnConfigMaps(t *testing.T, ns string, seed uint64) {
 			t.Errorf("churn: %v", err)
 			return
 		}
+	}
+}
+
+// pagedList lists res with opts, following each page's continue token, as package validate
+// reads a list.
+func pagedList(t *testing.T, name string, res dynamic.ResourceInterface, opts metav1.ListOptions) validate.List {
+	t.Helper()
+	l := validate.List{Name: name}
+	for {
+		page, err := res.List(t.Context(), opts)
+		if err != nil {
+			t.Fatalf("%s, page %d: %v", name, len(l.Pages), err)
+		}
+		rv, err := strconv.ParseUint(page.GetResourceVersion(), 10, 64)
+		if err != nil {
+			t.Fatalf("%s, page %d: resourceVersion %q", name, len(l.Pages), page.GetResourceVersion())
+		}
+		p := validate.Page{Revision: rv, Continue: page.GetContinue() != "", Remaining: page.GetRemainingItemCount()}
+		for _, o := range page.Items {
+			orv, _ := strconv.ParseUint(o.GetResourceVersion(), 10, 64)
+			p.Items = append(p.Items, validate.Event{Key: o.GetNamespace() + "/" + o.GetName(), Revision: orv, Labels: labels.Set(o.GetLabels()).String()})
+		}
+		l.Pages = append(l.Pages, p)
+		if page.GetContinue() == "" {
+			return l
+		}
+		opts.Continue = page.GetContinue()
 	}
 }
 

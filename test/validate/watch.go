@@ -2,17 +2,19 @@
 // reference history the apiserver recorded of the same resource: each watch stream a test
 // recorded through the query API, with the validators etcd's robustness suite holds its watch
 // to (Ordered, Unique, Atomic, Bookmarkable, Reliable, Resumable) and the initial state a watch
-// asked for with sendInitialEvents (watch.go); and what each sink received (sink.go): every
-// change delivered, or at least each object's last state, first arrivals in order per object,
-// one id per change, and no version the apiserver never had.
+// asked for with sendInitialEvents (watch.go); each paged list, its pages at one
+// resourceVersion and together the state the history had there (list.go); and what each sink
+// received (sink.go): every change delivered, or at least each object's last state, first
+// arrivals in order per object, one id per change, and no version the apiserver never had.
 //
 // Vocabulary: a History is every change of one resource as the apiserver made it, in
 // resourceVersion order (a watch on the apiserver opened before the changes, or its Exact
 // lists). A Stream is one watch as a client received it: where it was opened, which objects it
 // selects and every event it received, bookmarks included. Each validator returns one
 // Violation per broken promise, naming the stream's event by its index, and nil when the
-// promise holds. Streams whose selection changes while they run (a label selector an object
-// moves in or out of) are not covered yet: Match sees only an object's key.
+// promise holds. A stream's or a list's Match sees an object's key and labels, so an object
+// that moves into or out of a label selector is checked as the apiserver's watch sends it
+// (History.View).
 package validate
 
 import (
