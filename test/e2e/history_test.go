@@ -46,23 +46,42 @@ const (
 // package validate checks against the reference: Ordered, Unique, Atomic, Bookmarkable,
 // Reliable, Resumable, and the initial state at its bookmark; and each list's pages must share
 // a resourceVersion and hold the objects as the reference had them there. A webhook beside
-// them, which answers the first attempt at every fifth change 503, must receive every change,
-// first arrivals in order per object, each under one id, and no version the apiserver never
-// had. No fault is injected in dynwatch or the apiserver: this is the validators' first
-// ground; the faults come after.
+// them, which answers the first attempt at four changes in ten 503, 429, slowly or too late
+// (the seed chooses which), must take every change, first arrivals in order per object, each
+// under one id, and no version the apiserver never had. No fault is injected in dynwatch or
+// the apiserver yet: those are the catalogue's to come.
 func TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory(t *testing.T) {
 	t.Parallel()
 	ns := namespace(t)
-	// The webhook answers the first attempt at every fifth change 503: those come again.
-	rc := newJudge(t, func(r received, n int, _ http.Header) int {
-		if n == 1 && crc32.ChecksumIEEE([]byte(r.ceID))%5 == 0 {
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("DYNWATCH_TEST_SEED"), 10, 64); err == nil {
+		seed = s // the writes and the webhook's faults of a run to look at again; their timing is the machine's
+	}
+	t.Logf("seed %d (DYNWATCH_TEST_SEED=%[1]d makes the same writes and faults)", seed)
+	// The webhook's faults, chosen for each change by the seed: the first attempt at one change
+	// in ten each is answered 503, 429 with Retry-After, slowly, or only after the sink has
+	// given up on it (its timeout is 1 s). Each of those must come again.
+	rc := newJudge(t, func(r received, n int, h http.Header) int {
+		if n > 1 {
+			return http.StatusOK
+		}
+		switch crc32.ChecksumIEEE(fmt.Appendf(nil, "%d/%s", seed, r.ceID)) % 10 {
+		case 0:
 			return http.StatusServiceUnavailable
+		case 1:
+			h.Set("Retry-After", "1")
+			return http.StatusTooManyRequests
+		case 2:
+			time.Sleep(300 * time.Millisecond)
+		case 3:
+			time.Sleep(1500 * time.Millisecond)
+			return http.StatusGatewayTimeout
 		}
 		return http.StatusOK
 	})
 	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
-webhooks: [{name: r, url: %s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
+webhooks: [{name: r, url: %s, timeout: 1s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
 metrics: {address: "127.0.0.1:0"}
 `, ns, rc.URL))
@@ -80,11 +99,6 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	reference := record(t, "the apiserver", upstream, metav1.ListOptions{ResourceVersion: list.GetResourceVersion()})
 
-	seed := uint64(time.Now().UnixNano())
-	if s, err := strconv.ParseUint(os.Getenv("DYNWATCH_TEST_SEED"), 10, 64); err == nil {
-		seed = s // the writes of a run to look at again; their timing is the machine's
-	}
-	t.Logf("seed %d (DYNWATCH_TEST_SEED=%[1]d makes the same writes)", seed)
 	churned := make(chan struct{})
 	go func() { defer close(churned); churnConfigMaps(t, ns, seed) }()
 
@@ -175,7 +189,7 @@ func deliveries(t *testing.T, rc *receiver) []validate.Delivery {
 		if err != nil {
 			t.Fatalf("a delivery of %s/%s with resourceVersion %q", ns, name, rv)
 		}
-		out = append(out, validate.Delivery{ID: r.ceID, Type: r.payload.Type, Key: ns + "/" + name, Revision: rev})
+		out = append(out, validate.Delivery{ID: r.ceID, Type: r.payload.Type, Key: ns + "/" + name, Revision: rev, Refused: r.code/100 != 2})
 	}
 	return out
 }

@@ -11,6 +11,9 @@ type Delivery struct {
 	Type     string // ADDED, MODIFIED or DELETED
 	Key      string
 	Revision uint64
+	// Refused: the receiver did not take it (it answered other than 2xx, or after the sink had
+	// given up). It counts for order and ids, not as delivered: it must come again.
+	Refused bool
 }
 
 func (d Delivery) String() string {
@@ -39,7 +42,7 @@ func Deliveries(h History, s Sink) []Violation {
 }
 
 // Delivered reports each change of a selected object in the history that the sink never
-// received: the promise of a run in which the informers saw every change (no relist, no
+// received, or only refused: the promise of a run in which the informers saw every change (no relist, no
 // restart; after either, versions made meanwhile may be delivered as one).
 func Delivered(h History, s Sink) []Violation {
 	type change struct {
@@ -48,7 +51,7 @@ func Delivered(h History, s Sink) []Violation {
 	}
 	got := map[change]bool{}
 	for _, d := range s.Deliveries {
-		got[change{d.Type, d.Key, d.Revision}] = true
+		got[change{d.Type, d.Key, d.Revision}] = got[change{d.Type, d.Key, d.Revision}] || !d.Refused
 	}
 	var out []Violation
 	for _, e := range h {
@@ -60,7 +63,7 @@ func Delivered(h History, s Sink) []Violation {
 }
 
 // Converged reports each selected object whose last state in the history the sink never
-// received: its last version, or its deletion.
+// received, or only refused: its last version, or its deletion.
 func Converged(h History, s Sink) []Violation {
 	last := map[string]Event{}
 	var keys []string
@@ -76,7 +79,7 @@ func Converged(h History, s Sink) []Violation {
 	var out []Violation
 	for _, key := range keys {
 		e := last[key]
-		if !slices.ContainsFunc(s.Deliveries, func(d Delivery) bool { return d.Key == key && endsAs(d, e, h) }) {
+		if !slices.ContainsFunc(s.Deliveries, func(d Delivery) bool { return !d.Refused && d.Key == key && endsAs(d, e, h) }) {
 			out = append(out, Violation{"Converged", s.Name, -1, fmt.Sprintf("%s, the object's last state, never arrived", e)})
 		}
 	}

@@ -10,7 +10,7 @@ import (
 // and one repeated later under its first id.
 func delivered() Sink {
 	d := func(typ, key string, rev uint64) Delivery {
-		return Delivery{fmt.Sprintf("%s.%d.%s", key, rev, typ), typ, key, rev}
+		return Delivery{fmt.Sprintf("%s.%d.%s", key, rev, typ), typ, key, rev, false}
 	}
 	return Sink{Name: "hook", Match: inNS, Deliveries: []Delivery{
 		d(Added, "ns/a", 10), d(Added, "ns/b", 11), d(Modified, "ns/a", 12), d(Deleted, "ns/b", 14),
@@ -38,16 +38,18 @@ func TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise(t *testing.T) 
 		validator string
 	}{
 		{"a change in the middle never delivered", editSink(delivered(), func(d []Delivery) []Delivery { return slices.Delete(d, 1, 2) }), "Delivered"},
+		{"a change in the middle only refused", editSink(delivered(), func(d []Delivery) []Delivery { d[1].Refused = true; return d }), "Delivered"},
+		{"an object's last state only refused", editSink(delivered(), func(d []Delivery) []Delivery { d[6].Refused = true; return d }), "Converged"},
 		{"an object's last version never delivered", editSink(delivered(), func(d []Delivery) []Delivery { return slices.Delete(d, 4, 5) }), "Converged"},
 		{"a deletion never delivered", editSink(delivered(), func(d []Delivery) []Delivery { return slices.Delete(d, 3, 4) }), "Converged"},
 		{"an older version first arriving after a newer", editSink(delivered(), func(d []Delivery) []Delivery { d[2], d[4] = d[4], d[2]; return d }), "InOrder"},
 		{"a repeat under another id", editSink(delivered(), func(d []Delivery) []Delivery { d[5].ID = "other"; return d }), "StableIDs"},
 		{"two changes under one id", editSink(delivered(), func(d []Delivery) []Delivery { d[6].ID = d[0].ID; return d }), "StableIDs"},
 		{"a version the history never had", editSink(delivered(), func(d []Delivery) []Delivery {
-			return append(d, Delivery{"x", Modified, "ns/a", 13})
+			return append(d, Delivery{"x", Modified, "ns/a", 13, false})
 		}), "Known"},
 		{"an object the sink does not select", editSink(delivered(), func(d []Delivery) []Delivery {
-			return append(d, Delivery{"y", Added, "other/c", 13})
+			return append(d, Delivery{"y", Added, "other/c", 13, false})
 		}), "Known"},
 		{"a deletion at a version that was not the last", editSink(delivered(), func(d []Delivery) []Delivery { d[3].Revision = 10; return d }), "Known"},
 	} {
