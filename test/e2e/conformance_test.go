@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
@@ -102,12 +104,7 @@ func (u *upstream) namespace(t *testing.T) string {
 // cmWriter writes configmaps of ns, as upstream's cases do, through the apiserver.
 type cmWriter struct {
 	t   *testing.T
-	cms interface {
-		Create(context.Context, *corev1.ConfigMap, metav1.CreateOptions) (*corev1.ConfigMap, error)
-		Update(context.Context, *corev1.ConfigMap, metav1.UpdateOptions) (*corev1.ConfigMap, error)
-		Get(context.Context, string, metav1.GetOptions) (*corev1.ConfigMap, error)
-		Delete(context.Context, string, metav1.DeleteOptions) error
-	}
+	cms typedcorev1.ConfigMapInterface
 }
 
 func (u *upstream) writer(t *testing.T, ns string) cmWriter {
@@ -398,11 +395,7 @@ func (u *upstream) concurrentWatches(t *testing.T) {
 
 // produceConfigMapEvents creates, updates and deletes configmaps of cms every 5 ms until ctx
 // ends, as upstream's helper of that name does.
-func produceConfigMapEvents(ctx context.Context, cms interface {
-	Create(context.Context, *corev1.ConfigMap, metav1.CreateOptions) (*corev1.ConfigMap, error)
-	Update(context.Context, *corev1.ConfigMap, metav1.UpdateOptions) (*corev1.ConfigMap, error)
-	Delete(context.Context, string, metav1.DeleteOptions) error
-}) error {
+func produceConfigMapEvents(ctx context.Context, cms typedcorev1.ConfigMapInterface) error {
 	var existing []int
 	next := 0
 	for tick := time.NewTicker(5 * time.Millisecond); ; {
@@ -641,23 +634,15 @@ func (u *upstream) expiredContinue(t *testing.T) {
 // oldest list's snapshot goes.
 func pushOutPagedLists(t *testing.T, res dynamic.ResourceInterface) {
 	const kept = 1024 // httpapi's maxPins
-	var g sync.WaitGroup
-	sem := make(chan struct{}, 8)
-	var failed error
-	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(8)
 	for range kept + 1 {
-		sem <- struct{}{}
-		g.Go(func() {
-			defer func() { <-sem }()
-			if _, err := res.List(t.Context(), metav1.ListOptions{Limit: 1}); err != nil {
-				mu.Lock()
-				failed = err
-				mu.Unlock()
-			}
+		g.Go(func() error {
+			_, err := res.List(t.Context(), metav1.ListOptions{Limit: 1})
+			return err
 		})
 	}
-	g.Wait()
-	if failed != nil {
-		t.Fatal(failed)
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -42,8 +42,8 @@ func Deliveries(h History, s Sink) []Violation {
 }
 
 // Delivered reports each change of a selected object in the history that the sink never
-// received, or only refused: the promise of a run in which the informers saw every change (no relist, no
-// restart; after either, versions made meanwhile may be delivered as one).
+// received, or only refused: the promise of a run in which the informers saw every change (no
+// relist, no restart; after either, versions made meanwhile may be delivered as one).
 func Delivered(h History, s Sink) []Violation {
 	type change struct {
 		typ, key string
@@ -51,7 +51,9 @@ func Delivered(h History, s Sink) []Violation {
 	}
 	got := map[change]bool{}
 	for _, d := range s.Deliveries {
-		got[change{d.Type, d.Key, d.Revision}] = got[change{d.Type, d.Key, d.Revision}] || !d.Refused
+		if !d.Refused {
+			got[change{d.Type, d.Key, d.Revision}] = true
+		}
 	}
 	var out []Violation
 	for _, e := range h {

@@ -212,7 +212,7 @@ func Unique(_ History, s Stream) []Violation {
 // another resourceVersion, and no bookmark, comes between them.
 func Atomic(h History, s Stream) []Violation {
 	var out []Violation
-	events := s.Events[s.initialEnd():]
+	events, seen := s.Events[s.initialEnd():], h.View(s)
 	for i := 0; i < len(events); {
 		if events[i].Type == Bookmark {
 			i++
@@ -223,7 +223,7 @@ func Atomic(h History, s Stream) []Violation {
 		for ; j < len(events) && events[j].Type != Bookmark && events[j].Revision == rev; j++ {
 			got[events[j].Key] = true
 		}
-		for _, e := range h.View(s) {
+		for _, e := range seen {
 			if e.Revision == rev && !got[e.Key] {
 				out = append(out, Violation{"Atomic", s.Name, s.initialEnd() + i, fmt.Sprintf("%s is missing from the changes at %d", e, rev)})
 			}
