@@ -9,7 +9,7 @@ MODULES = . test/image test/walbench
 # each runs a command in every module, stopping at the first that fails
 each = for m in $(MODULES); do (cd $$m && $(1)) || exit 1; done
 
-.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-wal bench-api bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-wal bench-api bench-check bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -79,6 +79,11 @@ bench-wal:
 ## bench-api: query API benchmarks over a 100k-object cache (loads the test bed: ~3 minutes)
 bench-api: testbed
 	$(GO) test -run '^$$' -bench . -benchtime 3000x ./httpapi/
+
+## bench-check: one consistency check of a 100,000-object cache: its time, what it allocates and
+## the CPU it takes in dynwatch and in the apiserver, at three page sizes (loads the test bed: ~4 minutes)
+bench-check: testbed
+	$(GO) test -run '^$$' -bench ConsistencyCheck -benchtime 5x ./dynamicinformer/
 
 ## bench-webhook: webhook delivery throughput and latency to a loopback receiver
 bench-webhook:

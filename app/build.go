@@ -80,6 +80,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 		Logger: log, JSON: objects, Dynamic: dyn, Metadata: meta, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
 		Subscribers: []dynamicinformer.Subscriber{watches, s.pipeline.journal}, Gate: s.pipeline.journal,
+		ConsistencyCheck: cfg.ConsistencyCheck.Every(),
 	}); err != nil {
 		return nil, err
 	}

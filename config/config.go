@@ -39,6 +39,8 @@ type Config struct {
 	Client    Client    `mapstructure:"client"`
 	Log       Log       `mapstructure:"log"`
 	State     State     `mapstructure:"state"`
+	// ConsistencyCheck compares every resource's cache with the apiserver, now and then.
+	ConsistencyCheck ConsistencyCheck `mapstructure:"consistencyCheck"`
 	// LeaderElection lets several replicas run, one of which delivers.
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
 	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: requests under way have
@@ -217,6 +219,28 @@ const (
 
 // MetadataOnly reports whether the resource's cache keeps its objects' metadata only.
 func (r *Resource) MetadataOnly() bool { return r.Cache == CacheMetadata }
+
+// ConsistencyCheck is the live consistency check: every Period (and up to a tenth more, at
+// random), each informer's cache is compared with a list from the apiserver at
+// the cache's resourceVersion, by a digest of every object's namespace, name and
+// resourceVersion. A cache found to differ is listed again: the differences become events for
+// every sink.
+type ConsistencyCheck struct {
+	Enabled bool          `mapstructure:"enabled"`
+	Period  time.Duration `mapstructure:"period"`
+}
+
+// Every is how often the check runs: Period, or 0 when it is not enabled.
+func (c ConsistencyCheck) Every() time.Duration {
+	if !c.Enabled {
+		return 0
+	}
+	return c.Period
+}
+
+// DefaultConsistencyCheckPeriod is consistencyCheck.period unless set: the apiserver checks its
+// own watch cache against etcd as often.
+const DefaultConsistencyCheckPeriod = 5 * time.Minute
 
 // Transform lists what is removed from objects before they enter the cache.
 type Transform struct {

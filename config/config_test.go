@@ -246,6 +246,8 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"kafka[0].name: duplicate of jetstream[0] (a)"}},
 		{"a staleAfter below a second and a shutdownTimeout of 0", "resources: [{version: v1, resource: pods, staleAfter: 10ms}]\nshutdownTimeout: 0s\n",
 			[]string{"resources[0].staleAfter: must be at least 1s", "shutdownTimeout: must be at least 1s"}},
+		{"a consistency check every 10ms", "resources: [{version: v1, resource: pods}]\nconsistencyCheck: {period: 10ms}\n",
+			[]string{"consistencyCheck.period: must be at least 1s"}},
 		{"a state store bounded below a mebibyte", "resources: [{version: v1, resource: pods}]\nstate: {maxPendingBytes: 4096}\n",
 			[]string{"state.maxPendingBytes: must be at least 1048576 (1 MiB), got 4096"}},
 		{"leader election without a state store, a namespace, or a fencing margin", "resources: [{version: v1, resource: pods}]\nleaderElection: {enabled: true, leaseName: Bad_Name, leaseDuration: 5s, renewDeadline: 5s}\n",

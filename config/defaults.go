@@ -28,6 +28,8 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("log.level", "info")
 	v.SetDefault("log.format", "json")
 	v.SetDefault("shutdownTimeout", DefaultShutdownTimeout.String())
+	v.SetDefault("consistencyCheck.enabled", true)
+	v.SetDefault("consistencyCheck.period", DefaultConsistencyCheckPeriod.String())
 	v.SetDefault("leaderElection.enabled", false)
 	v.SetDefault("leaderElection.namespace", "")
 	v.SetDefault("leaderElection.leaseName", "dynwatch")

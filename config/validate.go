@@ -46,6 +46,9 @@ func (c *Config) validate() error {
 	if c.Log.Format != "json" && c.Log.Format != "text" {
 		p.add("log.format", "must be json or text, got %q", c.Log.Format)
 	}
+	if c.ConsistencyCheck.Enabled && c.ConsistencyCheck.Period < time.Second {
+		p.add("consistencyCheck.period", "must be at least 1s, got %s", c.ConsistencyCheck.Period)
+	}
 	if c.ShutdownTimeout < time.Second {
 		p.add("shutdownTimeout", "must be at least 1s, got %s", c.ShutdownTimeout)
 	}

@@ -33,19 +33,29 @@ func (m *Manager) waitRoom(ctx context.Context) error {
 	}
 }
 
-// gated passes on the events of w, each once the gate has room; w itself without a gate.
-func (m *Manager) gated(w watch.Interface) watch.Interface {
-	if m.gate == nil {
+// gated passes on the events of w, each once the gate has room, until x expires the watch
+// (see expiry): it then ends with a 410 Expired error. w itself without a gate or an expiry.
+func (m *Manager) gated(w watch.Interface, x *expiry) watch.Interface {
+	if m.gate == nil && x == nil {
 		return w
 	}
+	room := m.roomOrAlways()
+	expired := x.expired()
 	o := newRelay(w)
+	expire := func() {
+		x.ended()
+		o.send(watch.Event{Type: watch.Error, Object: errCheckFailed()})
+	}
 	go func() {
 		defer close(o.out)
 		defer w.Stop()
 		for {
 			select {
-			case <-m.gate.Room():
+			case <-room():
 			case <-o.stop:
+				return
+			case <-expired:
+				expire()
 				return
 			}
 			select {
@@ -55,8 +65,21 @@ func (m *Manager) gated(w watch.Interface) watch.Interface {
 				}
 			case <-o.stop:
 				return
+			case <-expired:
+				expire()
+				return
 			}
 		}
 	}()
 	return o
+}
+
+// roomOrAlways is the gate's Room, or without a gate a channel that is always ready.
+func (m *Manager) roomOrAlways() func() <-chan struct{} {
+	if m.gate != nil {
+		return m.gate.Room
+	}
+	open := make(chan struct{})
+	close(open)
+	return func() <-chan struct{} { return open }
 }

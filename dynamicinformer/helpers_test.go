@@ -62,11 +62,15 @@ func (r *recorder) find(namespace, name string) []object.Event {
 type started struct {
 	*Manager
 	registry *prometheus.Registry
+	logs     *testbed.LockedBuffer
 }
+
+// logsOf is what the Manager has logged so far.
+func (s started) logsOf() string { return s.logs.String() }
 
 // startManager runs a Manager for the YAML configuration against the test bed until the test
 // ends. Its log is printed if the test fails.
-func startManager(t *testing.T, restConfig *rest.Config, yaml string, subs ...Subscriber) started {
+func startManager(t testing.TB, restConfig *rest.Config, yaml string, subs ...Subscriber) started {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
@@ -79,15 +83,16 @@ func startManager(t *testing.T, restConfig *rest.Config, yaml string, subs ...Su
 	logs := &testbed.LockedBuffer{}
 	reg := prometheus.NewRegistry()
 	m, err := New(Options{
-		Logger:      slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		JSON:        jsonClient(t, restConfig),
-		Dynamic:     dynamic.NewForConfigOrDie(restConfig),
-		Metadata:    metadata.NewForConfigOrDie(restConfig),
-		Discovery:   discovery.NewDiscoveryClientForConfigOrDie(restConfig),
-		Registerer:  reg,
-		Resources:   cfg.Resources,
-		Interval:    time.Second,
-		Subscribers: subs,
+		Logger:           slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		JSON:             jsonClient(t, restConfig),
+		Dynamic:          dynamic.NewForConfigOrDie(restConfig),
+		Metadata:         metadata.NewForConfigOrDie(restConfig),
+		Discovery:        discovery.NewDiscoveryClientForConfigOrDie(restConfig),
+		Registerer:       reg,
+		Resources:        cfg.Resources,
+		Interval:         time.Second,
+		Subscribers:      subs,
+		ConsistencyCheck: cfg.ConsistencyCheck.Every(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +109,7 @@ func startManager(t *testing.T, restConfig *rest.Config, yaml string, subs ...Su
 			t.Logf("manager log:\n%s", logs)
 		}
 	})
-	return started{Manager: m, registry: reg}
+	return started{Manager: m, registry: reg, logs: logs}
 }
 
 func waitReady(t *testing.T, m started) {
@@ -118,7 +123,7 @@ func waitReady(t *testing.T, m started) {
 }
 
 // resource returns the configured resource named name (resource.version.group).
-func resource(t *testing.T, m started, name string) *Resource {
+func resource(t testing.TB, m started, name string) *Resource {
 	t.Helper()
 	for _, r := range m.Resources() {
 		if r.Name() == name {
@@ -130,7 +135,7 @@ func resource(t *testing.T, m started, name string) *Resource {
 }
 
 // namespaces creates n namespaces with unique names.
-func namespaces(t *testing.T, n int) []string {
+func namespaces(t testing.TB, n int) []string {
 	t.Helper()
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	var out []string
@@ -221,7 +226,7 @@ func metricValue(t *testing.T, m started, name string, labels ...string) float64
 	return 0
 }
 
-func jsonClient(t *testing.T, c *rest.Config) rest.Interface {
+func jsonClient(t testing.TB, c *rest.Config) rest.Interface {
 	t.Helper()
 	client, err := NewJSONClient(c)
 	if err != nil {

@@ -123,7 +123,8 @@ type counter interface{ Inc() }
 // dynamic informer does. Every list and watch call's outcome goes to h. With sel, only the
 // objects of the namespaces it selects are passed on, and its changes are brought in as they
 // happen, listed through src (see selectWatch).
-func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.ListOptions), h *health, sel *selection, mv *moves) *cache.ListWatch {
+func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.ListOptions), ni namespaceInformer, sel *selection) *cache.ListWatch {
+	h, mv := ni.health, ni.moves
 	selected := &applied{}
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -177,7 +178,7 @@ func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.List
 				tweak(&opts)
 				sw := &selectWatch{relay: newRelay(w), r: r, client: src, opts: opts, sel: sel, state: selected, moves: mv, initial: initial}
 				go sw.run(ctx, o.ResourceVersion)
-				return r.m.gated(sw), nil
+				return r.m.gated(sw, ni.expiry), nil
 			}
 			if err != nil {
 				return nil, err
@@ -188,7 +189,7 @@ func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.List
 					return e, !ok || e.Type == watch.Bookmark || !r.cfg.Excludes(o.GetNamespace())
 				})
 			}
-			return r.m.gated(w), nil
+			return r.m.gated(w, ni.expiry), nil
 		},
 	}
 }

@@ -42,7 +42,10 @@ type Options struct {
 	// Gate, when set, holds the informers back while what they handed the subscribers waits
 	// (see Gate).
 	Gate Gate
-	Now  func() time.Time // the clock; time.Now when nil
+	// ConsistencyCheck is how often each informer's cache is compared with the apiserver;
+	// zero for never (see config.ConsistencyCheck).
+	ConsistencyCheck time.Duration
+	Now              func() time.Time // the clock; time.Now when nil
 }
 
 // Manager runs the informers of every configured resource.
@@ -55,6 +58,8 @@ type Manager struct {
 	interval    time.Duration
 	subscribers []Subscriber
 	gate        Gate
+	checkEvery  time.Duration // 0: no consistency check
+	checkPage   int64         // objects a page of a consistency check's list holds; 0 for one list
 	now         func() time.Time
 	met         *metrics
 
@@ -84,6 +89,8 @@ func New(o Options) (*Manager, error) {
 		interval:    o.Interval,
 		subscribers: o.Subscribers,
 		gate:        o.Gate,
+		checkEvery:  o.ConsistencyCheck,
+		checkPage:   checkPageSize,
 		now:         o.Now,
 		nudge:       make(chan struct{}, 1),
 		byGVR:       map[schema.GroupVersionResource]*Resource{},
@@ -112,16 +119,23 @@ func (m *Manager) newResource(cfg *config.Resource) *Resource {
 		r.relistEvents[t] = m.met.relistEvents.WithLabelValues(r.name, string(t))
 	}
 	r.watchErrs = m.met.watchErrors.WithLabelValues(r.name)
+	r.checks = map[string]counter{}
+	for _, result := range checkResults {
+		r.checks[result] = m.met.checks.WithLabelValues(r.name, result)
+	}
 	r.transitions.applied = m.met.transitions.WithLabelValues(r.name, "applied")
 	r.transitions.deferred = m.met.transitions.WithLabelValues(r.name, "deferred")
 	return r
 }
 
-func (m *Manager) logger() *slog.Logger       { return m.log }
-func (m *Manager) clock() time.Time           { return m.now() }
-func (m *Manager) subscribed() []Subscriber   { return m.subscribers }
-func (m *Manager) nextRun() uint64            { return m.runs.Add(1) }
-func (m *Manager) jsonClient() rest.Interface { return m.json }
+func (m *Manager) logger() *slog.Logger               { return m.log }
+func (m *Manager) clock() time.Time                   { return m.now() }
+func (m *Manager) subscribed() []Subscriber           { return m.subscribers }
+func (m *Manager) nextRun() uint64                    { return m.runs.Add(1) }
+func (m *Manager) jsonClient() rest.Interface         { return m.json }
+func (m *Manager) metadataClient() metadata.Interface { return m.metadata }
+func (m *Manager) checkPeriod() time.Duration         { return m.checkEvery }
+func (m *Manager) checkPageSize() int64               { return m.checkPage }
 
 // Resources returns every watched resource, in configuration order: the configured ones, and
 // in place of a whole group (resource: "*") the members discovery found, in name order.

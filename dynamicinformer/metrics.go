@@ -10,6 +10,7 @@ type metrics struct {
 	events            *prometheus.CounterVec
 	relistEvents      *prometheus.CounterVec
 	watchErrors       *prometheus.CounterVec
+	checks            *prometheus.CounterVec
 	transitions       *prometheus.CounterVec
 	discoveryFailures prometheus.Counter
 	objects           *prometheus.Desc
@@ -32,6 +33,10 @@ func newMetrics(m *Manager) *metrics {
 			Name: "dynwatch_informer_watch_errors_total",
 			Help: "List and watch errors reported by the informers of a watched resource.",
 		}, []string{"resource"}),
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynwatch_informer_consistency_checks_total",
+			Help: "Consistency checks of a watched resource's cache against a list from the apiserver at the cache's resourceVersion, by result: success, failure (the cache differed, and was listed again) or error (the list failed).",
+		}, []string{"resource", "status"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_informer_selection_transitions_total",
 			Help: "Changes of a namespaceSelector's selection brought into a watch of the resource (applied), and those that first waited out the one-second debounce (deferred); a namespace that leaves and comes back within it produces no events.",
@@ -56,6 +61,7 @@ func (x *metrics) Describe(ch chan<- *prometheus.Desc) {
 	x.events.Describe(ch)
 	x.relistEvents.Describe(ch)
 	x.watchErrors.Describe(ch)
+	x.checks.Describe(ch)
 	x.transitions.Describe(ch)
 	x.discoveryFailures.Describe(ch)
 	ch <- x.objects
@@ -69,6 +75,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 	x.events.Collect(ch)
 	x.relistEvents.Collect(ch)
 	x.watchErrors.Collect(ch)
+	x.checks.Collect(ch)
 	x.transitions.Collect(ch)
 	x.discoveryFailures.Collect(ch)
 	for _, r := range x.m.Resources() {
@@ -82,7 +89,7 @@ func (x *metrics) Collect(ch chan<- prometheus.Metric) {
 
 // forget drops a removed resource's series.
 func (x *metrics) forget(resource string) {
-	for _, v := range []*prometheus.CounterVec{x.events, x.relistEvents, x.watchErrors, x.transitions} {
+	for _, v := range []*prometheus.CounterVec{x.events, x.relistEvents, x.watchErrors, x.checks, x.transitions} {
 		v.DeletePartialMatch(prometheus.Labels{"resource": resource})
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -59,8 +60,11 @@ type host interface {
 	nextRun() uint64
 	sourceOf(gvr schema.GroupVersionResource, metadataOnly bool) source
 	jsonClient() rest.Interface
+	metadataClient() metadata.Interface
+	checkPeriod() time.Duration
+	checkPageSize() int64
 	waitRoom(ctx context.Context) error
-	gated(w watch.Interface) watch.Interface
+	gated(w watch.Interface, x *expiry) watch.Interface
 	Nudge()
 }
 
@@ -79,6 +83,7 @@ type Resource struct {
 	events       map[object.EventType]counter
 	relistEvents map[object.EventType]counter
 	watchErrs    counter
+	checks       map[string]counter // consistency checks, by result
 	// transitions count a namespaceSelector's changes applied, and those that waited out
 	// selectionDebounce (see selectWatch.run).
 	transitions struct{ applied, deferred counter }
@@ -96,8 +101,10 @@ type Resource struct {
 	informers []namespaceInformer
 	selection *selection // the namespaces namespaceSelector selects; nil without one
 	store     *store     // the informers' objects, kept by their processing
-	stop      context.CancelFunc
-	done      sync.WaitGroup
+	// consistency is the last consistency check's outcome; nil before the first.
+	consistency *Consistency
+	stop        context.CancelFunc
+	done        sync.WaitGroup
 }
 
 type namespaceInformer struct {
@@ -105,6 +112,7 @@ type namespaceInformer struct {
 	controller cache.Controller
 	health     *health
 	moves      *moves
+	expiry     *expiry // nil without a consistency check
 }
 
 // Name is the resource as configured, in resource.version.group form.
@@ -204,6 +212,9 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	if r.cfg.Namespaced != nil {
 		sel = newSelection()
 	}
+	// A namespaceSelector's cache follows a selection of its own, which the apiserver's list
+	// at the cache's resourceVersion knows nothing of: such a cache is not checked.
+	checked := r.m.checkPeriod() > 0 && sel == nil
 	unstructuredOnly := sel != nil
 	var objectType runtime.Object = &wire{}
 	if unstructuredOnly {
@@ -211,6 +222,9 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	}
 	for _, ns := range namespaces {
 		ni := namespaceInformer{namespace: ns, health: &health{}, moves: &moves{}}
+		if checked {
+			ni.expiry = newExpiry()
+		}
 		ni.controller = cache.New(&cache.Config{
 			Queue: cache.NewRealFIFOWithOptions(cache.RealFIFOOptions{
 				Transformer:           ingest(r.cfg, ix, gvk),
@@ -218,7 +232,7 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 				UnlockWhileProcessing: true,
 				EmitDeltaTypeBookmark: true,
 			}),
-			ListerWatcher:                r.listWatch(r.objectsOf(gvr, gvk, src, ns, unstructuredOnly), src, tweak, ni.health, sel, ni.moves),
+			ListerWatcher:                r.listWatch(r.objectsOf(gvr, gvk, src, ns, unstructuredOnly), src, tweak, ni, sel),
 			ObjectType:                   objectType,
 			FullResyncPeriod:             r.cfg.Resync,
 			WatchErrorHandlerWithContext: r.onWatchError,
@@ -237,7 +251,10 @@ func (r *Resource) start(ctx context.Context, client dynamic.Interface, gvr sche
 	defer r.mu.Unlock()
 	r.gvr, r.api = gvr, api
 	r.informers, r.selection, r.store, r.stop, r.lastError = informers, sel, st, cancel, ""
-	r.state, r.reason = StateSyncing, ""
+	r.state, r.reason, r.consistency = StateSyncing, "", nil
+	if checked {
+		r.done.Go(func() { r.checkConsistency(ctx, gvr, st, informers) })
+	}
 	if sel != nil {
 		r.done.Go(func() { sel.run(ctx, client, r.cfg.NamespaceSelector) })
 	}
@@ -303,6 +320,8 @@ type Status struct {
 	Entry string `json:"entry,omitempty"`
 	// Members are, for a whole group, the resources it watches now.
 	Members []string `json:"members,omitempty"`
+	// Consistency is the outcome of the last consistency check, until the informers stop.
+	Consistency *Consistency `json:"consistency,omitempty"`
 }
 
 // Status reports the resource's state, object count, indexers, last event and last error.
@@ -324,6 +343,10 @@ func (r *Resource) Status() Status {
 		Objects:    r.objects.Load(),
 		Indexers:   []string{config.NamespaceIndex},
 		LastError:  r.lastError,
+	}
+	if c := r.consistency; c != nil {
+		cc := *c
+		s.Consistency = &cc
 	}
 	if r.parent != nil {
 		s.Entry = r.parent.name

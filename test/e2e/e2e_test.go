@@ -40,10 +40,12 @@ func TestMain(m *testing.M) {
 		// apiserver, which once was not ready within three minutes (a CI-like run).
 		raceBinary.make()
 		noRaceBinary.make()
+		failpointsBinary.make()
 	}
 	code := testbed.MainAll(m, &cluster)
 	raceBinary.remove()
 	noRaceBinary.remove()
+	failpointsBinary.remove()
 	os.Exit(code)
 }
 

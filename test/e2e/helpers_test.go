@@ -46,15 +46,20 @@ func dynwatchBinary(t *testing.T) string { return raceBinary.get(t) }
 // multiply what a memory measurement sees, once per test run.
 func plainBinary(t *testing.T) string { return noRaceBinary.get(t) }
 
-var raceBinary, noRaceBinary = &build{race: true}, &build{}
+// failpointBinary builds the binary with the race detector and its failpoints enabled
+// (runner.BuildWithFailpoints), once per test run.
+func failpointBinary(t *testing.T) string { return failpointsBinary.get(t) }
+
+var raceBinary, noRaceBinary, failpointsBinary = &build{race: true}, &build{}, &build{race: true, failpoints: true}
 
 // build is one build of the binary, made on first use into a directory of its own.
 type build struct {
-	race bool
-	once sync.Once
-	dir  string
-	path string
-	err  error
+	race       bool
+	failpoints bool
+	once       sync.Once
+	dir        string
+	path       string
+	err        error
 }
 
 func (b *build) get(t *testing.T) string {
@@ -71,6 +76,10 @@ func (b *build) make() {
 	b.once.Do(func() {
 		b.dir, b.err = os.MkdirTemp("", "dynwatch-e2e-")
 		if b.err != nil {
+			return
+		}
+		if b.failpoints {
+			b.path, b.err = runner.BuildWithFailpoints(context.Background(), b.dir, b.race)
 			return
 		}
 		b.path, b.err = runner.Build(context.Background(), b.dir, b.race)
@@ -106,11 +115,18 @@ func startFile(t *testing.T, kubeconfig, path string) *runner.Process {
 	return p
 }
 
+// consistencyCheckEvery is how often the consistency check of every dynwatch a test starts
+// compares its caches with the apiserver, unless the test's environment for it says otherwise:
+// often enough that each test that runs a while is checked by it, and every process's Check
+// fails for a cache found differing.
+const consistencyCheckEvery = "20s"
+
 // launch starts dynwatch as o says, supervised until the test ends: every dynwatch a test
 // starts to run it to its end goes through here. An empty o.Binary is the race-built binary,
 // an empty o.Kubeconfig the shared test bed's. It returns its error, for a goroutine other
 // than the test's.
 func launch(t *testing.T, o runner.Options) (*runner.Process, error) {
+	o.Env = append([]string{"DYNWATCH_CONSISTENCYCHECK_PERIOD=" + consistencyCheckEvery}, o.Env...)
 	if o.Binary == "" {
 		o.Binary = dynwatchBinary(t)
 	}

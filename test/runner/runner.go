@@ -54,6 +54,11 @@ func Build(ctx context.Context, dir string, race bool, flags ...string) (string,
 	if err != nil {
 		return "", err
 	}
+	return build(ctx, root, dir, race, flags...)
+}
+
+// build compiles the dynwatch module in src into dir, as Build says.
+func build(ctx context.Context, src, dir string, race bool, flags ...string) (string, error) {
 	bin := filepath.Join(dir, "dynwatch")
 	args := []string{"build", "-o", bin}
 	env := os.Environ()
@@ -65,7 +70,7 @@ func Build(ctx context.Context, dir string, race bool, flags ...string) (string,
 	}
 	args = append(args, flags...)
 	cmd := exec.CommandContext(ctx, "go", append(args, ".")...)
-	cmd.Dir = root
+	cmd.Dir = src
 	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build dynwatch: %w\n%s", err, out)
@@ -86,7 +91,14 @@ type Options struct {
 	// Cgroup is a cgroup directory (v1 or v2) the process starts in, so that it runs under
 	// that cgroup's limits from its first instruction; empty: the parent's.
 	Cgroup string
+	// BreaksCaches says the test changes caches behind their informers' back on purpose:
+	// Check does not hold it against the process that a consistency check found one differing.
+	BreaksCaches bool
 }
+
+// inconsistent is what dynwatch logs when a consistency check finds a cache differing from the
+// apiserver.
+const inconsistent = "the cache differs from the apiserver"
 
 // Process is a running dynwatch.
 type Process struct {
@@ -95,6 +107,8 @@ type Process struct {
 	out       io.Writer
 	apiClient *http.Client
 	done      chan struct{}
+	// breaksCaches: see Options.BreaksCaches.
+	breaksCaches bool
 
 	mu      sync.Mutex
 	log     strings.Builder
@@ -138,7 +152,7 @@ func Start(o Options) (*Process, error) {
 	if client == nil {
 		client = http.DefaultClient
 	}
-	p := &Process{cmd: cmd, config: o.Config, out: o.Log, apiClient: client, done: make(chan struct{}), addrs: map[string]string{}, changed: make(chan struct{})}
+	p := &Process{cmd: cmd, config: o.Config, out: o.Log, apiClient: client, breaksCaches: o.BreaksCaches, done: make(chan struct{}), addrs: map[string]string{}, changed: make(chan struct{})}
 	go p.read(stderr)
 	return p, nil
 }
@@ -201,12 +215,21 @@ func (p *Process) Name() string {
 }
 
 // Check returns what a test that ran the process must fail for, once it has exited: every
-// data race in its log, and an exit status other than 0 that no Kill asked for (after Stop,
-// Stop's error, with the goroutines of a process that did not stop). It names the process.
+// data race in its log, every cache a consistency check found differing from the apiserver
+// (unless Options.BreaksCaches), and an exit status other than 0 that no Kill asked for (after
+// Stop, Stop's error, with the goroutines of a process that did not stop). It names the
+// process.
 func (p *Process) Check() error {
 	var errs []error
 	for _, r := range p.Races() {
 		errs = append(errs, fmt.Errorf("%s: data race:\n%s", p.Name(), r))
+	}
+	if !p.breaksCaches {
+		for line := range strings.Lines(p.Log()) {
+			if strings.Contains(line, inconsistent) {
+				errs = append(errs, fmt.Errorf("%s: a consistency check found a cache differing from the apiserver:\n%s", p.Name(), line))
+			}
+		}
 	}
 	p.mu.Lock()
 	killed, stopErr, waitErr := p.killed, p.stopErr, p.waitErr

@@ -5,6 +5,8 @@
 // by its v0.36.3 release) and etcd (go.etcd.io/etcd/server/v3). It is a module of its own so the
 // service's go.mod never depends on k8s.io/kubernetes. Nothing here is imported; the test bed
 // builds these main packages with `go build` into a cache directory outside the repository.
+// go.mod's tool directive pins gofail too, whose `go tool gofail enable` turns dynwatch's
+// failpoint comments into code for the tests that inject faults (test/runner).
 package tools
 
 import (
