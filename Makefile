@@ -9,7 +9,7 @@ MODULES = . test/image test/walbench
 # each runs a command in every module, stopping at the first that fails
 each = for m in $(MODULES); do (cd $$m && $(1)) || exit 1; done
 
-.PHONY: all build demo test test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-wal bench-api bench-check bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test robustness test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-wal bench-api bench-check bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -37,6 +37,13 @@ TEST_PARALLEL ?= 8
 test: testbed vet fmt-check lint
 	$(call each,$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) $$($(GO) list ./... | grep -v '/test/e2e$$'))
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) ./test/e2e/
+
+## robustness: the robustness harness: ROBUSTNESS_RUNS seeded runs, two at a time, each one fault
+## of the catalogue under seeded writes, every watch and delivery checked against the apiserver's
+## history (about 10 minutes on 2 cores); DYNWATCH_ROBUSTNESS_SEEDS=a,b,... replays those seeds
+ROBUSTNESS_RUNS ?= 30
+robustness: testbed
+	DYNWATCH_ROBUSTNESS_RUNS=$(ROBUSTNESS_RUNS) $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel 2 -run '^TestRobustness$$' -v ./test/e2e/
 
 ## test-unit: the unit tier: every test that needs no test bed (go test -short), with the race
 ## detector; it neither builds nor starts the test bed, and takes under a minute

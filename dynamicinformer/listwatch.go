@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -181,6 +182,9 @@ func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.List
 				return r.m.gated(sw, ni.expiry), nil
 			}
 			if err != nil {
+				if !initial && ctx.Err() == nil && !isStatus(err) {
+					return nil, unreachable{err}
+				}
 				return nil, err
 			}
 			if len(r.cfg.ExcludedGlobs) > 0 {
@@ -192,6 +196,32 @@ func (r *Resource) listWatch(client objects, src source, tweak func(*metav1.List
 			return r.m.gated(w, ni.expiry), nil
 		},
 	}
+}
+
+// unreachable is a watch that could not be opened for want of the apiserver (a connection
+// reset, a timeout, a network cut) rather than by its answer. The reflector is told the
+// connection was refused, which it waits out and then watches again from where it was. Any
+// other error makes it list again, and a list hands the subscribers one change per object in
+// place of every version between (see Resource.replace), where the watch, resumed, would
+// have brought each.
+type unreachable struct{ err error }
+
+func (u unreachable) Error() string { return u.err.Error() }
+func (u unreachable) Unwrap() error { return u.err }
+
+// As makes the error a refused connection to the reflector (utilnet.IsConnectionRefused).
+func (u unreachable) As(target any) bool {
+	if errno, ok := target.(*syscall.Errno); ok {
+		*errno = syscall.ECONNREFUSED
+		return true
+	}
+	return false
+}
+
+// isStatus reports whether err is the apiserver's answer.
+func isStatus(err error) bool {
+	var status apierrors.APIStatus
+	return errors.As(err, &status)
 }
 
 // selectionWait bounds how long a list waits for the namespaces a namespaceSelector selects

@@ -130,6 +130,19 @@ func (s *stream) publish(e object.Event) {
 	rv := revisionOf(e)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if relisted(e) {
+		// The informer listed again after its watch broke: the changes its list found are not
+		// in resourceVersion order, and what happened between them is not known. As the
+		// apiserver does when its watch cache lists again, every watch ends, and one resumed from
+		// before the list is refused (410): its client lists again.
+		s.floor = max(s.floor, rv)
+		for w := range s.watchers {
+			w.done = true
+			delete(s.watchers, w)
+			w.signal()
+		}
+		return
+	}
 	if e.InitialList {
 		// The informer (re)listed: history before its list cannot be replayed.
 		s.floor = max(s.floor, rv)
@@ -155,6 +168,10 @@ func (s *stream) publish(e object.Event) {
 		w.signal()
 	}
 }
+
+// relisted reports whether e is a change a relist found (see dynamicinformer's Resource.replace):
+// neither in a watch's order, nor from an initial list or a namespace's coming or going.
+func relisted(e object.Event) bool { return !e.InOrder && !e.InitialList && !e.Moved }
 
 func (w *watcher) signal() {
 	select {

@@ -16,8 +16,19 @@ func cm(name string, rv uint64) *object.Object {
 		"namespace": "ns", "name": name, "resourceVersion": strconv.FormatUint(rv, 10)}}})
 }
 
+// event is a change a watch brought, in order.
 func event(typ object.EventType, name string, rv uint64) object.Event {
-	return object.Event{Type: typ, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: cm(name, rv)}
+	return object.Event{Type: typ, Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Object: cm(name, rv), InOrder: true}
+}
+
+// relistEvent is a change a relist at listed found: a deletion carries the object as last known.
+func relistEvent(typ object.EventType, name string, rv, listed uint64) object.Event {
+	e := event(typ, name, rv)
+	e.InOrder = false
+	if typ == object.Deleted {
+		e.Since, e.Revision = rv+1, listed
+	}
+	return e
 }
 
 func typesAndNames(batch []object.Event) []string {
@@ -36,7 +47,7 @@ func TestAWatchResumesAfterItsResourceVersionOnly(t *testing.T) {
 	s := NewHub(10).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
 	s.publish(event(object.Modified, "a", 10))
 	s.publish(event(object.Added, "b", 12))
-	s.publish(event(object.Modified, "old", 9)) // out of order, at or before 11
+	s.publish(relistEvent(object.Modified, "old", 9, 12)) // out of order, at or before 11
 	w, serr := s.resume(11)
 	if serr != nil {
 		t.Fatal(serr)
@@ -46,6 +57,33 @@ func TestAWatchResumesAfterItsResourceVersionOnly(t *testing.T) {
 	batch, _ := s.take(w)
 	if got, want := typesAndNames(batch), []string{"ADDED b", "DELETED b"}; !slices.Equal(got, want) {
 		t.Errorf("the watch from 11 got %q; want %q", got, want)
+	}
+}
+
+// TestARelistEndsEveryWatchAndAWatchFromBeforeItIsGone: the changes a relist found reach no
+// watch: a watch open then ends once it has written what came before, and a watch resumed from
+// before the relist is refused with 410 Gone (its client lists again), as the apiserver's are
+// when its watch cache lists again; a watch from the relist's resourceVersion gets what follows.
+func TestARelistEndsEveryWatchAndAWatchFromBeforeItIsGone(t *testing.T) {
+	s := NewHub(10).stream(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"})
+	open := s.follow()
+	s.publish(event(object.Modified, "a", 10))
+	s.publish(relistEvent(object.Deleted, "gone", 7, 20))
+	s.publish(relistEvent(object.Modified, "b", 15, 20))
+	batch, done := s.take(open)
+	if got, want := typesAndNames(batch), []string{"MODIFIED a"}; !slices.Equal(got, want) || !done {
+		t.Errorf("the open watch got %q and ends: %t; want %q and to end", got, done, want)
+	}
+	if _, serr := s.resume(10); serr == nil || serr.ErrStatus.Code != 410 {
+		t.Errorf("a watch from 10, before the relist at 20: %v, want 410 Gone", serr)
+	}
+	w, serr := s.resume(20)
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	s.publish(event(object.Modified, "b", 21))
+	if batch, _ := s.take(w); !slices.Equal(typesAndNames(batch), []string{"MODIFIED b"}) {
+		t.Errorf("the watch from 20 got %q; want the change after it", typesAndNames(batch))
 	}
 }
 

@@ -261,6 +261,9 @@ func (j *Journal) flushBatch() error {
 		}
 	}
 	if tx != nil {
+		// A process killed before its commit is written (a failpoint, for the tests of faults:
+		// see test/runner.BuildWithFailpoints).
+		// gofail: var beforeCommit struct{}
 		p, err := tx.commit()
 		if err != nil {
 			j.seq, j.sinks, j.first, j.floor = seq, sinks, first, floor
@@ -277,6 +280,8 @@ func (j *Journal) flushBatch() error {
 			b.added[i].x.at = at(p, b.added[i].off)
 		}
 		j.m.commits.Inc()
+		// A process killed once its commit is written, before its events reach the sinks.
+		// gofail: var afterCommit struct{}
 		j.recovered()
 	}
 	j.committed(b)

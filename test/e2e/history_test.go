@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"hash/crc32"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -58,27 +57,8 @@ func TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory(t *testing.T) {
 		seed = s // the writes and the webhook's faults of a run to look at again; their timing is the machine's
 	}
 	t.Logf("seed %d (DYNWATCH_TEST_SEED=%[1]d makes the same writes and faults)", seed)
-	// The webhook's faults, chosen for each change by the seed: the first attempt at one change
-	// in ten each is answered 503, 429 with Retry-After, slowly, or only after the sink has
-	// given up on it (its timeout is 1 s). Each of those must come again.
-	rc := newJudge(t, func(r received, n int, h http.Header) int {
-		if n > 1 {
-			return http.StatusOK
-		}
-		switch crc32.ChecksumIEEE(fmt.Appendf(nil, "%d/%s", seed, r.ceID)) % 10 {
-		case 0:
-			return http.StatusServiceUnavailable
-		case 1:
-			h.Set("Retry-After", "1")
-			return http.StatusTooManyRequests
-		case 2:
-			time.Sleep(300 * time.Millisecond)
-		case 3:
-			time.Sleep(1500 * time.Millisecond)
-			return http.StatusGatewayTimeout
-		}
-		return http.StatusOK
-	})
+	// The webhook's faults, chosen for each change by the seed (seededAnswer).
+	rc := newJudge(t, func(r received, n int, h http.Header) int { return seededAnswer(seed, r, n, h) })
 	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
 webhooks: [{name: r, url: %s, timeout: 1s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 var cluster *Cluster
@@ -96,4 +98,33 @@ func TestCompactEtcdExpiresOldResourceVersions(t *testing.T) {
 		return
 	}
 	t.Fatalf("after compaction, a watch from %s got %v %v, %v; want 410 Gone", first, ev.Type, ev.Object, err)
+}
+
+// TestAProxyCutEndsItsConnectionsAndRefusesNewOnesUntilRestored: a watch through the proxy
+// ends when the network is cut, a request fails while it is, and works once it is restored.
+func TestAProxyCutEndsItsConnectionsAndRefusesNewOnesUntilRestored(t *testing.T) {
+	p, err := NewProxy(strings.TrimPrefix(cluster.URL(), "https://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.Host = "https://" + p.Addr()
+	cfg.Timeout = 5 * time.Second
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	w, err := cs.CoreV1().Namespaces().Watch(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	p.Cut()
+	for range w.ResultChan() { // the namespaces that exist, then the end
+	}
+	if _, err := cs.CoreV1().Namespaces().Get(t.Context(), "default", metav1.GetOptions{}); err == nil {
+		t.Error("a request through the cut proxy succeeded")
+	}
+	p.Restore()
+	if _, err := cs.CoreV1().Namespaces().Get(t.Context(), "default", metav1.GetOptions{}); err != nil {
+		t.Errorf("a request through the restored proxy: %v", err)
+	}
 }

@@ -74,7 +74,7 @@ type Stream struct {
 	// Match reports whether the watch selects the object as a change left it (its key and
 	// labels); nil selects every object. An object that comes to match is ADDED to the stream,
 	// and one that stops matching DELETED (see History.View).
-	Match func(Event) bool
+	Match func(Event) bool `json:"-"`
 	// Events are what the watch received, in order.
 	Events []Event
 }

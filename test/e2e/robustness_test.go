@@ -1,0 +1,768 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dynwatch/dynwatch/test/runner"
+	"github.com/dynwatch/dynwatch/test/testbed"
+	"github.com/dynwatch/dynwatch/test/validate"
+)
+
+// The robustness harness. Each run takes a seed, which chooses one fault of the catalogue, when
+// it strikes, and the writes around it (creates, updates, deletes and relabels of configmaps);
+// the webhook also answers the first attempt at four changes in ten with a fault of its own, as
+// the seed says. The run records the apiserver's own watch of the configmaps (the reference
+// history), watches through dynwatch's query API (of every object, and by a label selector that
+// the writes move objects into and out of) as a client that never gives up would hold them
+// (resumed from the last resourceVersion it saw when dynwatch goes away, listed again when that
+// is refused as expired; each watch a stream of its own), and what the webhook received. Every
+// stream must keep every promise package validate checks, and the webhook every change, in order
+// per object, each under one id. A failed run writes its record and seed to a file it names.
+//
+// The runs: DYNWATCH_ROBUSTNESS_SEEDS (a comma-separated list) replays those seeds;
+// DYNWATCH_ROBUSTNESS_RUNS=N runs N seeds from a random start (make robustness); neither runs
+// the fixed set fixedRuns (make test).
+func TestRobustness(t *testing.T) {
+	for _, run := range robustnessRuns(t) {
+		t.Run(fmt.Sprintf("seed %d: %s", run.seed, run.fault.name), func(t *testing.T) {
+			t.Parallel()
+			runScenario(t, run.seed, run.fault)
+		})
+	}
+}
+
+// robustnessRun is one run: its seed and its fault.
+type robustnessRun struct {
+	seed  uint64
+	fault fault
+}
+
+// fixedRuns are the runs make test makes: the runs that failed once, each a regression test
+// now, and one for each of four faults that reach other parts: a kill, a kill mid-fdatasync,
+// a watch gap with a compaction, and a network cut.
+var fixedRuns = []struct {
+	seed  uint64
+	fault string
+}{
+	{1, "kill dynwatch"},
+	{2, "kill dynwatch mid-fdatasync"},
+	{3, "a watch gap: dynwatch paused while the apiserver restarts and etcd compacts"},
+	{4, "cut the network to the apiserver for 5s"},
+}
+
+// robustnessRuns are the runs to make: a seed's fault is catalogue[seed%len(catalogue)], save
+// in fixedRuns, which name theirs.
+func robustnessRuns(t *testing.T) []robustnessRun {
+	var seeds []uint64
+	switch seedList, runs := os.Getenv("DYNWATCH_ROBUSTNESS_SEEDS"), os.Getenv("DYNWATCH_ROBUSTNESS_RUNS"); {
+	case seedList != "":
+		for f := range strings.SplitSeq(seedList, ",") {
+			seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil {
+				t.Fatalf("DYNWATCH_ROBUSTNESS_SEEDS: %q is not a seed", f)
+			}
+			seeds = append(seeds, seed)
+		}
+	case runs != "":
+		n, err := strconv.Atoi(runs)
+		if err != nil || n < 1 {
+			t.Fatalf("DYNWATCH_ROBUSTNESS_RUNS: %q is not a number of runs", runs)
+		}
+		first := rand.Uint64() >> 16 // short enough to type
+		t.Logf("seeds %d to %d", first, first+uint64(n)-1)
+		for i := range n {
+			seeds = append(seeds, first+uint64(i))
+		}
+	default:
+		var out []robustnessRun
+		for _, r := range fixedRuns {
+			i := slices.IndexFunc(catalogue, func(f fault) bool { return f.name == r.fault })
+			if i < 0 {
+				t.Fatalf("fixedRuns: no fault %q in the catalogue", r.fault)
+			}
+			out = append(out, robustnessRun{r.seed, catalogue[i]})
+		}
+		return out
+	}
+	out := make([]robustnessRun, len(seeds))
+	for i, seed := range seeds {
+		out[i] = robustnessRun{seed, catalogue[seed%uint64(len(catalogue))]}
+	}
+	return out
+}
+
+// fault is one entry of the catalogue: inject strikes in a running scenario and returns once the
+// scenario's dynwatch runs again.
+type fault struct {
+	name   string
+	needs  needs
+	inject func(t *testing.T, s *scenario, r *rand.Rand)
+}
+
+// needs is what a fault needs of its scenario beside dynwatch and its test bed.
+type needs int
+
+const (
+	needsNothing needs = iota
+	needsDisk          // the state store on a FaultFS
+	needsProxy         // dynwatch reaching the apiserver through a Proxy
+)
+
+// catalogue is every fault a run may inject; a seed takes catalogue[seed%len].
+var catalogue = []fault{
+	{"kill dynwatch", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.kill(t)
+	}},
+	{"pause dynwatch for 5s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.signal(t, syscall.SIGSTOP)
+		time.Sleep(5 * time.Second) // the fault's length
+		s.signal(t, syscall.SIGCONT)
+	}},
+	{"restart dynwatch gracefully", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		p := s.take()
+		if err := p.Stop(stopTimeout); err != nil {
+			t.Error(err)
+		}
+		s.start(t)
+	}},
+	{"kill dynwatch before a commit", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.killIn(t, "beforeCommit")
+	}},
+	{"kill dynwatch after a commit, before its events reach the sinks", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.killIn(t, "afterCommit")
+	}},
+	{"kill dynwatch mid-fdatasync", needsDisk, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.disk.HoldSyncs()
+		before := s.disk.Syncs()
+		testbed.Eventually(t, 30*time.Second, func() error {
+			if s.disk.Syncs() == before {
+				return errors.New("no fdatasync has begun since they are held")
+			}
+			return nil
+		})
+		p := s.take()
+		if err := p.Kill(); err != nil {
+			t.Error(err)
+		}
+		s.disk.ReleaseSyncs()
+		s.start(t)
+	}},
+	{"a full disk for 3s", needsDisk, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.disk.Fill(true)
+		time.Sleep(3 * time.Second)
+		s.disk.Fill(false)
+	}},
+	{"fdatasync stalled for 5s", needsDisk, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.disk.HoldSyncs()
+		time.Sleep(5 * time.Second)
+		s.disk.ReleaseSyncs()
+	}},
+	{"restart the apiserver", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		if err := s.cluster.RestartAPIServer(t.Context()); err != nil {
+			t.Error(err)
+		}
+	}},
+	{"a watch gap: dynwatch paused while the apiserver restarts and etcd compacts", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.signal(t, syscall.SIGSTOP)
+		if err := s.cluster.RestartAPIServer(t.Context()); err != nil {
+			t.Error(err)
+		}
+		s.reference.caughtUp(t, s.cluster)
+		if err := s.cluster.CompactEtcd(t.Context()); err != nil {
+			t.Error(err)
+		}
+		s.signal(t, syscall.SIGCONT)
+	}},
+	{"cut the network to the apiserver for 5s", needsProxy, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.proxy.Cut()
+		time.Sleep(5 * time.Second)
+		s.proxy.Restore()
+	}},
+	{"reload the configuration, replacing the webhook", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		_, metrics := s.urls(t)
+		reloads := `dynwatch_config_reloads_total{result="success"}`
+		before := metricValue(t, metrics, reloads)
+		s.writeConfig(t, "2s")
+		testbed.Eventually(t, 30*time.Second, func() error {
+			if metricValue(t, metrics, reloads) == before {
+				return errors.New("the configuration has not been reloaded")
+			}
+			return nil
+		})
+	}},
+	{"the webhook answers 503 for 3s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.outage(outage503, 3*time.Second)
+	}},
+	{"the webhook answers 429 for 3s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.outage(outage429, 3*time.Second)
+	}},
+	{"the webhook hangs past the sink's timeout for 3s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+		s.outage(outageHang, 3*time.Second)
+	}},
+}
+
+// The webhook's outages: every request answered so while one lasts.
+const (
+	outageNone int32 = iota
+	outage503
+	outage429
+	outageHang
+)
+
+// scenario is one run: a test bed of its own, dynwatch delivering one namespace's configmaps to
+// a webhook, and the fault.
+type scenario struct {
+	seed       uint64
+	cluster    *testbed.Cluster
+	ns         string
+	config     string // dynwatch's configuration file
+	kubeconfig string // dynwatch's: the test bed's, or through the proxy
+	gofail     string // the failpoints' HTTP endpoint
+	state      string // the state store's directory
+	disk       *testbed.FaultFS
+	proxy      *testbed.Proxy
+	rc         *receiver
+	down       atomic.Int32 // the webhook's outage
+	reference  *follower
+
+	mu sync.Mutex
+	p  *runner.Process // nil while dynwatch is restarted
+}
+
+// The scenario's writes: one every churnEvery for churnFor over churnObjects configmaps (see
+// the history test), and the fault within the first two thirds of them.
+func runScenario(t *testing.T, seed uint64, f fault) {
+	t.Logf("seed %d, fault %q (DYNWATCH_ROBUSTNESS_SEEDS=%[1]d replays it)", seed, f.name)
+	r := rand.New(rand.NewPCG(seed, seed>>1))
+	s := &scenario{seed: seed, cluster: ownCluster(t, testbed.Options{NoWatchCache: true}), ns: "robust", state: t.TempDir()}
+	s.kubeconfig = s.cluster.Kubeconfig
+	s.gofail = freeLoopback(t)
+	switch f.needs {
+	case needsDisk:
+		s.disk = mountFaultFS(t)
+		s.state = s.disk.Dir
+	case needsProxy:
+		s.proxied(t)
+	}
+	cs := kubernetes.NewForConfigOrDie(s.cluster.Config)
+	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.rc = newJudge(t, func(rc received, n int, h http.Header) int {
+		switch s.down.Load() {
+		case outage503:
+			return http.StatusServiceUnavailable
+		case outage429:
+			h.Set("Retry-After", "1")
+			return http.StatusTooManyRequests
+		case outageHang:
+			time.Sleep(1500 * time.Millisecond)
+			return http.StatusGatewayTimeout
+		}
+		return seededAnswer(seed, rc, n, h)
+	})
+	s.config = filepath.Join(t.TempDir(), "config.yaml")
+	s.writeConfig(t, "1s")
+	s.start(t)
+
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	upstream := dynamic.NewForConfigOrDie(s.cluster.Config).Resource(gvr).Namespace(s.ns)
+	s.reference = follow("the apiserver", func() (dynamic.ResourceInterface, error) { return upstream, nil }, metav1.ListOptions{}, nil)
+	through := func() (dynamic.ResourceInterface, error) {
+		p := s.proc()
+		if p == nil {
+			return nil, errors.New("dynwatch is restarting")
+		}
+		api, _, err := p.WaitListening(t.Context())
+		if err != nil {
+			return nil, err
+		}
+		return dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(gvr).Namespace(s.ns), nil
+	}
+	followers := []*follower{
+		follow("every object", through, metav1.ListOptions{}, nil),
+		follow("team=a", through, metav1.ListOptions{LabelSelector: "team=a"}, func(e validate.Event) bool { return e.Labels == "team=a" }),
+	}
+	defer func() {
+		for _, fl := range append(followers, s.reference) {
+			fl.end()
+		}
+	}()
+	for _, fl := range append(followers, s.reference) {
+		fl.watching(t)
+	}
+
+	churned := make(chan struct{})
+	churnSeed := r.Uint64()
+	go func() { defer close(churned); churnThroughFaults(t, cs.CoreV1().ConfigMaps(s.ns), churnSeed) }()
+	time.Sleep(3*time.Second + time.Duration(r.Int64N(int64(6*time.Second)))) // when the fault strikes
+	t.Logf("%s", f.name)
+	f.inject(t, s, r)
+	<-churned
+	if t.Failed() {
+		return
+	}
+
+	s.reference.caughtUp(t, s.cluster)
+	s.reference.end()
+	refStreams, relists := s.reference.result()
+	if relists != 1 {
+		t.Fatalf("the reference history has a gap: its watch of the apiserver listed %d times", relists)
+	}
+	var history validate.History
+	for _, st := range refStreams {
+		for _, e := range st.Events {
+			if e.Type != "BOOKMARK" {
+				history = append(history, e)
+			}
+		}
+	}
+	rec := robustnessRecord{Seed: seed, Fault: f.name, History: history}
+	for _, fl := range followers {
+		fl.waitFor(t, history)
+		fl.end()
+		streams, _ := fl.result()
+		for _, st := range streams {
+			for _, v := range validate.Watch(history, st) {
+				t.Error(v)
+			}
+		}
+		rec.Streams = append(rec.Streams, streams...)
+		t.Logf("%s: %d streams", fl.name, len(streams))
+	}
+	sink := validate.Sink{Name: "the webhook"}
+	testbed.Eventually(t, 2*time.Minute, func() error {
+		sink.Deliveries = deliveries(t, s.rc)
+		if v := validate.Converged(history, sink); len(v) > 0 {
+			return fmt.Errorf("%d objects' last state not delivered yet, such as %s", len(v), v[0])
+		}
+		return nil
+	})
+	for _, v := range append(validate.Deliveries(history, sink), validate.Delivered(history, sink)...) {
+		t.Error(v)
+	}
+	rec.Deliveries = sink.Deliveries
+	t.Logf("%d changes; the webhook: %d deliveries", len(history), len(sink.Deliveries))
+	if t.Failed() {
+		rec.write(t)
+	}
+}
+
+// robustnessRecord is what a run recorded, written when it fails.
+type robustnessRecord struct {
+	Seed       uint64
+	Fault      string
+	History    validate.History
+	Streams    []validate.Stream
+	Deliveries []validate.Delivery
+}
+
+func (r robustnessRecord) write(t *testing.T) {
+	b, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		t.Errorf("record: %v", err)
+		return
+	}
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("dynwatch-robustness-%d.json", r.Seed))
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Errorf("record: %v", err)
+		return
+	}
+	t.Logf("the run's record: %s", path)
+}
+
+// writeConfig writes dynwatch's configuration, with the webhook's timeout.
+func (s *scenario) writeConfig(t *testing.T, timeout string) {
+	writeFile(t, s.config, fmt.Sprintf(`
+resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+webhooks: [{name: r, url: %s, timeout: %s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
+metrics: {address: "127.0.0.1:0"}
+state: {path: %s}
+`, s.ns, s.rc.URL, timeout, s.state))
+}
+
+// start starts dynwatch and waits until it is ready.
+func (s *scenario) start(t *testing.T) {
+	t.Helper()
+	p := startReady(t, runner.Options{Binary: failpointBinary(t), Config: s.config, Kubeconfig: s.kubeconfig, Env: []string{"GOFAIL_HTTP=" + s.gofail}})
+	s.mu.Lock()
+	s.p = p
+	s.mu.Unlock()
+}
+
+func (s *scenario) proc() *runner.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p
+}
+
+// take is the running dynwatch, which the caller stops and starts again.
+func (s *scenario) take() *runner.Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.p
+	s.p = nil
+	return p
+}
+
+func (s *scenario) signal(t *testing.T, sig syscall.Signal) {
+	if err := s.proc().Signal(sig); err != nil {
+		t.Error(err)
+	}
+}
+
+func (s *scenario) kill(t *testing.T) {
+	if err := s.take().Kill(); err != nil {
+		t.Error(err)
+	}
+	s.start(t)
+}
+
+func (s *scenario) urls(t *testing.T) (api, metrics string) {
+	api, metrics, err := s.proc().WaitListening(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api, metrics
+}
+
+// killIn makes every commit of the state store wait at the failpoint, waits until one does
+// (the commits stop while the writes go on), and kills dynwatch there.
+func (s *scenario) killIn(t *testing.T, failpoint string) {
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://"+s.gofail+"/"+failpoint, strings.NewReader("sleep(60000)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("set failpoint %s: %s", failpoint, resp.Status)
+	}
+	_, metrics := s.urls(t)
+	last, since := -1.0, time.Now()
+	testbed.Eventually(t, 30*time.Second, func() error {
+		n := metricValue(t, metrics, "dynwatch_state_commits_total")
+		if n != last {
+			last, since = n, time.Now()
+		}
+		if time.Since(since) < time.Second {
+			return fmt.Errorf("%v commits, the last within a second", n)
+		}
+		return nil
+	})
+	s.kill(t)
+}
+
+// outage makes the webhook answer as o says for d.
+func (s *scenario) outage(o int32, d time.Duration) {
+	s.down.Store(o)
+	time.Sleep(d) // the fault's length
+	s.down.Store(outageNone)
+}
+
+// proxied puts a Proxy between dynwatch and the apiserver.
+func (s *scenario) proxied(t *testing.T) {
+	cfg, err := clientcmd.LoadFromFile(s.cluster.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := strings.TrimPrefix(s.cluster.URL(), "https://")
+	if s.proxy, err = testbed.NewProxy(target); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.proxy.Close() })
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + s.proxy.Addr()
+	}
+	s.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, s.kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// freeLoopback is a loopback address no one listens on now.
+func freeLoopback(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// seededAnswer is how the webhook answers a delivery when no outage lasts: the first attempt
+// at one change in ten each is answered 503, 429 with Retry-After, slowly, or only after the
+// sink has given up on it (its timeout is 1 s), as the seed chooses. Each of those must come
+// again.
+func seededAnswer(seed uint64, r received, n int, h http.Header) int {
+	if n > 1 {
+		return http.StatusOK
+	}
+	switch crc32.ChecksumIEEE(fmt.Appendf(nil, "%d/%s", seed, r.ceID)) % 10 {
+	case 0:
+		return http.StatusServiceUnavailable
+	case 1:
+		h.Set("Retry-After", "1")
+		return http.StatusTooManyRequests
+	case 2:
+		time.Sleep(300 * time.Millisecond)
+	case 3:
+		time.Sleep(1500 * time.Millisecond)
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusOK
+}
+
+// churnThroughFaults writes as churnConfigMaps does, from seed, and goes on through the
+// apiserver's faults: a write that fails is left out (the reference history has what was
+// done), and what exists is learnt again from the next write's answer.
+func churnThroughFaults(t *testing.T, cms typedcorev1.ConfigMapInterface, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed))
+	exists := map[string]bool{}
+	failed := 0
+	for end := time.Now().Add(churnFor); time.Now().Before(end); time.Sleep(churnEvery) {
+		name := fmt.Sprintf("cm-%02d", r.IntN(churnObjects))
+		meta := metav1.ObjectMeta{Name: name, Labels: map[string]string{"team": []string{"a", "b"}[r.IntN(2)]}}
+		var err error
+		deleting := false
+		switch {
+		case !exists[name]:
+			_, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": "0"}}, metav1.CreateOptions{})
+		case r.IntN(10) < 7:
+			_, err = cms.Update(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": strconv.Itoa(r.IntN(1 << 20))}}, metav1.UpdateOptions{})
+		default:
+			err, deleting = cms.Delete(t.Context(), name, metav1.DeleteOptions{}), true
+		}
+		switch {
+		case err == nil:
+			exists[name] = !deleting
+		case apierrors.IsAlreadyExists(err):
+			exists[name] = true
+		case apierrors.IsNotFound(err):
+			exists[name] = false
+		case !apierrors.IsConflict(err):
+			failed++
+		}
+	}
+	t.Logf("churn: %d writes failed under the fault", failed)
+}
+
+// follower holds a watch through a server as a client that never gives up does: a list, then a
+// watch from its resourceVersion; when the watch ends or cannot be opened (the server went
+// away), a watch from the last resourceVersion it saw, through the server there is then; when
+// that is refused as expired, a list again. Each watch is a stream of its own.
+type follower struct {
+	name  string
+	res   func() (dynamic.ResourceInterface, error)
+	opts  metav1.ListOptions
+	match func(validate.Event) bool
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+
+	mu      sync.Mutex
+	streams []validate.Stream // the watches that ended
+	cur     *recording
+	listed  uint64 // the last list's resourceVersion
+	lists   int
+}
+
+// follow starts following what res selects with opts (match saying what, as validate.Stream's
+// Match does).
+func follow(name string, res func() (dynamic.ResourceInterface, error), opts metav1.ListOptions, match func(validate.Event) bool) *follower {
+	f := &follower{name: name, res: res, opts: opts, match: match, stop: make(chan struct{}), done: make(chan struct{})}
+	go f.run()
+	return f
+}
+
+func (f *follower) run() {
+	defer close(f.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-f.stop
+		cancel()
+	}()
+	rv := ""
+	for n := 1; ; n++ {
+		select {
+		case <-f.stop:
+			return
+		default:
+		}
+		w, err := f.open(ctx, &rv)
+		if err != nil {
+			if expired(err) {
+				rv = ""
+			}
+			select {
+			case <-f.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		from, _ := strconv.ParseUint(rv, 10, 64)
+		r := &recording{stream: validate.Stream{Name: fmt.Sprintf("%s, watch %d", f.name, n), From: from, Match: f.match}, w: w, done: make(chan struct{})}
+		f.mu.Lock()
+		f.cur = r
+		f.mu.Unlock()
+		go r.read()
+		select {
+		case <-r.done:
+		case <-f.stop:
+			r.stop()
+		}
+		st := r.snapshot()
+		f.mu.Lock()
+		f.cur, f.streams = nil, append(f.streams, st)
+		f.mu.Unlock()
+		if len(st.Events) > 0 {
+			rv = strconv.FormatUint(st.Events[len(st.Events)-1].Revision, 10)
+		}
+		r.mu.Lock()
+		err = r.err
+		r.mu.Unlock()
+		if expired(err) {
+			rv = ""
+		}
+	}
+}
+
+// open lists first when rv is empty, setting it, and opens a watch from rv.
+func (f *follower) open(ctx context.Context, rv *string) (watch.Interface, error) {
+	res, err := f.res()
+	if err != nil {
+		return nil, err
+	}
+	if *rv == "" {
+		list, err := res.List(ctx, f.opts)
+		if err != nil {
+			return nil, err
+		}
+		*rv = list.GetResourceVersion()
+		at, _ := strconv.ParseUint(*rv, 10, 64)
+		f.mu.Lock()
+		f.listed, f.lists = at, f.lists+1
+		f.mu.Unlock()
+	}
+	opts := f.opts
+	opts.ResourceVersion, opts.AllowWatchBookmarks = *rv, true
+	return res.Watch(ctx, opts)
+}
+
+// expired reports whether err is a 410: what a watch was opened from is too old.
+func expired(err error) bool { return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) }
+
+// watching waits until the follower has listed and opened its first watch.
+func (f *follower) watching(t *testing.T) {
+	t.Helper()
+	testbed.Eventually(t, time.Minute, func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.cur == nil && len(f.streams) == 0 {
+			return fmt.Errorf("%s has not opened its watch", f.name)
+		}
+		return nil
+	})
+}
+
+// known is the latest resourceVersion the follower knows what it follows at.
+func (f *follower) known() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := f.listed
+	streams := f.streams
+	if f.cur != nil {
+		streams = append(slices.Clone(streams), f.cur.snapshot())
+	}
+	for _, s := range streams {
+		if len(s.Events) > 0 {
+			k = max(k, s.Events[len(s.Events)-1].Revision)
+		}
+	}
+	return k
+}
+
+// waitFor waits until the follower knows the last change of history it selects.
+func (f *follower) waitFor(t *testing.T, history validate.History) {
+	t.Helper()
+	seen := history.View(validate.Stream{Match: f.match})
+	if len(seen) == 0 {
+		return
+	}
+	last := seen[len(seen)-1].Revision
+	testbed.Eventually(t, time.Minute, func() error {
+		if k := f.known(); k < last {
+			return fmt.Errorf("%s knows resourceVersion %d, the last change it selects is at %d", f.name, k, last)
+		}
+		return nil
+	})
+}
+
+// caughtUp writes a marker configmap and waits until the follower has its change: it then
+// has every change made before.
+func (f *follower) caughtUp(t *testing.T, c *testbed.Cluster) {
+	t.Helper()
+	cms := kubernetes.NewForConfigOrDie(c.Config).CoreV1().ConfigMaps("robust")
+	var rv uint64
+	testbed.Eventually(t, time.Minute, func() error {
+		cm, err := cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "marker-"}}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		rv, _ = strconv.ParseUint(cm.ResourceVersion, 10, 64)
+		return nil
+	})
+	testbed.Eventually(t, time.Minute, func() error {
+		if k := f.known(); k < rv {
+			return fmt.Errorf("%s knows resourceVersion %d, the marker is at %d", f.name, k, rv)
+		}
+		return nil
+	})
+}
+
+// end stops following and waits for the last watch's events.
+func (f *follower) end() {
+	f.once.Do(func() { close(f.stop) })
+	<-f.done
+}
+
+// result is every watch the follower held, and how many times it listed.
+func (f *follower) result() ([]validate.Stream, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.streams), f.lists
+}
