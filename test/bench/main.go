@@ -890,17 +890,13 @@ func counter(ctx context.Context, base, name string) float64 {
 	return 0
 }
 
-// cpuSeconds is the user+system CPU time the process has used.
+// cpuSeconds is the user+system CPU time the process has used; 0 when it cannot be read.
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := testbed.CPUTime(pid)
 	if err != nil {
 		return 0
 	}
-	// Fields after the parenthesised command: state is field 3, utime 14, stime 15.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ
+	return d.Seconds()
 }
 
 // target is a server to time requests to.

@@ -16,7 +16,6 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -433,16 +432,12 @@ func floodGet(c *http.Client, url, token string) int {
 	return resp.StatusCode
 }
 
-// cpuTime is the user and system CPU process pid has used, from /proc/<pid>/stat.
+// cpuTime is the user and system CPU process pid has used.
 func cpuTime(t *testing.T, pid int) time.Duration {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := testbed.CPUTime(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Fields after the command name, which ends with ')': utime and stime are the 12th and 13th.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	return d
 }
