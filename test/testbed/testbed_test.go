@@ -107,7 +107,11 @@ func TestAProxyCutEndsItsConnectionsAndRefusesNewOnesUntilRestored(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	cfg := rest.CopyConfig(cluster.Config)
 	cfg.Host = "https://" + p.Addr()
 	cfg.Timeout = 5 * time.Second
