@@ -27,6 +27,33 @@ type Sink struct {
 	Match func(key string) bool
 	// Deliveries are what it received, repeats included, in order of arrival.
 	Deliveries []Delivery
+	// Gaps are where dynwatch could not follow the changes one by one (its watch could not
+	// resume, and it listed again): see Delivered.
+	Gaps []Gap
+}
+
+// Gap is a stretch of revisions, after From and up to To, in which dynwatch's informer lost its
+// watch and listed again. A list shows each object as it is: a version that a later one replaced
+// within the gap may never be delivered, and a deletion may carry any version of the object
+// since its creation (the last one dynwatch saw).
+type Gap struct {
+	From, To uint64
+}
+
+// skipped reports whether e, of history h, may be missing: a gap holds it and the object's
+// next change.
+func (s Sink) skipped(e Event, h History) bool {
+	for _, g := range s.Gaps {
+		if e.Revision <= g.From || e.Revision > g.To {
+			continue
+		}
+		for _, n := range h {
+			if n.Key == e.Key && n.Revision > e.Revision {
+				return n.Revision <= g.To
+			}
+		}
+	}
+	return false
 }
 
 func (s Sink) matches(key string) bool { return s.Match == nil || s.Match(key) }
@@ -42,22 +69,15 @@ func Deliveries(h History, s Sink) []Violation {
 }
 
 // Delivered reports each change of a selected object in the history that the sink never
-// received, or only refused: the promise of a run in which the informers saw every change (no
-// relist, no restart; after either, versions made meanwhile may be delivered as one).
+// received, or only refused: each version (ADDED and MODIFIED standing for each other, as
+// Known says), and each deletion (as endsAs says), save a version a gap skipped (see Gap).
 func Delivered(h History, s Sink) []Violation {
-	type change struct {
-		typ, key string
-		rev      uint64
-	}
-	got := map[change]bool{}
-	for _, d := range s.Deliveries {
-		if !d.Refused {
-			got[change{d.Type, d.Key, d.Revision}] = true
-		}
-	}
 	var out []Violation
 	for _, e := range h {
-		if s.matches(e.Key) && !got[change{e.Type, e.Key, e.Revision}] {
+		if !s.matches(e.Key) || s.skipped(e, h) {
+			continue
+		}
+		if !slices.ContainsFunc(s.Deliveries, func(d Delivery) bool { return !d.Refused && d.Key == e.Key && endsAs(d, e, h, s.Gaps) }) {
 			out = append(out, Violation{"Delivered", s.Name, -1, fmt.Sprintf("%s never arrived", e)})
 		}
 	}
@@ -81,32 +101,56 @@ func Converged(h History, s Sink) []Violation {
 	var out []Violation
 	for _, key := range keys {
 		e := last[key]
-		if !slices.ContainsFunc(s.Deliveries, func(d Delivery) bool { return !d.Refused && d.Key == key && endsAs(d, e, h) }) {
+		if !slices.ContainsFunc(s.Deliveries, func(d Delivery) bool { return !d.Refused && d.Key == key && endsAs(d, e, h, s.Gaps) }) {
 			out = append(out, Violation{"Converged", s.Name, -1, fmt.Sprintf("%s, the object's last state, never arrived", e)})
 		}
 	}
 	return out
 }
 
-// endsAs reports whether d delivers the last state e: the same version, or, for a deletion,
-// a DELETED at the deletion's revision or at the last version before it (a deletion found by a
-// relist or a restart carries the object as it was last seen).
-func endsAs(d Delivery, e Event, h History) bool {
+// endsAs reports whether d delivers the state e left its object in: the same version, or, for a
+// deletion, a DELETED at the deletion's revision or at a version of the object since its
+// creation (a deletion found by a relist or a restart carries the object as it was last seen),
+// or at an earlier version or deletion when every change of the object since then is in one of
+// gaps (a list then sees the object gone, whatever lives it had in between).
+func endsAs(d Delivery, e Event, h History, gaps []Gap) bool {
 	if e.Type != Deleted {
 		return d.Type != Deleted && d.Revision == e.Revision
 	}
-	return d.Type == Deleted && (d.Revision == e.Revision || d.Revision == h.before(e))
+	if d.Type != Deleted {
+		return false
+	}
+	if d.Revision == e.Revision || slices.Contains(h.lifeBefore(e), d.Revision) {
+		return true
+	}
+	return slices.ContainsFunc(h, func(v Event) bool { return v.Key == e.Key && v.Revision == d.Revision }) &&
+		slices.ContainsFunc(gaps, func(g Gap) bool { return g.holds(h, e.Key, d.Revision, e.Revision) })
 }
 
-// before is the revision of the version of e's object that e followed; 0 if none.
-func (h History) before(e Event) uint64 {
-	var rev uint64
-	for _, o := range h {
-		if o.Key == e.Key && o.Revision < e.Revision {
-			rev = o.Revision
+// holds reports whether every change of the object key after revision from and up to to is in
+// the gap.
+func (g Gap) holds(h History, key string, from, to uint64) bool {
+	for _, v := range h {
+		if v.Key == key && v.Revision > from && v.Revision <= to && (v.Revision <= g.From || v.Revision > g.To) {
+			return false
 		}
 	}
-	return rev
+	return true
+}
+
+// lifeBefore is the revisions of the versions of e's object, since its creation, before e.
+func (h History) lifeBefore(e Event) []uint64 {
+	var revs []uint64
+	for _, o := range h {
+		switch {
+		case o.Key != e.Key || o.Revision >= e.Revision:
+		case o.Type == Deleted:
+			revs = revs[:0] // an earlier life
+		default:
+			revs = append(revs, o.Revision)
+		}
+	}
+	return revs
 }
 
 // InOrder reports each object's version that first arrived after a later version of it had:
@@ -160,8 +204,8 @@ func StableIDs(_ History, s Sink) []Violation {
 
 // Known reports a delivery of a version the history never had, or of an object the sink does
 // not select. ADDED and MODIFIED stand for each other (after a restart the comparison decides
-// which an object's change is); a DELETED is of the deletion's revision or of the last version
-// before it.
+// which an object's change is); a DELETED is of the deletion's revision or of a version of the
+// object since its creation.
 func Known(h History, s Sink) []Violation {
 	var out []Violation
 	for i, d := range s.Deliveries {
@@ -169,16 +213,16 @@ func Known(h History, s Sink) []Violation {
 			out = append(out, Violation{"Known", s.Name, i, fmt.Sprintf("%s, an object the sink does not select", d)})
 			continue
 		}
-		if !slices.ContainsFunc(h, func(e Event) bool { return e.Key == d.Key && knownAs(d, e, h) }) {
+		if !slices.ContainsFunc(h, func(e Event) bool { return e.Key == d.Key && knownAs(d, e, h, s.Gaps) }) {
 			out = append(out, Violation{"Known", s.Name, i, fmt.Sprintf("%s, a version the history never had", d)})
 		}
 	}
 	return out
 }
 
-func knownAs(d Delivery, e Event, h History) bool {
+func knownAs(d Delivery, e Event, h History, gaps []Gap) bool {
 	if d.Type == Deleted {
-		return e.Type == Deleted && (d.Revision == e.Revision || d.Revision == h.before(e))
+		return e.Type == Deleted && endsAs(d, e, h, gaps)
 	}
 	return e.Type != Deleted && e.Revision == d.Revision
 }

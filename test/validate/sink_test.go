@@ -29,6 +29,37 @@ func TestASinkThatKeepsEveryPromisePassesEverySinkValidator(t *testing.T) {
 	}
 }
 
+// TestAGapExcusesOnlyTheVersionsItReplaced: where the informer lost its watch and listed again
+// (a Gap), a version that a later one replaced within the gap may be missing, and the deletion
+// found by the list carries the version the informer last saw; a version replaced after the gap,
+// or the last one, must still arrive.
+func TestAGapExcusesOnlyTheVersionsItReplaced(t *testing.T) {
+	lost := func(d []Delivery) []Delivery { // MODIFIED ns/a 12, and its repeat
+		return slices.DeleteFunc(d, func(d Delivery) bool { return d.Key == "ns/a" && d.Revision == 12 })
+	}
+	gapped := editSink(delivered(), lost)
+	gapped.Gaps = []Gap{{From: 11, To: 15}}
+	if v := append(Deliveries(history, gapped), Delivered(history, gapped)...); len(v) > 0 {
+		t.Errorf("12, replaced by 15 within the gap: %v; want none", v)
+	}
+	short := editSink(delivered(), lost)
+	short.Gaps = []Gap{{From: 11, To: 14}}
+	wantViolation(t, Delivered(history, short), "Delivered")
+}
+
+// TestADeletionAListFoundAfterAGapMayCarryAnEarlierLife: an object deleted, created again and
+// deleted again within a gap is seen gone by the list, whose deletion carries the version the
+// informer last saw, of its first life; outside a gap that is not the object's last state.
+func TestADeletionAListFoundAfterAGapMayCarryAnEarlierLife(t *testing.T) {
+	h := History{{Added, "ns/x", 1, false, ""}, {Deleted, "ns/x", 3, false, ""}, {Added, "ns/x", 5, false, ""}, {Deleted, "ns/x", 7, false, ""}}
+	s := Sink{Name: "hook", Deliveries: []Delivery{{"x.1", Added, "ns/x", 1, false}, {"x.1.deleted", Deleted, "ns/x", 1, false}}, Gaps: []Gap{{From: 2, To: 8}}}
+	if v := append(Deliveries(h, s), Delivered(h, s)...); len(v) > 0 {
+		t.Errorf("%v; want none", v)
+	}
+	s.Gaps = nil
+	wantViolation(t, Deliveries(h, s), "Converged")
+}
+
 // TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise: every sink validator finds what
 // it is for.
 func TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise(t *testing.T) {
