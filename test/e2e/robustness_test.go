@@ -124,7 +124,7 @@ func robustnessRuns(t *testing.T) []robustnessRun {
 type fault struct {
 	name   string
 	needs  needs
-	inject func(t *testing.T, s *scenario, r *rand.Rand)
+	inject func(t *testing.T, s *scenario)
 }
 
 // needs is what a fault needs of its scenario beside dynwatch and its test bed.
@@ -138,28 +138,28 @@ const (
 
 // catalogue is every fault a run may inject; a seed takes catalogue[seed%len].
 var catalogue = []fault{
-	{"kill dynwatch", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"kill dynwatch", needsNothing, func(t *testing.T, s *scenario) {
 		s.kill(t)
 	}},
-	{"pause dynwatch for 5s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"pause dynwatch for 5s", needsNothing, func(t *testing.T, s *scenario) {
 		s.signal(t, syscall.SIGSTOP)
 		time.Sleep(5 * time.Second) // the fault's length
 		s.signal(t, syscall.SIGCONT)
 	}},
-	{"restart dynwatch gracefully", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"restart dynwatch gracefully", needsNothing, func(t *testing.T, s *scenario) {
 		p := s.take()
 		if err := p.Stop(stopTimeout); err != nil {
 			t.Error(err)
 		}
 		s.start(t)
 	}},
-	{"kill dynwatch before a commit", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"kill dynwatch before a commit", needsNothing, func(t *testing.T, s *scenario) {
 		s.killIn(t, "beforeCommit")
 	}},
-	{"kill dynwatch after a commit, before its events reach the sinks", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"kill dynwatch after a commit, before its events reach the sinks", needsNothing, func(t *testing.T, s *scenario) {
 		s.killIn(t, "afterCommit")
 	}},
-	{"kill dynwatch mid-fdatasync", needsDisk, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"kill dynwatch mid-fdatasync", needsDisk, func(t *testing.T, s *scenario) {
 		s.disk.HoldSyncs()
 		before := s.disk.Syncs()
 		testbed.Eventually(t, 30*time.Second, func() error {
@@ -175,22 +175,22 @@ var catalogue = []fault{
 		s.disk.ReleaseSyncs()
 		s.start(t)
 	}},
-	{"a full disk for 3s", needsDisk, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"a full disk for 3s", needsDisk, func(t *testing.T, s *scenario) {
 		s.disk.Fill(true)
 		time.Sleep(3 * time.Second)
 		s.disk.Fill(false)
 	}},
-	{"fdatasync stalled for 5s", needsDisk, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"fdatasync stalled for 5s", needsDisk, func(t *testing.T, s *scenario) {
 		s.disk.HoldSyncs()
 		time.Sleep(5 * time.Second)
 		s.disk.ReleaseSyncs()
 	}},
-	{"restart the apiserver", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"restart the apiserver", needsNothing, func(t *testing.T, s *scenario) {
 		if err := s.cluster.RestartAPIServer(t.Context()); err != nil {
 			t.Error(err)
 		}
 	}},
-	{"a watch gap: dynwatch paused while the apiserver restarts and etcd compacts", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"a watch gap: dynwatch paused while the apiserver restarts and etcd compacts", needsNothing, func(t *testing.T, s *scenario) {
 		s.signal(t, syscall.SIGSTOP)
 		from := s.reference.known()
 		for _, f := range s.followers {
@@ -217,12 +217,12 @@ var catalogue = []fault{
 		})
 		s.gaps = append(s.gaps, validate.Gap{From: from, To: s.reference.known()})
 	}},
-	{"cut the network to the apiserver for 5s", needsProxy, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"cut the network to the apiserver for 5s", needsProxy, func(t *testing.T, s *scenario) {
 		s.proxy.Cut()
 		time.Sleep(5 * time.Second)
 		s.proxy.Restore()
 	}},
-	{"reload the configuration, replacing the webhook", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"reload the configuration, replacing the webhook", needsNothing, func(t *testing.T, s *scenario) {
 		_, metrics := s.urls(t)
 		reloads := `dynwatch_config_reloads_total{result="success"}`
 		before := metricValue(t, metrics, reloads)
@@ -234,13 +234,13 @@ var catalogue = []fault{
 			return nil
 		})
 	}},
-	{"the webhook answers 503 for 3s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"the webhook answers 503 for 3s", needsNothing, func(t *testing.T, s *scenario) {
 		s.outage(outage503, 3*time.Second)
 	}},
-	{"the webhook answers 429 for 3s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"the webhook answers 429 for 3s", needsNothing, func(t *testing.T, s *scenario) {
 		s.outage(outage429, 3*time.Second)
 	}},
-	{"the webhook hangs past the sink's timeout for 3s", needsNothing, func(t *testing.T, s *scenario, _ *rand.Rand) {
+	{"the webhook hangs past the sink's timeout for 3s", needsNothing, func(t *testing.T, s *scenario) {
 		s.outage(outageHang, 3*time.Second)
 	}},
 }
@@ -344,7 +344,7 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 	go func() { defer close(churned); churnThroughFaults(t, cs.CoreV1().ConfigMaps(s.ns), churnSeed) }()
 	time.Sleep(3*time.Second + time.Duration(r.Int64N(int64(6*time.Second)))) // when the fault strikes
 	t.Logf("%s", f.name)
-	f.inject(t, s, r)
+	f.inject(t, s)
 	<-churned
 	if t.Failed() {
 		return
