@@ -18,8 +18,9 @@ import (
 // TestTheConsistencyCheckFindsALostChangeRepairsTheCacheAndDeliversIt runs the binary with a
 // failpoint that drops the first change its watches bring (as a bug losing an event would): the
 // cache keeps the object's old version and the webhook is not told. The first consistency check
-// once the watch has passed the change (the next change) finds it, counts a failure, logs the object and both resourceVersions, and
-// the relist it makes delivers the change; /status says so until the next check passes.
+// once the watch has passed the change (the next change) finds it, counts a failure, logs the
+// object and both resourceVersions, and the relist it makes delivers the change; /status says
+// so until the next check passes.
 func TestTheConsistencyCheckFindsALostChangeRepairsTheCacheAndDeliversIt(t *testing.T) {
 	t.Parallel()
 	ns := namespace(t)
