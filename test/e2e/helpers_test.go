@@ -180,11 +180,18 @@ func supervise(t *testing.T, p *runner.Process) {
 // suffix, and returns its name.
 func namespace(t *testing.T) string {
 	t.Helper()
+	return namespaceIn(t, cluster.Config)
+}
+
+// namespaceIn creates a namespace named after the test, with a random suffix, in the cluster
+// config reaches, and returns its name.
+func namespaceIn(t *testing.T, config *rest.Config) string {
+	t.Helper()
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	name = name[:min(len(name), 50)] + "-" + hex.EncodeToString(suffix)
-	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	cs := kubernetes.NewForConfigOrDie(config)
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

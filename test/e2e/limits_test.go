@@ -20,8 +20,12 @@ import (
 
 // hostileFixture is a secured dynwatch with a 1s request timeout and small per-user limits,
 // over many configmaps, so that a scan with a costly selector takes longer than the timeout.
+// The configmaps are in a cluster of the fixture's own: left in the shared one, they made every
+// later test that watches configmaps in all namespaces stream them all, which on a loaded
+// machine took a namespaceSelector's initial list past its test's patience (a CI run).
 type hostileFixture struct {
 	dynwatchAPI
+	c     *testbed.Cluster
 	p     *runner.Process
 	ns    string
 	admin *rest.Config
@@ -34,8 +38,9 @@ const hostileObjects = 30000
 func startHostile(t *testing.T) hostileFixture {
 	t.Helper()
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
-	ns := namespace(t)
-	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+	c := ownCluster(t, testbed.Options{})
+	ns := namespaceIn(t, c.Config)
+	p := start(t, c.Kubeconfig, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
 api:
   address: "127.0.0.1:0"
@@ -45,7 +50,7 @@ api:
   limits: {maxInFlightPerUser: 2, maxWatchesPerUser: 20}
 metrics: {address: "127.0.0.1:0"}
 `, ns, caFile))
-	if err := testbed.CreateConfigMaps(t.Context(), cluster.Config, hostileObjects, func(i int) *corev1.ConfigMap {
+	if err := testbed.CreateConfigMaps(t.Context(), c.Config, hostileObjects, func(i int) *corev1.ConfigMap {
 		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cm-%05d", i), Annotations: map[string]string{"a": "b"}}}
 	}); err != nil {
 		t.Fatal(err)
@@ -55,7 +60,7 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	url, _, _ := p.WaitListening(t.Context())
 	d := dynwatchAPI{url: url, caFile: caFile}
-	f := hostileFixture{dynwatchAPI: d, p: p, ns: ns, admin: d.restConfig(cluster.Config.BearerToken)}
+	f := hostileFixture{dynwatchAPI: d, c: c, p: p, ns: ns, admin: d.restConfig(c.Config.BearerToken)}
 	// Wait until the cache holds every object.
 	client := httpClient(t, f.admin)
 	testbed.Eventually(t, time.Minute, func() error {
@@ -175,7 +180,7 @@ func TestHostileRequestsCostLittle(t *testing.T) {
 			t.Fatalf("3 costly scans at once with maxInFlightPerUser 2: %v, want two 504 and one 429", count)
 		}
 		// Another user is not held back by this one.
-		bob := httpClient(t, caller{token: cluster.Token("bob")}.config(f.url, f.caFile, nil))
+		bob := httpClient(t, caller{token: f.c.Token("bob")}.config(f.url, f.caFile, nil))
 		if got := ask(t, bob, f.url+"/version"); got.code != http.StatusOK {
 			t.Fatalf("bob: %v", got)
 		}
