@@ -25,6 +25,9 @@ func (j *Journal) apply(tx *txn, targets []Target, o op, b *batch) error {
 	var err error
 	switch o.kind {
 	case opEvent:
+		if o.quiet {
+			targets = nil
+		}
 		err = j.applyEvent(tx, targets, o.event, o.pre, b)
 		b.advance(o.event)
 	case opListStarted:
@@ -304,6 +307,9 @@ func (j *Journal) listSynced(tx *txn, targets []Target, gvr schema.GroupVersionR
 		if err != nil {
 			// Gone, and what it was is unreadable: nothing to deliver but the count.
 			j.corruptObject(gvr, key, err)
+			continue
+		}
+		if j.ignores(gvr, obj) {
 			continue
 		}
 		e := object.Event{Type: object.Deleted, Resource: gvr, Object: obj, Observed: now, Revision: revision, Since: object.After(object.Revision(obj.GetResourceVersion()))}

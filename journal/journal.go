@@ -120,9 +120,10 @@ type Options struct {
 	Targets func() []Target
 	// Retired is called, after the commit, for each target RemoveTarget removed.
 	Retired func(Target)
-	// Ignore, when set, names the objects whose changes are not recorded: the leader
+	// Ignore, when set, names the objects whose changes are handed to no sink: the leader
 	// election's own Lease and checkpoint ConfigMap, whose every delivery would move the
-	// checkpoint, and so write it again.
+	// checkpoint, and so write it again. Their state is recorded all the same, so that a
+	// stream resumed after a restart (Resume) holds them as the cache held them.
 	Ignore func(gvr schema.GroupVersionResource, namespace, name string) bool
 	// MaxPendingBytes bounds the bytes of events recorded and not yet committed before the
 	// informers are held back (see Room); 0 never holds them back.
@@ -244,17 +245,21 @@ func (j *Journal) Sinks() ([]string, error) {
 // It never blocks: what it holds until the event is committed is bounded by holding the
 // informers back (see Room). With workers, an event other than an initial list's is filtered
 // by them first; an initial list's, mostly unchanged objects after a restart, goes straight to
-// the writer, which filters only what changed. An object Ignore names is not recorded.
+// the writer, which filters only what changed. An object Ignore names is recorded, in order
+// with the rest, and handed to no sink.
 func (j *Journal) OnEvent(e object.Event) {
-	if j.ignore != nil && j.ignore(e.Resource, e.Object.GetNamespace(), e.Object.GetName()) {
-		return
-	}
+	o := op{kind: opEvent, event: e, quiet: j.ignores(e.Resource, e.Object)}
 	j.pressure.take(heldBytes(e))
 	if j.pre != nil && !e.InitialList {
-		j.pre.add(op{kind: opEvent, event: e})
+		j.pre.add(o)
 		return
 	}
-	j.submit(op{kind: opEvent, event: e})
+	j.submit(o)
+}
+
+// ignores reports whether Options.Ignore names obj, of gvr.
+func (j *Journal) ignores(gvr schema.GroupVersionResource, obj *object.Object) bool {
+	return j.ignore != nil && j.ignore(gvr, obj.GetNamespace(), obj.GetName())
 }
 
 // ListStarted implements dynamicinformer.ListObserver. With workers, it first waits until what

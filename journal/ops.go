@@ -33,6 +33,7 @@ type op struct {
 	sink  string
 	seq   uint64
 	pre   *preselected // opEvent: what the preselector computed; nil for the writer to
+	quiet bool         // opEvent: recorded, and handed to no sink (see Options.Ignore)
 	*control
 }
 

@@ -91,7 +91,10 @@ func (p *preselector) run() {
 		p.queues[key] = p.queues[key][1:]
 		p.busy[key] = true
 		p.mu.Unlock()
-		o.pre = p.j.preselect(o.event)
+		o.pre = &preselected{} // a quiet op's: it is handed to no target
+		if !o.quiet {
+			o.pre = p.j.preselect(o.event)
+		}
 		p.j.submit(o)
 		p.mu.Lock()
 		delete(p.busy, key)

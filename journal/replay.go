@@ -288,6 +288,9 @@ func (j *Journal) applyReplay(tx *txn, o op, b *batch) int {
 			continue
 		}
 		r.after = key // at the cursor: fanOut records it
+		if j.ignores(o.gvr, u) {
+			continue
+		}
 		e := object.Event{Type: object.Added, Resource: o.gvr, Object: u, Observed: now, Revision: object.Revision(u.GetResourceVersion())}
 		j.fanOut(tx, []Target{o.target}, e, nil, nil, b)
 	}
