@@ -257,6 +257,10 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.queue.Done(*d)
 		return false
 	}
+	// Every deletion acknowledged and never sent, for the test that shows validate.Converged
+	// failing on a broken build (a failpoint: see test/runner.BuildWithFailpoints).
+	// gofail: var dropDeletions struct{}
+	// if d.Event.Type == "DELETED" { s.j.Ack(s.name, d.Seq); s.queue.Done(*d); return false }
 	st := s.cur.Load()
 	err := s.attempt(ctx, st, d)
 	switch {
@@ -289,6 +293,10 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 			s.j.SetDeadline(s.name, d.Seq, d.Deadline)
 		}
 		s.log.Debug("delivery failed, retrying", "id", d.ID, "err", err, "at", at)
+		// A retry out of its object's turn, for the test that shows validate.InOrder failing
+		// on a broken build (a failpoint: see test/runner.BuildWithFailpoints).
+		// gofail: var retryOutOfTurn struct{}
+		// s.queue.Done(*d); d.Key += "/out of turn"; _ = s.queue.Push(*d); return false
 		s.queue.Retry(*d, at)
 	}
 	return false
@@ -309,6 +317,10 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 		}
 	}
 	d.Attempts++
+	// Each retry under an id of its own, for the test that shows validate.StableIDs failing
+	// on a broken build (a failpoint: see test/runner.BuildWithFailpoints).
+	// gofail: var newIDOnRetry struct{}
+	// if d.Attempts > 1 { d.ID += "+" }
 	s.m.attempts.Inc()
 	if d.Attempts > 1 {
 		s.m.retries.Inc()

@@ -66,6 +66,11 @@ func (a *api) listSnapshot(res *dynamicinformer.Resource, namespace string, q *q
 		snap := res.Snapshot()
 		return snap, strconv.FormatUint(snap.Revision(namespace), 10), 0, true
 	}
+	// A later page read from the cache as it is now, not from its first page's snapshot, for
+	// the test that shows validate.Paged failing on a broken build (a failpoint: see
+	// test/runner.BuildWithFailpoints).
+	// gofail: var pageFromCacheNow struct{}
+	// { now := res.Snapshot(); return now, strconv.FormatUint(now.Revision(namespace), 10), q.pinned, true }
 	gvr, _, _ := res.API()
 	snap, ok := a.pins.get(q.pinned, gvr)
 	return snap, q.listRV, q.pinned, ok

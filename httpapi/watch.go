@@ -320,6 +320,10 @@ func (a *api) sendInitial(ctx context.Context, res *dynamicinformer.Resource, sn
 		}
 		if q.matches(o, t.namespace) {
 			sent++
+			// The first initial object lost, for the test that shows validate.InitialState
+			// failing on a broken build (a failpoint: see test/runner.BuildWithFailpoints).
+			// gofail: var loseFirstInitialObject struct{}
+			// if sent == 1 { return true }
 			ok = send(string(object.Added), o)
 		}
 		return ok
@@ -338,7 +342,20 @@ func sendChanges(ctx context.Context, s *stream, w *watcher, t target, q *query,
 		case <-w.wake:
 			batch, done := s.take(w)
 			for _, e := range batch {
-				if typ := q.transition(e, t.namespace); typ != "" && !send(typ, servedAs(typ, e)) {
+				typ := q.transition(e, t.namespace)
+				if typ == "" {
+					continue
+				}
+				// Broken builds, for the test that shows validate.Bookmarkable and
+				// validate.Atomic failing on them (failpoints: see
+				// test/runner.BuildWithFailpoints): a bookmark at each change's
+				// resourceVersion before it, and each change served at the next one.
+				// gofail: var bookmarkAtChange struct{}
+				// if !send("BOOKMARK", servedAs(typ, e)) { return }
+				obj := servedAs(typ, e)
+				// gofail: var serveAtNextRevision struct{}
+				// if u, err := obj.Decode(); err == nil { u.SetResourceVersion(strconv.FormatUint(rvOf(obj)+1, 10)); obj = object.New(u) }
+				if !send(typ, obj) {
 					return
 				}
 			}

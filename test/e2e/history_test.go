@@ -1,16 +1,20 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +27,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/dynwatch/dynwatch/object"
+	"github.com/dynwatch/dynwatch/test/runner"
 	"github.com/dynwatch/dynwatch/test/testbed"
 	"github.com/dynwatch/dynwatch/test/validate"
 )
@@ -35,42 +41,98 @@ const (
 )
 
 // TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory records, while configmaps of one
-// namespace are created, updated and deleted at random (the seed is logged, and
-// DYNWATCH_TEST_SEED sets it), the apiserver's own watch of them from before the first write
-// (the reference history) and five watches through dynwatch's query API: one resumed from a
-// list's resourceVersion, one that asks for initial events, one of a single object by field
-// selector, one by a label selector that the writes move objects into and out of, and one
-// resumed from a resourceVersion some seconds old; and two paged lists through it, one by the
-// label selector. Once every watch has received its last change, each must keep every promise
-// package validate checks against the reference: Ordered, Unique, Atomic, Bookmarkable,
-// Reliable, Resumable, and the initial state at its bookmark; and each list's pages must share
-// a resourceVersion and hold the objects as the reference had them there. A webhook beside
-// them, which answers the first attempt at four changes in ten 503, 429, slowly or too late
-// (the seed chooses which), must take every change, first arrivals in order per object, each
-// under one id, and no version the apiserver never had. No fault is injected in dynwatch or
-// the apiserver yet: those are the catalogue's to come.
+// namespace are created, updated and deleted at random (the seed is logged, and DYNWATCH_TEST_SEED
+// sets it), the apiserver's own watch of them from before the first write (the reference history)
+// and five watches through dynwatch's query API: one resumed from a list's resourceVersion, one
+// that asks for initial events, one of a single object by field selector, one by a label selector
+// that the writes move objects into and out of, and one resumed from a resourceVersion some
+// seconds old; and two paged lists through it, one by the label selector, with a configmap created
+// between each two pages. Once every watch has received its last change, each must keep every
+// promise package validate checks against the reference: Ordered, Unique, Atomic, Bookmarkable,
+// Reliable, Resumable, and the initial state at its bookmark; and each list's pages must share a
+// resourceVersion and hold the objects as the reference had them there. A webhook beside them,
+// which answers the first attempt at four changes in ten 503, 429, slowly or too late (the seed
+// chooses which), must take every change, first arrivals in order per object, each under one id,
+// and no version the apiserver never had. The faults of dynwatch and the apiserver are
+// TestRobustness's.
 func TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory(t *testing.T) {
 	t.Parallel()
-	ns := namespace(t)
 	seed := uint64(time.Now().UnixNano())
 	if s, err := strconv.ParseUint(os.Getenv("DYNWATCH_TEST_SEED"), 10, 64); err == nil {
 		seed = s // the writes and the webhook's faults of a run to look at again; their timing is the machine's
 	}
 	t.Logf("seed %d (DYNWATCH_TEST_SEED=%[1]d makes the same writes and faults)", seed)
+	rec, late := recordHistory(t, cluster, runner.Options{}, seed)
+	for _, err := range late {
+		t.Error(err)
+	}
+	for _, v := range rec.Violations() {
+		t.Error(v)
+	}
+	if t.Failed() {
+		writeRecord(t, rec, fmt.Sprintf("dynwatch-history-%d.json", seed))
+	}
+}
+
+// TestEachValidatorFailsOnABuildBrokenForIt records the history test's watches, lists and
+// webhook (recordHistory) through builds of dynwatch broken on purpose, each by a failpoint
+// (runner.BuildWithFailpoints) that breaks one promise, and demands that the validator of that
+// promise finds it: a validator that cannot fail checks nothing. Other validators may find the
+// same break too; each run logs how many violations each validator found. Each build runs on a
+// test bed of its own, whose resourceVersions only the run's writes advance: serving each change
+// at the next resourceVersion then takes it to the next change's, which Atomic must miss.
+func TestEachValidatorFailsOnABuildBrokenForIt(t *testing.T) {
+	t.Parallel()
+	for _, b := range []struct{ failpoint, validator string }{
+		{"loseFirstInitialObject", "InitialState"}, // httpapi: a watch's first initial object is not sent
+		{"bookmarkAtChange", "Bookmarkable"},       // httpapi: a bookmark at a change's resourceVersion before it
+		{"serveAtNextRevision", "Atomic"},          // httpapi: a change served at the resourceVersion after its own
+		{"retryOutOfTurn", "InOrder"},              // delivery: a retry queued apart from its object's later changes
+		{"newIDOnRetry", "StableIDs"},              // delivery: each retry under an id of its own
+		{"dropDeletions", "Converged"},             // delivery: each deletion acknowledged and never sent
+		{"pageFromCacheNow", "Paged"},              // httpapi: a list's later page read from the cache now
+	} {
+		t.Run(b.failpoint, func(t *testing.T) {
+			t.Parallel()
+			seed := uint64(time.Now().UnixNano())
+			t.Logf("seed %d", seed)
+			rec, _ := recordHistory(t, ownCluster(t, testbed.Options{}), runner.Options{
+				Binary: failpointBinary(t), Env: []string{"GOFAIL_FAILPOINTS=" + b.failpoint + "=return"},
+			}, seed)
+			found := map[string]int{}
+			for _, v := range rec.Violations() {
+				found[v.Validator]++
+			}
+			t.Logf("violations found, by validator: %v", found)
+			if found[b.validator] == 0 {
+				t.Errorf("%s found nothing on a build broken by the failpoint %s", b.validator, b.failpoint)
+			}
+		})
+	}
+}
+
+// recordHistory runs dynwatch (as o says, on c) delivering a namespace's configmaps to a
+// webhook whose faults the seed chooses, churns them as the seed says, and records the
+// apiserver's own watch of them, five watches and two paged lists through dynwatch's query
+// API, and the webhook's deliveries (see TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory);
+// and, apart, each wait that ran out (a change that did not come, a watch that ended).
+func recordHistory(t *testing.T, c *testbed.Cluster, o runner.Options, seed uint64) (validate.Record, []error) {
+	t.Helper()
+	ns := namespaceIn(t, c.Config)
 	// The webhook's faults, chosen for each change by the seed (seededAnswer).
 	rc := newJudge(t, func(r received, n int, h http.Header) int { return seededAnswer(seed, r, n, h) })
-	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`
+	sinks := recordedSinks(t, rc)
+	o.Config, o.Kubeconfig = filepath.Join(t.TempDir(), "config.yaml"), c.Kubeconfig
+	writeFile(t, o.Config, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
-webhooks: [{name: r, url: %s, timeout: 1s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
+%s
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
 metrics: {address: "127.0.0.1:0"}
-`, ns, rc.URL))
-	if err := p.WaitReady(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+`, ns, sinks.config("1s")))
+	p := startReady(t, o)
 	api, _, _ := p.WaitListening(t.Context())
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	upstream := dynamic.NewForConfigOrDie(cluster.Config).Resource(gvr).Namespace(ns)
+	upstream := dynamic.NewForConfigOrDie(c.Config).Resource(gvr).Namespace(ns)
 	through := dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(gvr).Namespace(ns)
 
 	list, err := upstream.List(t.Context(), metav1.ListOptions{})
@@ -80,7 +142,7 @@ metrics: {address: "127.0.0.1:0"}
 	reference := record(t, "the apiserver", upstream, metav1.ListOptions{ResourceVersion: list.GetResourceVersion()})
 
 	churned := make(chan struct{})
-	go func() { defer close(churned); churnConfigMaps(t, ns, seed) }()
+	go func() { defer close(churned); churnConfigMaps(t, c.Config, ns, seed) }()
 
 	var streams []*recording
 	time.Sleep(2 * time.Second)
@@ -94,16 +156,31 @@ metrics: {address: "127.0.0.1:0"}
 	time.Sleep(2 * time.Second)
 	one := fields.OneTermEqualSelector("metadata.name", "cm-03").String()
 	streams = append(streams, resumeFromList(t, "cm-03 alone", through, metav1.ListOptions{FieldSelector: one}))
-	streams[2].stream.Match = func(e validate.Event) bool { return e.Key == ns+"/cm-03" }
+	streams[2].stream.Selects = validate.Selector{Name: "cm-03"}
 	time.Sleep(2 * time.Second)
-	teamA := func(e validate.Event) bool { return e.Labels == "team=a" }
+	teamA := validate.Selector{Labels: "team=a"}
 	streams = append(streams, resumeFromList(t, "team=a by label selector", through, metav1.ListOptions{LabelSelector: "team=a"}))
-	streams[3].stream.Match = teamA
-	lists := []validate.List{
-		pagedList(t, "in pages of 3", through, metav1.ListOptions{Limit: 3}),
-		pagedList(t, "team=a in pages of 2", through, metav1.ListOptions{Limit: 2, LabelSelector: "team=a"}),
+	streams[3].stream.Selects = teamA
+	// Between a list's pages, a configmap is created, and the next page asked for once
+	// dynwatch's cache has it: a later page must still be read from its first page's snapshot.
+	cms := kubernetes.NewForConfigOrDie(c.Config).CoreV1().ConfigMaps(ns)
+	created := 0
+	between := func() {
+		created++
+		name := fmt.Sprintf("paged-%02d", created)
+		if _, err := cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"team": "a"}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testbed.Eventually(t, time.Minute, func() error {
+			_, err := through.Get(t.Context(), name, metav1.GetOptions{})
+			return err
+		})
 	}
-	lists[1].Match, lists[1].Selectors = teamA, true
+	lists := []validate.List{
+		pagedList(t, "in pages of 3", through, metav1.ListOptions{Limit: 3}, between),
+		pagedList(t, "team=a in pages of 2", through, metav1.ListOptions{Limit: 2, LabelSelector: "team=a"}, between),
+	}
+	lists[1].Selects = teamA
 	old := reference.events()
 	if len(old) < 10 {
 		t.Fatalf("the apiserver's watch has %d changes 8 s into the churn", len(old))
@@ -111,46 +188,157 @@ metrics: {address: "127.0.0.1:0"}
 	from := old[len(old)*2/3].Revision // some seconds ago
 	streams = append(streams, record(t, "resumed from an older revision", through, metav1.ListOptions{ResourceVersion: strconv.FormatUint(from, 10), AllowWatchBookmarks: true}))
 	<-churned
+	// One object certainly ends deleted: its last state is a deletion each sink must have. Once
+	// the reference has it, it has every change before.
+	if err := cms.Delete(t.Context(), "paged-01", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, time.Minute, func() error {
+		if !slices.ContainsFunc(reference.events(), func(e validate.Event) bool { return e.Type == validate.Deleted && e.Key == ns+"/paged-01" }) {
+			return errors.New("the apiserver's watch has not had the last write yet")
+		}
+		return nil
+	})
 
-	history := validate.History(reference.events())
+	rec := validate.Record{Seed: seed, History: reference.events(), Lists: lists}
+	var late []error
+	deadline := time.Now().Add(time.Minute)
 	for _, s := range streams {
-		s.waitFor(t, history)
+		if err := s.waitFor(rec.History, deadline); err != nil {
+			late = append(late, err)
+		}
 	}
 	for _, s := range streams {
 		s.stop()
 		got := s.snapshot()
 		if s.err != nil {
-			t.Errorf("%s: %v", got.Name, s.err)
+			late = append(late, fmt.Errorf("%s: %w", got.Name, s.err))
 		}
-		for _, v := range validate.Watch(history, got) {
-			t.Error(v)
-		}
+		rec.Streams = append(rec.Streams, got)
 		t.Logf("%s: %d events", got.Name, len(got.Events))
 	}
 	reference.stop()
 	if reference.err != nil {
-		t.Errorf("the reference: %v", reference.err)
+		late = append(late, fmt.Errorf("the reference: %w", reference.err))
 	}
 	for _, l := range lists {
-		for _, v := range validate.Paged(history, l) {
-			t.Error(v)
-		}
 		t.Logf("%s: %d pages", l.Name, len(l.Pages))
 	}
 
-	// The webhook: every change, in order per object, each under one id.
-	sink := validate.Sink{Name: "the webhook"}
-	testbed.Eventually(t, time.Minute, func() error {
-		sink.Deliveries = deliveries(t, rc)
-		if v := validate.Converged(history, sink); len(v) > 0 {
-			return fmt.Errorf("%d objects' last state not delivered yet, such as %s", len(v), v[0])
+	rec.Sinks = sinks.converged(t, rec.History, nil, time.Minute)
+	for _, sink := range rec.Sinks {
+		t.Logf("%s: %d deliveries of %d changes", sink.Name, len(sink.Deliveries), len(rec.History))
+		if v := validate.Converged(rec.History, sink); len(v) > 0 {
+			late = append(late, fmt.Errorf("%s: %d objects' last state not delivered within a minute, such as %s", sink.Name, len(v), v[0]))
 		}
-		return nil
-	})
-	for _, v := range append(validate.Deliveries(history, sink), validate.Delivered(history, sink)...) {
-		t.Error(v)
 	}
-	t.Logf("the webhook: %d deliveries of %d changes", len(sink.Deliveries), len(history))
+	return rec, late
+}
+
+// sinks are the three a recorded run delivers to, each of a transport of its own: a webhook
+// (whose answers the run chooses), a JetStream stream on a nats-server of the run's own, and a
+// Kafka topic on kfake brokers of the run's own.
+type sinks struct {
+	webhook *receiver
+	nats    *testbed.NATS
+	stream  jetstream.Stream
+	kafka   kafkaCluster
+	selects validate.Selector // what they select: every object unless set
+}
+
+const recordedTopic = "dynwatch"
+
+func recordedSinks(t *testing.T, webhook *receiver) sinks {
+	t.Helper()
+	s := sinks{webhook: webhook, nats: startNATS(t, 1), kafka: startKafka(t)}
+	s.stream = createStream(t, s.nats.URLs(), jetstream.StreamConfig{Name: "DYNWATCH", Subjects: []string{"dw.>"}})
+	s.kafka.createTopic(t, recordedTopic, 3, nil)
+	return s
+}
+
+// config is the sinks' part of dynwatch's configuration, the webhook's timeout as given.
+func (s sinks) config(timeout string) string {
+	return fmt.Sprintf(`webhooks: [{name: r, url: %s, timeout: %s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
+jetstream: [{name: stream, servers: [%s], subjectPrefix: dw, stream: DYNWATCH, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
+kafka: [{name: topic, brokers: [%s], topic: %s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]`,
+		s.webhook.URL, timeout, strings.Join(s.nats.URLs(), ", "), strings.Join(s.kafka.brokers, ", "), recordedTopic)
+}
+
+// held is what each sink holds now, as package validate reads it: the webhook's deliveries
+// in order of arrival, the stream's messages in sequence order, the topic's records partition
+// by partition in offset order (an object's records are in one partition).
+func (s sinks) held(t *testing.T, gaps []validate.Gap) []validate.Sink {
+	t.Helper()
+	return []validate.Sink{
+		{Name: "the webhook", Selects: s.selects, Deliveries: deliveries(t, s.webhook), Gaps: gaps},
+		{Name: "JetStream", Selects: s.selects, Deliveries: streamDeliveries(t, s.stream), Gaps: gaps},
+		{Name: "Kafka", Selects: s.selects, Deliveries: topicDeliveries(t, s.kafka.brokers), Gaps: gaps},
+	}
+}
+
+// converged waits, up to within, until every sink has received each object's last state in
+// history, and returns what they hold then.
+func (s sinks) converged(t *testing.T, history validate.History, gaps []validate.Gap, within time.Duration) []validate.Sink {
+	t.Helper()
+	for end := time.Now().Add(within); ; time.Sleep(200 * time.Millisecond) {
+		got := s.held(t, gaps)
+		done := true
+		for _, sink := range got {
+			done = done && len(validate.Converged(history, sink)) == 0
+		}
+		if done || time.Now().After(end) {
+			return got
+		}
+	}
+}
+
+// ceType is a delivery's type from its CloudEvents type.
+func ceType(typ string) string {
+	return strings.ToUpper(strings.TrimPrefix(typ, "io.dynwatch.resource."))
+}
+
+// streamDeliveries are the messages of s in sequence order, as package validate reads them.
+func streamDeliveries(t *testing.T, s jetstream.Stream) []validate.Delivery {
+	t.Helper()
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []validate.Delivery
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
+		m, err := s.GetMsg(t.Context(), seq)
+		if err != nil {
+			t.Fatalf("read message %d: %v", seq, err)
+		}
+		out = append(out, validate.Delivery{ID: m.Header.Get("ce-id"), Type: ceType(m.Header.Get("ce-type")),
+			Key: m.Header.Get("ce-subject"), Revision: object.Revision(m.Header.Get("ce-resourceversion"))})
+	}
+	return out
+}
+
+// topicDeliveries are the records of the recorded topic, as package validate reads them.
+func topicDeliveries(t *testing.T, brokers []string) []validate.Delivery {
+	t.Helper()
+	rs, err := testbed.ReadTopic(t.Context(), brokers, recordedTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]validate.Delivery, len(rs))
+	for i, r := range rs {
+		for _, h := range r.Headers {
+			switch h.Key {
+			case "ce_id":
+				out[i].ID = string(h.Value)
+			case "ce_type":
+				out[i].Type = ceType(string(h.Value))
+			case "ce_subject":
+				out[i].Key = string(h.Value)
+			case "ce_resourceversion":
+				out[i].Revision = object.Revision(string(h.Value))
+			}
+		}
+	}
+	return out
 }
 
 // deliveries are what rc received, as package validate reads them.
@@ -177,8 +365,8 @@ func deliveries(t *testing.T, rc *receiver) []validate.Delivery {
 // churnConfigMaps creates, updates and deletes the configmaps cm-00 to cm-11 of ns at random, one write
 // every churnEvery, for churnFor; each write labels the configmap team=a or team=b at random,
 // so that it comes into and goes out of a label-selected watch.
-func churnConfigMaps(t *testing.T, ns string, seed uint64) {
-	cms := kubernetes.NewForConfigOrDie(cluster.Config).CoreV1().ConfigMaps(ns)
+func churnConfigMaps(t *testing.T, c *rest.Config, ns string, seed uint64) {
+	cms := kubernetes.NewForConfigOrDie(c).CoreV1().ConfigMaps(ns)
 	r := rand.New(rand.NewPCG(seed, seed))
 	exists := map[string]bool{}
 	for end := time.Now().Add(churnFor); time.Now().Before(end); time.Sleep(churnEvery) {
@@ -203,8 +391,8 @@ func churnConfigMaps(t *testing.T, ns string, seed uint64) {
 }
 
 // pagedList lists res with opts, following each page's continue token, as package validate
-// reads a list.
-func pagedList(t *testing.T, name string, res dynamic.ResourceInterface, opts metav1.ListOptions) validate.List {
+// reads a list; between pages it calls between.
+func pagedList(t *testing.T, name string, res dynamic.ResourceInterface, opts metav1.ListOptions, between func()) validate.List {
 	t.Helper()
 	l := validate.List{Name: name}
 	for {
@@ -225,6 +413,7 @@ func pagedList(t *testing.T, name string, res dynamic.ResourceInterface, opts me
 		if page.GetContinue() == "" {
 			return l
 		}
+		between()
 		opts.Continue = page.GetContinue()
 	}
 }
@@ -319,23 +508,22 @@ func (r *recording) snapshot() validate.Stream {
 	return s
 }
 
-// waitFor waits until the stream has received the last change of history it sees.
-func (r *recording) waitFor(t *testing.T, history validate.History) {
-	t.Helper()
+// waitFor waits until the stream has received the last change of history it sees, or until
+// deadline.
+func (r *recording) waitFor(history validate.History, deadline time.Time) error {
 	s := r.snapshot()
 	seen := history.View(s)
 	if len(seen) == 0 {
-		return
+		return nil
 	}
 	last := seen[len(seen)-1]
-	deadline := time.Now().Add(time.Minute)
 	for !slices.Contains(r.events(), last) {
 		if time.Now().After(deadline) {
-			t.Errorf("%s: %s did not arrive within a minute", s.Name, last)
-			return
+			return fmt.Errorf("%s: %s had not arrived by the deadline", s.Name, last)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return nil
 }
 
 // stop ends the watch and waits until its last event is recorded.

@@ -2,10 +2,11 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -76,6 +77,7 @@ var fixedRuns = []struct {
 	{2, "kill dynwatch mid-fdatasync"},
 	{3, "a watch gap: dynwatch paused while the apiserver restarts and etcd compacts"},
 	{4, "cut the network to the apiserver for 5s"},
+	{26, "kill the leader of two replicas: the other takes over"},
 }
 
 // robustnessRuns are the runs to make: a seed's fault is catalogue[seed%len(catalogue)], save
@@ -134,6 +136,7 @@ const (
 	needsNothing needs = iota
 	needsDisk          // the state store on a FaultFS
 	needsProxy         // dynwatch reaching the apiserver through a Proxy
+	needsPeer          // a second replica, the two electing a leader, which delivers
 )
 
 // catalogue is every fault a run may inject; a seed takes catalogue[seed%len].
@@ -175,6 +178,47 @@ var catalogue = []fault{
 		s.disk.ReleaseSyncs()
 		s.start(t)
 	}},
+	{"kill dynwatch mid-append: a torn commit at the log's tail", needsNothing, func(t *testing.T, s *scenario) {
+		if err := s.take().Kill(); err != nil {
+			t.Error(err)
+		}
+		tearTail(t, s.state, s.seed)
+		s.start(t)
+		if log := s.proc().Log(); !strings.Contains(log, "a commit cut short by a crash was dropped") {
+			t.Errorf("dynwatch did not report the torn commit it started on:\n%s", log)
+		}
+	}},
+	{"pause the leader of two replicas past its lease", needsPeer, func(t *testing.T, s *scenario) {
+		leader, _ := s.leader(t)
+		if err := leader.Signal(syscall.SIGSTOP); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(2 * haLease) // the other takes over meanwhile
+		if err := leader.Signal(syscall.SIGCONT); err != nil {
+			t.Error(err)
+		}
+		t.Logf("the leader now: %s", s.leaderName(t))
+	}},
+	{"kill the leader of two replicas: the other takes over", needsPeer, func(t *testing.T, s *scenario) {
+		_, first := s.leader(t)
+		s.mu.Lock()
+		leader := &s.peer
+		if first {
+			leader = &s.p
+		}
+		p := *leader
+		*leader = nil
+		s.mu.Unlock()
+		if err := p.Kill(); err != nil {
+			t.Error(err)
+		}
+		t.Logf("the leader now: %s", s.leaderName(t)) // the other, once its lease has run out
+		if first {
+			s.start(t)
+		} else {
+			s.startPeer(t)
+		}
+	}},
 	{"a full disk for 3s", needsDisk, func(t *testing.T, s *scenario) {
 		s.disk.Fill(true)
 		time.Sleep(3 * time.Second)
@@ -208,7 +252,7 @@ var catalogue = []fault{
 		// has one, the gap is over.
 		marker := s.reference.caughtUp(t, s.cluster)
 		testbed.Eventually(t, time.Minute, func() error {
-			for _, r := range s.rc.got() {
+			for _, r := range s.sinks.webhook.got() {
 				if r.name() == marker {
 					return nil
 				}
@@ -260,19 +304,21 @@ type scenario struct {
 	cluster    *testbed.Cluster
 	ns         string
 	config     string // dynwatch's configuration file
+	peerConfig string // the second replica's, with needsPeer
 	kubeconfig string // dynwatch's: the test bed's, or through the proxy
 	gofail     string // the failpoints' HTTP endpoint
 	state      string // the state store's directory
 	disk       *testbed.FaultFS
 	proxy      *testbed.Proxy
-	rc         *receiver
+	sinks      sinks
 	down       atomic.Int32 // the webhook's outage
 	reference  *follower
 	gaps       []validate.Gap // where dynwatch listed again, written by the fault
 	followers  []*follower    // the watches through dynwatch
 
-	mu sync.Mutex
-	p  *runner.Process // nil while dynwatch is restarted
+	mu   sync.Mutex
+	p    *runner.Process // nil while dynwatch is restarted
+	peer *runner.Process // the second replica; nil while it is restarted
 }
 
 // The scenario's writes: one every churnEvery for churnFor over churnObjects configmaps (see
@@ -289,12 +335,14 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 		s.state = s.disk.Dir
 	case needsProxy:
 		s.proxied(t)
+	case needsPeer:
+		s.peerConfig = filepath.Join(t.TempDir(), "peer.yaml")
 	}
 	cs := kubernetes.NewForConfigOrDie(s.cluster.Config)
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s.rc = newJudge(t, func(rc received, n int, h http.Header) int {
+	s.sinks = recordedSinks(t, newJudge(t, func(rc received, n int, h http.Header) int {
 		switch s.down.Load() {
 		case outage503:
 			return http.StatusServiceUnavailable
@@ -306,14 +354,23 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 			return http.StatusGatewayTimeout
 		}
 		return seededAnswer(seed, rc, n, h)
-	})
+	}))
+	if s.peerConfig != "" {
+		// The replicas' checkpoint ConfigMap, beside the configmaps they watch, is theirs: the
+		// query API serves it, no sink is handed it.
+		s.sinks.selects = validate.Selector{Except: []string{s.ns + "/dynwatch-checkpoints"}}
+	}
 	s.config = filepath.Join(t.TempDir(), "config.yaml")
 	s.writeConfig(t, "1s")
 	s.start(t)
+	if s.peerConfig != "" {
+		s.startPeer(t)
+		t.Logf("the leader: %s", s.leaderName(t))
+	}
 
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 	upstream := dynamic.NewForConfigOrDie(s.cluster.Config).Resource(gvr).Namespace(s.ns)
-	s.reference = follow("the apiserver", func() (dynamic.ResourceInterface, error) { return upstream, nil }, metav1.ListOptions{}, nil)
+	s.reference = follow("the apiserver", func() (dynamic.ResourceInterface, error) { return upstream, nil }, metav1.ListOptions{}, validate.Selector{})
 	through := func() (dynamic.ResourceInterface, error) {
 		p := s.proc()
 		if p == nil {
@@ -326,8 +383,8 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 		return dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(gvr).Namespace(s.ns), nil
 	}
 	followers := []*follower{
-		follow("every object", through, metav1.ListOptions{}, nil),
-		follow("team=a", through, metav1.ListOptions{LabelSelector: "team=a"}, func(e validate.Event) bool { return e.Labels == "team=a" }),
+		follow("every object", through, metav1.ListOptions{}, validate.Selector{}),
+		follow("team=a", through, metav1.ListOptions{LabelSelector: "team=a"}, validate.Selector{Labels: "team=a"}),
 	}
 	s.followers = followers
 	defer func() {
@@ -364,70 +421,100 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 			}
 		}
 	}
-	rec := robustnessRecord{Seed: seed, Fault: f.name, History: history, Gaps: s.gaps}
+	rec := validate.Record{Seed: seed, Fault: f.name, History: history}
 	for _, fl := range followers {
 		fl.waitFor(t, history)
 		fl.end()
 		streams, _ := fl.result()
-		for _, st := range streams {
-			for _, v := range validate.Watch(history, st) {
-				t.Error(v)
-			}
-		}
 		rec.Streams = append(rec.Streams, streams...)
 		t.Logf("%s: %d streams", fl.name, len(streams))
 	}
-	sink := validate.Sink{Name: "the webhook", Gaps: s.gaps}
-	// Every object's last state arrives, or the validators below say which did not.
-	for end := time.Now().Add(2 * time.Minute); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		sink.Deliveries = deliveries(t, s.rc)
-		if len(validate.Converged(history, sink)) == 0 {
-			break
-		}
-	}
-	for _, v := range append(validate.Deliveries(history, sink), validate.Delivered(history, sink)...) {
+	// Every object's last state arrives, or the validators say which did not.
+	rec.Sinks = s.sinks.converged(t, history, s.gaps, 2*time.Minute)
+	for _, v := range rec.Violations() {
 		t.Error(v)
 	}
-	rec.Deliveries = sink.Deliveries
-	t.Logf("%d changes; the webhook: %d deliveries", len(history), len(sink.Deliveries))
+	for _, sink := range rec.Sinks {
+		t.Logf("%s: %d deliveries of %d changes", sink.Name, len(sink.Deliveries), len(history))
+	}
 	if t.Failed() {
-		rec.write(t)
+		writeRecord(t, rec, fmt.Sprintf("dynwatch-robustness-%d.json", seed))
 	}
 }
 
-// robustnessRecord is what a run recorded, written when it fails.
-type robustnessRecord struct {
-	Seed       uint64
-	Fault      string
-	History    validate.History
-	Gaps       []validate.Gap
-	Streams    []validate.Stream
-	Deliveries []validate.Delivery
-}
-
-func (r robustnessRecord) write(t *testing.T) {
-	b, err := json.MarshalIndent(r, "", " ")
-	if err != nil {
+// writeRecord writes a failed run's record to a file of name in $TMPDIR, and logs the
+// command that validates it again.
+func writeRecord(t *testing.T, rec validate.Record, name string) {
+	path := filepath.Join(os.TempDir(), name)
+	if err := rec.Write(path); err != nil {
 		t.Errorf("record: %v", err)
 		return
 	}
-	path := filepath.Join(os.TempDir(), fmt.Sprintf("dynwatch-robustness-%d.json", r.Seed))
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Errorf("record: %v", err)
-		return
-	}
-	t.Logf("the run's record: %s", path)
+	t.Logf("the run's record: %s (go run ./test/validate/cmd/validate %[1]s validates it again)", path)
 }
 
-// writeConfig writes dynwatch's configuration, with the webhook's timeout.
+// writeConfig writes dynwatch's configuration, with the webhook's timeout; with a second
+// replica, its too, the two electing a leader.
 func (s *scenario) writeConfig(t *testing.T, timeout string) {
-	writeFile(t, s.config, fmt.Sprintf(`
+	write := func(path, state, election string) {
+		writeFile(t, path, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
-webhooks: [{name: r, url: %s, timeout: %s, retry: {initialBackoff: 10ms, maxBackoff: 100ms}}]
+%s
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
 metrics: {address: "127.0.0.1:0"}
 state: {path: %s}
-`, s.ns, s.rc.URL, timeout, s.state))
+%s`, s.ns, s.sinks.config(timeout), state, election))
+	}
+	if s.peerConfig == "" {
+		write(s.config, s.state, "")
+		return
+	}
+	election := func(identity string) string {
+		return fmt.Sprintf("leaderElection: {enabled: true, namespace: %s, identity: %s, leaseDuration: %s, renewDeadline: 3s, retryPeriod: 500ms, checkpointInterval: 1s}\n",
+			s.ns, identity, haLease)
+	}
+	write(s.config, s.state, election("first"))
+	write(s.peerConfig, filepath.Join(filepath.Dir(s.peerConfig), "state"), election("second"))
+}
+
+// startPeer starts the second replica and waits until it is ready.
+func (s *scenario) startPeer(t *testing.T) {
+	t.Helper()
+	p := startReady(t, runner.Options{Binary: failpointBinary(t), Config: s.peerConfig, Kubeconfig: s.kubeconfig})
+	s.mu.Lock()
+	s.peer = p
+	s.mu.Unlock()
+}
+
+// leader is the replica that leads, once one does, and whether it is the first (s.p).
+func (s *scenario) leader(t *testing.T) (*runner.Process, bool) {
+	t.Helper()
+	var leader *runner.Process
+	testbed.Eventually(t, 3*haLease, func() error {
+		s.mu.Lock()
+		ps := []*runner.Process{s.p, s.peer}
+		s.mu.Unlock()
+		for _, p := range ps {
+			if p == nil {
+				continue // restarting
+			}
+			if st, err := p.Status(t.Context()); err == nil {
+				if le, ok := st.LeaderElection.(map[string]any); ok && le["leading"] == true {
+					leader = p
+					return nil
+				}
+			}
+		}
+		return errors.New("no replica leads")
+	})
+	return leader, leader == s.proc()
+}
+
+func (s *scenario) leaderName(t *testing.T) string {
+	if _, first := s.leader(t); first {
+		return "the first replica"
+	}
+	return "the second replica"
 }
 
 // start starts dynwatch and waits until it is ready.
@@ -503,6 +590,41 @@ func (s *scenario) killIn(t *testing.T, failpoint string) {
 		return nil
 	})
 	s.kill(t)
+}
+
+// tearTail appends to the newest segment of the state store's log in dir what a process killed
+// while appending a commit leaves: a frame whose header checks, with some of its payload (the
+// seed's bytes), not all.
+func tearTail(t *testing.T, dir string, seed uint64) {
+	t.Helper()
+	var last string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), "seg-") && strings.HasSuffix(d.Name(), ".wal") && d.Name() > filepath.Base(last) {
+			last = path
+		}
+		return err
+	})
+	if err != nil || last == "" {
+		t.Fatalf("no segment of the state store's log in %s (%v)", dir, err)
+	}
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	payload := make([]byte, 4096)
+	_, _ = rand.NewChaCha8(key).Read(payload)
+	frame := binary.LittleEndian.AppendUint32(nil, uint32(len(payload)))
+	frame = binary.LittleEndian.AppendUint32(frame, crc32.Checksum(frame, crc32.MakeTable(crc32.Castagnoli)))
+	frame = binary.LittleEndian.AppendUint32(frame, crc32.Checksum(payload, crc32.MakeTable(crc32.Castagnoli)))
+	frame = append(frame, payload[:len(payload)/3]...)
+	f, err := os.OpenFile(last, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // outage makes the webhook answer as o says for d.
@@ -604,13 +726,13 @@ func churnThroughFaults(t *testing.T, cms typedcorev1.ConfigMapInterface, seed u
 // away), a watch from the last resourceVersion it saw, through the server there is then; when
 // that is refused as expired, a list again. Each watch is a stream of its own.
 type follower struct {
-	name  string
-	res   func() (dynamic.ResourceInterface, error)
-	opts  metav1.ListOptions
-	match func(validate.Event) bool
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	name string
+	res  func() (dynamic.ResourceInterface, error)
+	opts metav1.ListOptions
+	sel  validate.Selector
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
 
 	mu      sync.Mutex
 	streams []validate.Stream // the watches that ended
@@ -619,10 +741,10 @@ type follower struct {
 	lists   int
 }
 
-// follow starts following what res selects with opts (match saying what, as validate.Stream's
-// Match does).
-func follow(name string, res func() (dynamic.ResourceInterface, error), opts metav1.ListOptions, match func(validate.Event) bool) *follower {
-	f := &follower{name: name, res: res, opts: opts, match: match, stop: make(chan struct{}), done: make(chan struct{})}
+// follow starts following what res selects with opts (sel saying what, as validate.Stream's
+// Selects does).
+func follow(name string, res func() (dynamic.ResourceInterface, error), opts metav1.ListOptions, sel validate.Selector) *follower {
+	f := &follower{name: name, res: res, opts: opts, sel: sel, stop: make(chan struct{}), done: make(chan struct{})}
 	go f.run()
 	return f
 }
@@ -655,7 +777,7 @@ func (f *follower) run() {
 			continue
 		}
 		from, _ := strconv.ParseUint(rv, 10, 64)
-		r := &recording{stream: validate.Stream{Name: fmt.Sprintf("%s, watch %d", f.name, n), From: from, Match: f.match}, w: w, done: make(chan struct{})}
+		r := &recording{stream: validate.Stream{Name: fmt.Sprintf("%s, watch %d", f.name, n), From: from, Selects: f.sel}, w: w, done: make(chan struct{})}
 		f.mu.Lock()
 		f.cur = r
 		f.mu.Unlock()
@@ -739,7 +861,7 @@ func (f *follower) known() uint64 {
 // waitFor waits until the follower knows the last change of history it selects.
 func (f *follower) waitFor(t *testing.T, history validate.History) {
 	t.Helper()
-	seen := history.View(validate.Stream{Match: f.match})
+	seen := history.View(validate.Stream{Selects: f.sel})
 	if len(seen) == 0 {
 		return
 	}

@@ -22,13 +22,11 @@ type Page struct {
 type List struct {
 	// Name names the list in violations.
 	Name string
-	// Match reports whether the list (its namespace and selectors) selects the object as a
-	// change left it; nil selects every object.
-	Match func(Event) bool
-	// Selectors: the list had a label or field selector. The apiserver then counts no
-	// remainingItemCount: its count would include objects they leave out.
-	Selectors bool
-	Pages     []Page
+	// Selects is which objects the list (its namespace and selectors) selects, as a change
+	// left each. With a label or field selector the apiserver counts no remainingItemCount:
+	// its count would include objects they leave out.
+	Selects Selector
+	Pages   []Page
 }
 
 // Paged reports where l breaks this promise, as the apiserver's paged lists keep it: every
@@ -57,7 +55,7 @@ func Paged(h History, l List) []Violation {
 			out = append(out, Violation{"Paged", l.Name, i, fmt.Sprintf("page %d of %d has no continue token", i, len(l.Pages))})
 		}
 		if !last {
-			if after := countAfter(l.Pages[i+1:]); (p.Remaining == nil) != l.Selectors || p.Remaining != nil && *p.Remaining != int64(after) {
+			if after := countAfter(l.Pages[i+1:]); (p.Remaining == nil) != l.Selects.narrowed() || p.Remaining != nil && *p.Remaining != int64(after) {
 				out = append(out, Violation{"Paged", l.Name, i, fmt.Sprintf("page %d has remainingItemCount %s; %d objects came after it", i, remaining(p.Remaining), after)})
 			}
 		}
@@ -86,7 +84,7 @@ func countAfter(pages []Page) int {
 func stateAt(h History, l List, at uint64, items []Event) []Violation {
 	var out []Violation
 	want := map[string]Event{}
-	for _, e := range h.View(Stream{Match: l.Match}) {
+	for _, e := range h.View(Stream{Selects: l.Selects}) {
 		if e.Revision > at {
 			break
 		}

@@ -8,7 +8,7 @@ import (
 // pagedAt13 is a list of "ns" at 13 in pages of one: ns/a at 12, then ns/b at 11.
 func pagedAt13() List {
 	one := int64(1)
-	return List{Name: "paged", Match: selectsNS, Pages: []Page{
+	return List{Name: "paged", Selects: inNS, Pages: []Page{
 		{Revision: 13, Items: []Event{{Key: "ns/a", Revision: 12}}, Continue: true, Remaining: &one},
 		{Revision: 13, Items: []Event{{Key: "ns/b", Revision: 11}}},
 	}}
@@ -19,11 +19,11 @@ func TestAPagedListThatKeepsItsPromisePasses(t *testing.T) {
 		t.Errorf("%v; want none", v)
 	}
 	selected := pagedAt13()
-	selected.Selectors, selected.Pages[0].Remaining = true, nil
+	selected.Selects.Labels, selected.Pages[0].Remaining = "team!=z", nil
 	if v := Paged(history, selected); len(v) > 0 {
 		t.Errorf("with selectors: %v; want none", v)
 	}
-	whole := List{Name: "at once", Match: selectsNS, Pages: []Page{{Revision: 16, Items: []Event{{Key: "ns/a", Revision: 15}, {Key: "ns/d", Revision: 16}}}}}
+	whole := List{Name: "at once", Selects: inNS, Pages: []Page{{Revision: 16, Items: []Event{{Key: "ns/a", Revision: 15}, {Key: "ns/d", Revision: 16}}}}}
 	if v := Paged(history, whole); len(v) > 0 {
 		t.Errorf("%v; want none", v)
 	}
@@ -56,7 +56,7 @@ func TestPagedFailsOnEachListThatBreaksItsPromise(t *testing.T) {
 			l.Pages[1].Items = append(l.Pages[1].Items, Event{Key: "other/c", Revision: 13})
 			return l
 		}},
-		{"a remainingItemCount with selectors", func(l List) List { l.Selectors = true; return l }},
+		{"a remainingItemCount with selectors", func(l List) List { l.Selects.Labels = "team!=z"; return l }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			l := pagedAt13()

@@ -23,8 +23,9 @@ func (d Delivery) String() string {
 // Sink is what one sink received.
 type Sink struct {
 	Name string
-	// Match reports whether the sink's filters select the object key; nil selects every object.
-	Match func(key string) bool
+	// Selects is which objects the sink's resources and filters select, by key: its Labels
+	// are not read (a delivery's labels are not recorded).
+	Selects Selector
 	// Deliveries are what it received, repeats included, in order of arrival.
 	Deliveries []Delivery
 	// Gaps are where dynwatch could not follow the changes one by one (its watch could not
@@ -56,7 +57,11 @@ func (s Sink) skipped(e Event, h History) bool {
 	return false
 }
 
-func (s Sink) matches(key string) bool { return s.Match == nil || s.Match(key) }
+func (s Sink) matches(key string) bool {
+	by := s.Selects
+	by.Labels = ""
+	return by.Matches(Event{Key: key})
+}
 
 // Deliveries runs every sink validator but Delivered over s against h: the promises that hold
 // whatever happened on the way (restarts, relists, handovers).

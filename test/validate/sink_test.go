@@ -12,7 +12,7 @@ func delivered() Sink {
 	d := func(typ, key string, rev uint64) Delivery {
 		return Delivery{fmt.Sprintf("%s.%d.%s", key, rev, typ), typ, key, rev, false}
 	}
-	return Sink{Name: "hook", Match: inNS, Deliveries: []Delivery{
+	return Sink{Name: "hook", Selects: inNS, Deliveries: []Delivery{
 		d(Added, "ns/a", 10), d(Added, "ns/b", 11), d(Modified, "ns/a", 12), d(Deleted, "ns/b", 14),
 		d(Modified, "ns/a", 15), d(Modified, "ns/a", 12), d(Added, "ns/d", 16),
 	}}

@@ -12,7 +12,7 @@
 // lists). A Stream is one watch as a client received it: where it was opened, which objects it
 // selects and every event it received, bookmarks included. Each validator returns one
 // Violation per broken promise, naming the stream's event by its index, and nil when the
-// promise holds. A stream's or a list's Match sees an object's key and labels, so an object
+// promise holds. A stream's or a list's Selector sees an object's key and labels, so an object
 // that moves into or out of a label selector is checked as the apiserver's watch sends it
 // (History.View).
 package validate
@@ -71,10 +71,10 @@ type Stream struct {
 	// SendInitialEvents: the watch asked for the current objects first, ended by the initial
 	// events' bookmark.
 	SendInitialEvents bool
-	// Match reports whether the watch selects the object as a change left it (its key and
-	// labels); nil selects every object. An object that comes to match is ADDED to the stream,
-	// and one that stops matching DELETED (see History.View).
-	Match func(Event) bool `json:"-"`
+	// Selects is which objects the watch selects, as a change left each (its key and labels).
+	// An object that comes to match is ADDED to the stream, and one that stops matching
+	// DELETED (see History.View).
+	Selects Selector
 	// Events are what the watch received, in order.
 	Events []Event
 }
@@ -146,14 +146,14 @@ func (s Stream) start() (uint64, bool) {
 // one updated out of it DELETED, carrying the state the watch last selected at the update's
 // resourceVersion.
 func (h History) View(s Stream) History {
-	if s.Match == nil {
+	if s.Selects.all() {
 		return h
 	}
 	var out History
 	last := map[string]Event{} // each object's state after its latest change
 	for _, e := range h {
 		prev, had := last[e.Key]
-		was, now := had && s.Match(prev), e.Type != Deleted && s.Match(e)
+		was, now := had && s.Selects.Matches(prev), e.Type != Deleted && s.Selects.Matches(e)
 		if e.Type == Deleted {
 			delete(last, e.Key)
 		} else {

@@ -2,7 +2,6 @@ package validate
 
 import (
 	"slices"
-	"strings"
 	"testing"
 )
 
@@ -17,14 +16,12 @@ var history = History{
 	{Added, "ns/d", 16, false, ""},
 }
 
-func inNS(key string) bool { return strings.HasPrefix(key, "ns/") }
-
-// selectsNS is a stream's selection of "ns".
-func selectsNS(e Event) bool { return inNS(e.Key) }
+// inNS selects the objects of namespace "ns".
+var inNS = Selector{Namespace: "ns"}
 
 // resumed is a watch opened at 11 that received everything, with a bookmark on the way.
 func resumed() Stream {
-	return Stream{Name: "resumed", From: 11, Match: selectsNS, Events: []Event{
+	return Stream{Name: "resumed", From: 11, Selects: inNS, Events: []Event{
 		{Modified, "ns/a", 12, false, ""},
 		{Bookmark, "", 13, false, ""},
 		{Deleted, "ns/b", 14, false, ""},
@@ -35,7 +32,7 @@ func resumed() Stream {
 
 // initial is a watch that asked for initial events and received the state at 13, then the rest.
 func initial() Stream {
-	return Stream{Name: "initial", SendInitialEvents: true, Match: selectsNS, Events: []Event{
+	return Stream{Name: "initial", SendInitialEvents: true, Selects: inNS, Events: []Event{
 		{Added, "ns/b", 11, false, ""},
 		{Added, "ns/a", 12, false, ""},
 		{Bookmark, "", 13, true, ""},
@@ -59,7 +56,7 @@ var relabelled = History{
 // teamA is a watch of team=a from 10 that received what the apiserver sends: the object that
 // leaves DELETED as it was, at the change's resourceVersion; back, ADDED.
 func teamA() Stream {
-	return Stream{Name: "team=a", From: 10, Match: func(e Event) bool { return e.Labels == "team=a" }, Events: []Event{
+	return Stream{Name: "team=a", From: 10, Selects: Selector{Labels: "team=a"}, Events: []Event{
 		{Deleted, "ns/a", 12, false, "team=a"},
 		{Added, "ns/a", 14, false, "team=a"},
 		{Deleted, "ns/a", 15, false, "team=a"},
@@ -70,7 +67,7 @@ func TestAStreamThatKeepsEveryPromisePassesEveryValidator(t *testing.T) {
 	if v := Watch(relabelled, teamA()); len(v) > 0 {
 		t.Errorf("team=a: %v; want none", v)
 	}
-	for _, s := range []Stream{resumed(), initial(), {Name: "from now", Match: selectsNS, Events: resumed().Events[2:]}} {
+	for _, s := range []Stream{resumed(), initial(), {Name: "from now", Selects: inNS, Events: resumed().Events[2:]}} {
 		if v := Watch(history, s); len(v) > 0 {
 			t.Errorf("%s: %v; want none", s.Name, v)
 		}
