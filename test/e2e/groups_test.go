@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -22,8 +23,14 @@ import (
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // installCRD installs a namespaced CRD of kind in group, version v1, plural the kind
-// lower-cased with an s.
+// lower-cased with an s, in the shared test bed.
 func installCRD(t *testing.T, group, kind string) {
+	t.Helper()
+	installCRDIn(t, cluster.Config, group, kind)
+}
+
+// installCRDIn is installCRD in the cluster config reaches.
+func installCRDIn(t *testing.T, config *rest.Config, group, kind string) {
 	t.Helper()
 	plural := strings.ToLower(kind) + "s"
 	crd := &unstructured.Unstructured{}
@@ -34,7 +41,7 @@ func installCRD(t *testing.T, group, kind string) {
 		group, kind, plural, strings.ToLower(kind))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dynamic.NewForConfigOrDie(cluster.Config).Resource(crdResource).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
+	if _, err := dynamic.NewForConfigOrDie(config).Resource(crdResource).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

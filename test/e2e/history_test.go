@@ -225,7 +225,7 @@ metrics: {address: "127.0.0.1:0"}
 		t.Logf("%s: %d pages", l.Name, len(l.Pages))
 	}
 
-	rec.Sinks = sinks.converged(t, rec.History, nil, time.Minute)
+	rec.Sinks = sinks.converged(t, time.Minute, []recorded{{configmapsSource, rec.History, nil}})[0]
 	for _, sink := range rec.Sinks {
 		t.Logf("%s: %d deliveries of %d changes", sink.Name, len(sink.Deliveries), len(rec.History))
 		if v := validate.Converged(rec.History, sink); len(v) > 0 {
@@ -264,27 +264,41 @@ kafka: [{name: topic, brokers: [%s], topic: %s, retry: {initialBackoff: 10ms, ma
 		s.webhook.URL, timeout, strings.Join(s.nats.URLs(), ", "), strings.Join(s.kafka.brokers, ", "), recordedTopic)
 }
 
-// held is what each sink holds now, as package validate reads it: the webhook's deliveries
-// in order of arrival, the stream's messages in sequence order, the topic's records partition
-// by partition in offset order (an object's records are in one partition).
-func (s sinks) held(t *testing.T, gaps []validate.Gap) []validate.Sink {
+// configmapsSource is the ce-source of configmaps' deliveries: their collection's path.
+const configmapsSource = "/api/v1/configmaps"
+
+// recorded is one resource a run recorded: the ce-source of its deliveries, its history, and
+// where dynwatch listed it again.
+type recorded struct {
+	source  string
+	history validate.History
+	gaps    []validate.Gap
+}
+
+// held is what each sink holds now of the resource r, as package validate reads it: the
+// webhook's deliveries in order of arrival, the stream's messages in sequence order, the
+// topic's records partition by partition in offset order (an object's records are in one
+// partition).
+func (s sinks) held(t *testing.T, r recorded) []validate.Sink {
 	t.Helper()
 	return []validate.Sink{
-		{Name: "the webhook", Selects: s.selects, Deliveries: deliveries(t, s.webhook), Gaps: gaps},
-		{Name: "JetStream", Selects: s.selects, Deliveries: streamDeliveries(t, s.stream), Gaps: gaps},
-		{Name: "Kafka", Selects: s.selects, Deliveries: topicDeliveries(t, s.kafka.brokers), Gaps: gaps},
+		{Name: "the webhook", Selects: s.selects, Deliveries: deliveries(t, s.webhook, r.source), Gaps: r.gaps},
+		{Name: "JetStream", Selects: s.selects, Deliveries: streamDeliveries(t, s.stream, r.source), Gaps: r.gaps},
+		{Name: "Kafka", Selects: s.selects, Deliveries: topicDeliveries(t, s.kafka.brokers, r.source), Gaps: r.gaps},
 	}
 }
 
 // converged waits, up to within, until every sink has received each object's last state in
-// history, and returns what they hold then.
-func (s sinks) converged(t *testing.T, history validate.History, gaps []validate.Gap, within time.Duration) []validate.Sink {
+// each resource's history, and returns what they hold then, resource by resource.
+func (s sinks) converged(t *testing.T, within time.Duration, rs []recorded) [][]validate.Sink {
 	t.Helper()
 	for end := time.Now().Add(within); ; time.Sleep(200 * time.Millisecond) {
-		got := s.held(t, gaps)
-		done := true
-		for _, sink := range got {
-			done = done && len(validate.Converged(history, sink)) == 0
+		got, done := make([][]validate.Sink, len(rs)), true
+		for i, r := range rs {
+			got[i] = s.held(t, r)
+			for _, sink := range got[i] {
+				done = done && len(validate.Converged(r.history, sink)) == 0
+			}
 		}
 		if done || time.Now().After(end) {
 			return got
@@ -297,8 +311,9 @@ func ceType(typ string) string {
 	return strings.ToUpper(strings.TrimPrefix(typ, "io.dynwatch.resource."))
 }
 
-// streamDeliveries are the messages of s in sequence order, as package validate reads them.
-func streamDeliveries(t *testing.T, s jetstream.Stream) []validate.Delivery {
+// streamDeliveries are the messages of s of the resource source names, in sequence order, as
+// package validate reads them.
+func streamDeliveries(t *testing.T, s jetstream.Stream, source string) []validate.Delivery {
 	t.Helper()
 	info, err := s.Info(t.Context())
 	if err != nil {
@@ -310,42 +325,56 @@ func streamDeliveries(t *testing.T, s jetstream.Stream) []validate.Delivery {
 		if err != nil {
 			t.Fatalf("read message %d: %v", seq, err)
 		}
+		if m.Header.Get("ce-source") != source {
+			continue
+		}
 		out = append(out, validate.Delivery{ID: m.Header.Get("ce-id"), Type: ceType(m.Header.Get("ce-type")),
 			Key: m.Header.Get("ce-subject"), Revision: object.Revision(m.Header.Get("ce-resourceversion"))})
 	}
 	return out
 }
 
-// topicDeliveries are the records of the recorded topic, as package validate reads them.
-func topicDeliveries(t *testing.T, brokers []string) []validate.Delivery {
+// topicDeliveries are the records of the recorded topic of the resource source names, as
+// package validate reads them.
+func topicDeliveries(t *testing.T, brokers []string, source string) []validate.Delivery {
 	t.Helper()
 	rs, err := testbed.ReadTopic(t.Context(), brokers, recordedTopic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]validate.Delivery, len(rs))
-	for i, r := range rs {
+	var out []validate.Delivery
+	for _, r := range rs {
+		var d validate.Delivery
+		of := ""
 		for _, h := range r.Headers {
 			switch h.Key {
 			case "ce_id":
-				out[i].ID = string(h.Value)
+				d.ID = string(h.Value)
 			case "ce_type":
-				out[i].Type = ceType(string(h.Value))
+				d.Type = ceType(string(h.Value))
 			case "ce_subject":
-				out[i].Key = string(h.Value)
+				d.Key = string(h.Value)
 			case "ce_resourceversion":
-				out[i].Revision = object.Revision(string(h.Value))
+				d.Revision = object.Revision(string(h.Value))
+			case "ce_source":
+				of = string(h.Value)
 			}
+		}
+		if of == source {
+			out = append(out, d)
 		}
 	}
 	return out
 }
 
-// deliveries are what rc received, as package validate reads them.
-func deliveries(t *testing.T, rc *receiver) []validate.Delivery {
+// deliveries are what rc received of the resource source names, as package validate reads them.
+func deliveries(t *testing.T, rc *receiver, source string) []validate.Delivery {
 	t.Helper()
 	var out []validate.Delivery
 	for _, r := range rc.got() {
+		if r.source != source {
+			continue
+		}
 		if r.parseErr != nil {
 			t.Fatalf("a delivery the receiver could not read: %v", r.parseErr)
 		}

@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
@@ -38,15 +39,17 @@ import (
 )
 
 // The robustness harness. Each run takes a seed, which chooses one fault of the catalogue, when
-// it strikes, and the writes around it (creates, updates, deletes and relabels of configmaps);
-// the webhook also answers the first attempt at four changes in ten with a fault of its own, as
-// the seed says. The run records the apiserver's own watch of the configmaps (the reference
-// history), watches through dynwatch's query API (of every object, and by a label selector that
-// the writes move objects into and out of) as a client that never gives up would hold them
-// (resumed from the last resourceVersion it saw when dynwatch goes away, listed again when that
-// is refused as expired; each watch a stream of its own), and what the webhook received. Every
-// stream must keep every promise package validate checks, and the webhook every change, in order
-// per object, each under one id. A failed run writes its record and seed to a file it names.
+// it strikes, and the writes around it (creates, updates, deletes and relabels of configmaps,
+// and of widgets, a custom resource); the webhook also answers the first attempt at four changes
+// in ten with a fault of its own, as the seed says. The run records the apiserver's own watch of
+// each resource (the reference histories), watches through dynwatch's query API (of every
+// configmap, of those a label selector selects, which the writes move objects into and out of,
+// and of every widget) as a client that never gives up would hold them (resumed from the last
+// resourceVersion it saw when dynwatch goes away, listed again when that is refused as expired;
+// each watch a stream of its own), and what the webhook, a JetStream stream and a Kafka topic
+// received. Every stream must keep every promise package validate checks, and every sink every
+// change, in order per object, each under one id. A failed run writes its record of each
+// resource and its seed to files it names.
 //
 // The runs: DYNWATCH_ROBUSTNESS_SEEDS (a comma-separated list) replays those seeds;
 // DYNWATCH_ROBUSTNESS_RUNS=N runs N seeds from a random start (make robustness); neither runs
@@ -219,6 +222,23 @@ var catalogue = []fault{
 			s.startPeer(t)
 		}
 	}},
+	{"delete the CRD of a watched resource and create it again", needsNothing, func(t *testing.T, s *scenario) {
+		s.widgetsOff.Store(true)
+		defer s.widgetsOff.Store(false)
+		crds := dynamic.NewForConfigOrDie(s.cluster.Config).Resource(crdResource)
+		name := widgetsGVR.Resource + "." + widgetGroup
+		if err := crds.Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The apiserver deletes every widget first: each a DELETED to every watcher.
+		testbed.Eventually(t, time.Minute, func() error {
+			if _, err := crds.Get(t.Context(), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("the CRD is not gone yet (%w)", err)
+			}
+			return nil
+		})
+		s.installWidgets(t)
+	}},
 	{"a full disk for 3s", needsDisk, func(t *testing.T, s *scenario) {
 		s.disk.Fill(true)
 		time.Sleep(3 * time.Second)
@@ -236,30 +256,36 @@ var catalogue = []fault{
 	}},
 	{"a watch gap: dynwatch paused while the apiserver restarts and etcd compacts", needsNothing, func(t *testing.T, s *scenario) {
 		s.signal(t, syscall.SIGSTOP)
-		from := s.reference.known()
+		// Each resource's watches through dynwatch had come no further: it had seen no change
+		// of it after.
+		from := map[string]uint64{configmapsSource: s.reference.known(), widgetsSource: s.widgets.known()}
 		for _, f := range s.followers {
-			from = min(from, f.known()) // dynwatch's watches had come no further: it had seen no change after
+			from[f.source] = min(from[f.source], f.known())
 		}
 		if err := s.cluster.RestartAPIServer(t.Context()); err != nil {
 			t.Error(err)
 		}
-		s.reference.caughtUp(t, s.cluster)
+		s.reference.caughtUp(t)
+		s.widgets.caughtUp(t)
 		if err := s.cluster.CompactEtcd(t.Context()); err != nil {
 			t.Error(err)
 		}
 		s.signal(t, syscall.SIGCONT)
-		// dynwatch lists again before it delivers a change made after its pause; once the webhook
-		// has one, the gap is over.
-		marker := s.reference.caughtUp(t, s.cluster)
+		// dynwatch lists each resource again before it delivers a change of it made after its
+		// pause; once the webhook has one of each, the gap is over.
+		markers := []string{s.reference.caughtUp(t), s.widgets.caughtUp(t)}
 		testbed.Eventually(t, time.Minute, func() error {
-			for _, r := range s.sinks.webhook.got() {
-				if r.name() == marker {
-					return nil
+			for _, marker := range markers {
+				if !slices.ContainsFunc(s.sinks.webhook.got(), func(r received) bool { return r.name() == marker }) {
+					return fmt.Errorf("the webhook has not received %s", marker)
 				}
 			}
-			return fmt.Errorf("the webhook has not received %s", marker)
+			return nil
 		})
-		s.gaps = append(s.gaps, validate.Gap{From: from, To: s.reference.known()})
+		to := max(s.reference.known(), s.widgets.known())
+		for source, from := range from {
+			s.gaps[source] = append(s.gaps[source], validate.Gap{From: from, To: to})
+		}
 	}},
 	{"cut the network to the apiserver for 5s", needsProxy, func(t *testing.T, s *scenario) {
 		s.proxy.Cut()
@@ -297,8 +323,8 @@ const (
 	outageHang
 )
 
-// scenario is one run: a test bed of its own, dynwatch delivering one namespace's configmaps to
-// a webhook, and the fault.
+// scenario is one run: a test bed of its own, dynwatch delivering one namespace's configmaps and
+// widgets to three sinks, and the fault.
 type scenario struct {
 	seed       uint64
 	cluster    *testbed.Cluster
@@ -311,10 +337,12 @@ type scenario struct {
 	disk       *testbed.FaultFS
 	proxy      *testbed.Proxy
 	sinks      sinks
-	down       atomic.Int32 // the webhook's outage
-	reference  *follower
-	gaps       []validate.Gap // where dynwatch listed again, written by the fault
-	followers  []*follower    // the watches through dynwatch
+	down       atomic.Int32              // the webhook's outage
+	reference  *follower                 // the apiserver's watch of the configmaps
+	widgets    *follower                 // of the widgets
+	gaps       map[string][]validate.Gap // where dynwatch listed each resource again (by ce-source), written by the fault
+	followers  []*follower               // the watches through dynwatch, of both
+	widgetsOff atomic.Bool               // the widgets' writes wait while it is set
 
 	mu   sync.Mutex
 	p    *runner.Process // nil while dynwatch is restarted
@@ -326,7 +354,7 @@ type scenario struct {
 func runScenario(t *testing.T, seed uint64, f fault) {
 	t.Logf("seed %d, fault %q (DYNWATCH_ROBUSTNESS_SEEDS=%[1]d replays it)", seed, f.name)
 	r := rand.New(rand.NewPCG(seed, seed>>1))
-	s := &scenario{seed: seed, cluster: ownCluster(t, testbed.Options{NoWatchCache: true}), ns: "robust", state: t.TempDir()}
+	s := &scenario{seed: seed, cluster: ownCluster(t, testbed.Options{NoWatchCache: true}), ns: "robust", state: t.TempDir(), gaps: map[string][]validate.Gap{}}
 	s.kubeconfig = s.cluster.Kubeconfig
 	s.gofail = freeLoopback(t)
 	switch f.needs {
@@ -342,6 +370,7 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 	if _, err := cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	s.installWidgets(t)
 	s.sinks = recordedSinks(t, newJudge(t, func(rc received, n int, h http.Header) int {
 		switch s.down.Load() {
 		case outage503:
@@ -368,37 +397,61 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 		t.Logf("the leader: %s", s.leaderName(t))
 	}
 
-	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	upstream := dynamic.NewForConfigOrDie(s.cluster.Config).Resource(gvr).Namespace(s.ns)
-	s.reference = follow("the apiserver", func() (dynamic.ResourceInterface, error) { return upstream, nil }, metav1.ListOptions{}, validate.Selector{})
-	through := func() (dynamic.ResourceInterface, error) {
-		p := s.proc()
-		if p == nil {
-			return nil, errors.New("dynwatch is restarting")
-		}
-		api, _, err := p.WaitListening(t.Context())
-		if err != nil {
-			return nil, err
-		}
-		return dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(gvr).Namespace(s.ns), nil
+	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	admin := dynamic.NewForConfigOrDie(s.cluster.Config)
+	upstream := func(gvr schema.GroupVersionResource) func() (dynamic.ResourceInterface, error) {
+		return func() (dynamic.ResourceInterface, error) { return admin.Resource(gvr).Namespace(s.ns), nil }
 	}
-	followers := []*follower{
-		follow("every object", through, metav1.ListOptions{}, validate.Selector{}),
-		follow("team=a", through, metav1.ListOptions{LabelSelector: "team=a"}, validate.Selector{Labels: "team=a"}),
+	through := func(gvr schema.GroupVersionResource) func() (dynamic.ResourceInterface, error) {
+		return func() (dynamic.ResourceInterface, error) {
+			p := s.proc()
+			if p == nil {
+				return nil, errors.New("dynwatch is restarting")
+			}
+			api, _, err := p.WaitListening(t.Context())
+			if err != nil {
+				return nil, err
+			}
+			return dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(gvr).Namespace(s.ns), nil
+		}
 	}
-	s.followers = followers
+	s.reference = follow("the apiserver's configmaps", upstream(configmaps), metav1.ListOptions{}, validate.Selector{})
+	s.reference.source, s.reference.apiVersion, s.reference.kind = configmapsSource, "v1", "ConfigMap"
+	s.widgets = follow("the apiserver's widgets", upstream(widgetsGVR), metav1.ListOptions{}, validate.Selector{})
+	s.widgets.source, s.widgets.apiVersion, s.widgets.kind = widgetsSource, widgetGroup+"/v1", "Widget"
+	s.followers = []*follower{
+		follow("every configmap", through(configmaps), metav1.ListOptions{}, validate.Selector{}),
+		follow("configmaps of team=a", through(configmaps), metav1.ListOptions{LabelSelector: "team=a"}, validate.Selector{Labels: "team=a"}),
+		follow("every widget", through(widgetsGVR), metav1.ListOptions{}, validate.Selector{}),
+	}
+	s.followers[0].source, s.followers[1].source, s.followers[2].source = configmapsSource, configmapsSource, widgetsSource
+	tracks := []struct {
+		recorded
+		reference *follower
+		followers []*follower
+	}{
+		{recorded{source: configmapsSource}, s.reference, s.followers[:2]},
+		{recorded{source: widgetsSource}, s.widgets, s.followers[2:]},
+	}
+	all := append([]*follower{s.reference, s.widgets}, s.followers...)
 	defer func() {
-		for _, fl := range append(followers, s.reference) {
+		for _, fl := range all {
 			fl.end()
 		}
 	}()
-	for _, fl := range append(followers, s.reference) {
+	for _, fl := range all {
 		fl.watching(t)
 	}
 
 	churned := make(chan struct{})
 	churnSeed := r.Uint64()
-	go func() { defer close(churned); churnThroughFaults(t, cs.CoreV1().ConfigMaps(s.ns), churnSeed) }()
+	go func() {
+		defer close(churned)
+		var wg sync.WaitGroup
+		wg.Go(func() { churnThroughFaults(t, cs.CoreV1().ConfigMaps(s.ns), churnSeed) })
+		wg.Go(func() { s.churnWidgets(t, churnSeed) })
+		wg.Wait()
+	}()
 	time.Sleep(3*time.Second + time.Duration(r.Int64N(int64(6*time.Second)))) // when the fault strikes
 	t.Logf("%s", f.name)
 	f.inject(t, s)
@@ -407,38 +460,100 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 		return
 	}
 
-	s.reference.caughtUp(t, s.cluster)
-	s.reference.end()
-	refStreams, relists := s.reference.result()
-	if relists != 1 {
-		t.Fatalf("the reference history has a gap: its watch of the apiserver listed %d times", relists)
-	}
-	var history validate.History
-	for _, st := range refStreams {
-		for _, e := range st.Events {
-			if e.Type != "BOOKMARK" {
-				history = append(history, e)
+	var recs []validate.Record
+	for i := range tracks {
+		tr := &tracks[i]
+		tr.reference.caughtUp(t)
+		tr.reference.end()
+		refStreams, relists := tr.reference.result()
+		if relists != 1 {
+			t.Fatalf("the reference history has a gap: %s listed %d times", tr.reference.name, relists)
+		}
+		for _, st := range refStreams {
+			for _, e := range st.Events {
+				if e.Type != validate.Bookmark {
+					tr.history = append(tr.history, e)
+				}
 			}
 		}
-	}
-	rec := validate.Record{Seed: seed, Fault: f.name, History: history}
-	for _, fl := range followers {
-		fl.waitFor(t, history)
-		fl.end()
-		streams, _ := fl.result()
-		rec.Streams = append(rec.Streams, streams...)
-		t.Logf("%s: %d streams", fl.name, len(streams))
+		tr.gaps = s.gaps[tr.source]
+		rec := validate.Record{Seed: seed, Fault: f.name, History: tr.history}
+		for _, fl := range tr.followers {
+			fl.waitFor(t, tr.history)
+			fl.end()
+			streams, _ := fl.result()
+			rec.Streams = append(rec.Streams, streams...)
+			t.Logf("%s: %d streams", fl.name, len(streams))
+		}
+		recs = append(recs, rec)
 	}
 	// Every object's last state arrives, or the validators say which did not.
-	rec.Sinks = s.sinks.converged(t, history, s.gaps, 2*time.Minute)
-	for _, v := range rec.Violations() {
-		t.Error(v)
+	held := s.sinks.converged(t, 2*time.Minute, []recorded{tracks[0].recorded, tracks[1].recorded})
+	for i, rec := range recs {
+		rec.Sinks = held[i]
+		for _, v := range rec.Violations() {
+			t.Errorf("%s: %s", tracks[i].source, v)
+		}
+		for _, sink := range rec.Sinks {
+			t.Logf("%s: %s: %d deliveries of %d changes", tracks[i].source, sink.Name, len(sink.Deliveries), len(rec.History))
+		}
+		if t.Failed() {
+			writeRecord(t, rec, fmt.Sprintf("dynwatch-robustness-%d-%s.json", seed, filepath.Base(tracks[i].source)))
+		}
 	}
-	for _, sink := range rec.Sinks {
-		t.Logf("%s: %d deliveries of %d changes", sink.Name, len(sink.Deliveries), len(history))
-	}
-	if t.Failed() {
-		writeRecord(t, rec, fmt.Sprintf("dynwatch-robustness-%d.json", seed))
+}
+
+// The custom resource every run watches beside the configmaps.
+const (
+	widgetGroup   = "robust.dynwatch.test"
+	widgetsSource = "/apis/" + widgetGroup + "/v1/widgets"
+	widgetObjects = 6
+	widgetsEvery  = 100 * time.Millisecond
+)
+
+var widgetsGVR = schema.GroupVersionResource{Group: widgetGroup, Version: "v1", Resource: "widgets"}
+
+// installWidgets installs the widgets' CRD, and waits until they are served.
+func (s *scenario) installWidgets(t *testing.T) {
+	t.Helper()
+	installCRDIn(t, s.cluster.Config, widgetGroup, "Widget")
+	widgets := dynamic.NewForConfigOrDie(s.cluster.Config).Resource(widgetsGVR).Namespace(s.ns)
+	testbed.Eventually(t, time.Minute, func() error {
+		_, err := widgets.List(t.Context(), metav1.ListOptions{})
+		return err
+	})
+}
+
+// churnWidgets creates, updates and deletes widgetObjects widgets at random, as the seed says,
+// one write every widgetsEvery for churnFor, but while widgetsOff is set.
+func (s *scenario) churnWidgets(t *testing.T, seed uint64) {
+	widgets := dynamic.NewForConfigOrDie(s.cluster.Config).Resource(widgetsGVR).Namespace(s.ns)
+	r := rand.New(rand.NewPCG(seed, seed>>2))
+	exists := map[string]bool{}
+	for end := time.Now().Add(churnFor); time.Now().Before(end); time.Sleep(widgetsEvery) {
+		if s.widgetsOff.Load() {
+			clear(exists) // the CRD's deletion deleted them
+			continue
+		}
+		name := fmt.Sprintf("w-%d", r.IntN(widgetObjects))
+		w := &unstructured.Unstructured{Object: map[string]any{"apiVersion": widgetGroup + "/v1", "kind": "Widget",
+			"metadata": map[string]any{"name": name}, "spec": map[string]any{"v": int64(r.IntN(1 << 20))}}}
+		var err error
+		switch {
+		case !exists[name]:
+			_, err = widgets.Create(t.Context(), w, metav1.CreateOptions{})
+			exists[name] = err == nil || apierrors.IsAlreadyExists(err)
+		case r.IntN(10) < 7:
+			var got *unstructured.Unstructured
+			if got, err = widgets.Get(t.Context(), name, metav1.GetOptions{}); err == nil {
+				w.SetResourceVersion(got.GetResourceVersion())
+				_, err = widgets.Update(t.Context(), w, metav1.UpdateOptions{})
+			}
+			exists[name] = !apierrors.IsNotFound(err)
+		default:
+			err = widgets.Delete(t.Context(), name, metav1.DeleteOptions{})
+			exists[name] = err != nil && !apierrors.IsNotFound(err)
+		}
 	}
 }
 
@@ -458,12 +573,12 @@ func writeRecord(t *testing.T, rec validate.Record, name string) {
 func (s *scenario) writeConfig(t *testing.T, timeout string) {
 	write := func(path, state, election string) {
 		writeFile(t, path, fmt.Sprintf(`
-resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
-%s
+resources: [{version: v1, resource: configmaps, namespaces: [%[1]s]}, {group: %[5]s, version: v1, resource: widgets, namespaces: [%[1]s]}]
+%[2]s
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
 metrics: {address: "127.0.0.1:0"}
-state: {path: %s}
-%s`, s.ns, s.sinks.config(timeout), state, election))
+state: {path: %[3]s}
+%[4]s`, s.ns, s.sinks.config(timeout), state, election, widgetGroup))
 	}
 	if s.peerConfig == "" {
 		write(s.config, s.state, "")
@@ -727,12 +842,15 @@ func churnThroughFaults(t *testing.T, cms typedcorev1.ConfigMapInterface, seed u
 // that is refused as expired, a list again. Each watch is a stream of its own.
 type follower struct {
 	name string
-	res  func() (dynamic.ResourceInterface, error)
-	opts metav1.ListOptions
-	sel  validate.Selector
-	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	// source is the ce-source of the resource's deliveries; apiVersion and kind are its
+	// objects' (caughtUp creates one).
+	source, apiVersion, kind string
+	res                      func() (dynamic.ResourceInterface, error)
+	opts                     metav1.ListOptions
+	sel                      validate.Selector
+	stop                     chan struct{}
+	done                     chan struct{}
+	once                     sync.Once
 
 	mu      sync.Mutex
 	streams []validate.Stream // the watches that ended
@@ -874,25 +992,29 @@ func (f *follower) waitFor(t *testing.T, history validate.History) {
 	})
 }
 
-// caughtUp writes a marker configmap and waits until the follower has its change: it then
-// has every change made before. It returns the marker's name.
-func (f *follower) caughtUp(t *testing.T, c *testbed.Cluster) string {
+// caughtUp creates a marker object of the follower's resource and waits until the follower
+// has its change: it then has every change made before. It returns the marker's name.
+func (f *follower) caughtUp(t *testing.T) string {
 	t.Helper()
-	cms := kubernetes.NewForConfigOrDie(c.Config).CoreV1().ConfigMaps("robust")
-	var cm *corev1.ConfigMap
+	res, err := f.res()
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := &unstructured.Unstructured{Object: map[string]any{"apiVersion": f.apiVersion, "kind": f.kind,
+		"metadata": map[string]any{"generateName": "marker-"}}}
+	var made *unstructured.Unstructured
 	testbed.Eventually(t, time.Minute, func() error {
-		var err error
-		cm, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "marker-"}}, metav1.CreateOptions{})
+		made, err = res.Create(t.Context(), marker, metav1.CreateOptions{})
 		return err
 	})
-	rv, _ := strconv.ParseUint(cm.ResourceVersion, 10, 64)
+	rv, _ := strconv.ParseUint(made.GetResourceVersion(), 10, 64)
 	testbed.Eventually(t, time.Minute, func() error {
 		if k := f.known(); k < rv {
 			return fmt.Errorf("%s knows resourceVersion %d, the marker is at %d", f.name, k, rv)
 		}
 		return nil
 	})
-	return cm.Name
+	return made.GetName()
 }
 
 // end stops following and waits for the last watch's events.
