@@ -682,6 +682,9 @@ func (l *Log) WriteSnapshot(id uint64, fill func(add func([]byte) (Pos, error)) 
 	if err == nil {
 		err = w.Flush()
 	}
+	// A snapshot written and not yet in place, for the robustness harness to kill dynwatch
+	// mid-snapshot (a failpoint: see test/runner.BuildWithFailpoints).
+	// gofail: var beforeSnapshotRename struct{}
 	if err == nil {
 		err = datasync(f)
 	}

@@ -181,6 +181,25 @@ var catalogue = []fault{
 		s.disk.ReleaseSyncs()
 		s.start(t)
 	}},
+	{"kill dynwatch mid-snapshot", needsNothing, func(t *testing.T, s *scenario) {
+		// The failpoint beforeSnapshotRename holds the next snapshot once written, before it
+		// takes the segments' place; configmaps of 200 kB grow the log past what starts one.
+		s.hold(t, "beforeSnapshotRename")
+		cms := kubernetes.NewForConfigOrDie(s.cluster.Config).CoreV1().ConfigMaps(s.ns)
+		for i := range 30 {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bulk-%02d", i)}, Data: map[string]string{"v": strings.Repeat("x", 200<<10)}}
+			if _, err := cms.Create(t.Context(), cm, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testbed.Eventually(t, time.Minute, func() error {
+			if snapshots, _ := filepath.Glob(filepath.Join(s.state, "snap-*.wal.tmp")); len(snapshots) == 0 {
+				return errors.New("no snapshot is being written")
+			}
+			return nil
+		})
+		s.kill(t)
+	}},
 	{"kill dynwatch mid-append: a torn commit at the log's tail", needsNothing, func(t *testing.T, s *scenario) {
 		if err := s.take().Kill(); err != nil {
 			t.Error(err)
@@ -680,18 +699,7 @@ func (s *scenario) urls(t *testing.T) (api, metrics string) {
 // killIn makes every commit of the state store wait at the failpoint, waits until one does
 // (the commits stop while the writes go on), and kills dynwatch there.
 func (s *scenario) killIn(t *testing.T, failpoint string) {
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://"+s.gofail+"/"+failpoint, strings.NewReader("sleep(60000)"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("set failpoint %s: %s", failpoint, resp.Status)
-	}
+	s.hold(t, failpoint)
 	_, metrics := s.urls(t)
 	last, since := -1.0, time.Now()
 	testbed.Eventually(t, 30*time.Second, func() error {
@@ -739,6 +747,22 @@ func tearTail(t *testing.T, dir string, seed uint64) {
 	}
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// hold sets the failpoint of the running dynwatch to sleep a minute wherever it is reached.
+func (s *scenario) hold(t *testing.T, failpoint string) {
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPut, "http://"+s.gofail+"/"+failpoint, strings.NewReader("sleep(60000)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("set failpoint %s: %s", failpoint, resp.Status)
 	}
 }
 
