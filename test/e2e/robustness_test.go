@@ -408,18 +408,28 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 		// query API serves it, no sink is handed it.
 		s.sinks.selects = validate.Selector{Except: []string{s.ns + "/dynwatch-checkpoints"}}
 	}
+	// The references watch before dynwatch starts: they have every change it may see, its
+	// leader election's checkpoint ConfigMap's creation too.
+	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+	admin := dynamic.NewForConfigOrDie(s.cluster.Config)
+	upstream := func(gvr schema.GroupVersionResource) func() (dynamic.ResourceInterface, error) {
+		return func() (dynamic.ResourceInterface, error) { return admin.Resource(gvr).Namespace(s.ns), nil }
+	}
+	s.reference = follow("the apiserver's configmaps", upstream(configmaps), metav1.ListOptions{}, validate.Selector{})
+	s.reference.source, s.reference.apiVersion, s.reference.kind = configmapsSource, "v1", "ConfigMap"
+	s.widgets = follow("the apiserver's widgets", upstream(widgetsGVR), metav1.ListOptions{}, validate.Selector{})
+	s.widgets.source, s.widgets.apiVersion, s.widgets.kind = widgetsSource, widgetGroup+"/v1", "Widget"
+	defer s.reference.end()
+	defer s.widgets.end()
+	s.reference.watching(t)
+	s.widgets.watching(t)
+
 	s.config = filepath.Join(t.TempDir(), "config.yaml")
 	s.writeConfig(t, "1s")
 	s.start(t)
 	if s.peerConfig != "" {
 		s.startPeer(t)
 		t.Logf("the leader: %s", s.leaderName(t))
-	}
-
-	configmaps := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
-	admin := dynamic.NewForConfigOrDie(s.cluster.Config)
-	upstream := func(gvr schema.GroupVersionResource) func() (dynamic.ResourceInterface, error) {
-		return func() (dynamic.ResourceInterface, error) { return admin.Resource(gvr).Namespace(s.ns), nil }
 	}
 	through := func(gvr schema.GroupVersionResource) func() (dynamic.ResourceInterface, error) {
 		return func() (dynamic.ResourceInterface, error) {
@@ -434,10 +444,6 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 			return dynamic.NewForConfigOrDie(&rest.Config{Host: api}).Resource(gvr).Namespace(s.ns), nil
 		}
 	}
-	s.reference = follow("the apiserver's configmaps", upstream(configmaps), metav1.ListOptions{}, validate.Selector{})
-	s.reference.source, s.reference.apiVersion, s.reference.kind = configmapsSource, "v1", "ConfigMap"
-	s.widgets = follow("the apiserver's widgets", upstream(widgetsGVR), metav1.ListOptions{}, validate.Selector{})
-	s.widgets.source, s.widgets.apiVersion, s.widgets.kind = widgetsSource, widgetGroup+"/v1", "Widget"
 	s.followers = []*follower{
 		follow("every configmap", through(configmaps), metav1.ListOptions{}, validate.Selector{}),
 		follow("configmaps of team=a", through(configmaps), metav1.ListOptions{LabelSelector: "team=a"}, validate.Selector{Labels: "team=a"}),
@@ -452,13 +458,12 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 		{recorded{source: configmapsSource}, s.reference, s.followers[:2]},
 		{recorded{source: widgetsSource}, s.widgets, s.followers[2:]},
 	}
-	all := append([]*follower{s.reference, s.widgets}, s.followers...)
 	defer func() {
-		for _, fl := range all {
+		for _, fl := range s.followers {
 			fl.end()
 		}
 	}()
-	for _, fl := range all {
+	for _, fl := range s.followers {
 		fl.watching(t)
 	}
 
@@ -501,7 +506,11 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 			fl.waitFor(t, tr.history)
 			fl.end()
 			streams, _ := fl.result()
-			rec.Streams = append(rec.Streams, streams...)
+			for _, st := range streams {
+				// With two replicas, the leader writes its checkpoint ConfigMap on after the
+				// reference has ended: what came after its last change is not known to be right.
+				rec.Streams = append(rec.Streams, upTo(st, tr.history[len(tr.history)-1].Revision))
+			}
 			t.Logf("%s: %d streams", fl.name, len(streams))
 		}
 		recs = append(recs, rec)
@@ -520,6 +529,12 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 			writeRecord(t, rec, fmt.Sprintf("dynwatch-robustness-%d-%s.json", seed, filepath.Base(tracks[i].source)))
 		}
 	}
+}
+
+// upTo is s without what it received after revision to.
+func upTo(s validate.Stream, to uint64) validate.Stream {
+	s.Events = slices.DeleteFunc(slices.Clone(s.Events), func(e validate.Event) bool { return e.Revision > to })
+	return s
 }
 
 // The custom resource every run watches beside the configmaps.
