@@ -74,14 +74,14 @@ func TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory(t *testing.T) {
 	}
 }
 
-// TestEachValidatorFailsOnABuildBrokenForIt records the history test's watches, lists and
-// webhook (recordHistory) through builds of dynwatch broken on purpose, each by a failpoint
+// TestEachBuildBrokenForAValidatorFailsIt records the history test's watches, lists and sinks
+// (recordHistory) through builds of dynwatch broken on purpose, each by a failpoint
 // (runner.BuildWithFailpoints) that breaks one promise, and demands that the validator of that
 // promise finds it: a validator that cannot fail checks nothing. Other validators may find the
 // same break too; each run logs how many violations each validator found. Each build runs on a
 // test bed of its own, whose resourceVersions only the run's writes advance: serving each change
 // at the next resourceVersion then takes it to the next change's, which Atomic must miss.
-func TestEachValidatorFailsOnABuildBrokenForIt(t *testing.T) {
+func TestEachBuildBrokenForAValidatorFailsIt(t *testing.T) {
 	t.Parallel()
 	for _, b := range []struct{ failpoint, validator string }{
 		{"loseFirstInitialObject", "InitialState"}, // httpapi: a watch's first initial object is not sent
