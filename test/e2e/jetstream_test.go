@@ -42,10 +42,14 @@ func startNATS(t *testing.T, n int) *testbed.NATS {
 // createStream connects to urls and creates a stream; the connection lasts until the test ends.
 func createStream(t *testing.T, urls []string, cfg jetstream.StreamConfig) jetstream.Stream {
 	t.Helper()
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A server just started may take its time to accept on a loaded machine (a CI run's 2 s
+	// dial timed out): connect, with a longer timeout, until it does.
+	var nc *nats.Conn
+	testbed.Eventually(t, time.Minute, func() error {
+		var err error
+		nc, err = nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.Timeout(10*time.Second))
+		return err
+	})
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
