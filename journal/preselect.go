@@ -91,8 +91,9 @@ func (p *preselector) run() {
 		p.queues[key] = p.queues[key][1:]
 		p.busy[key] = true
 		p.mu.Unlock()
-		o.pre = &preselected{} // a quiet op's: it is handed to no target
-		if !o.quiet {
+		if o.quiet {
+			o.pre = &preselected{} // handed to no target: nothing to evaluate
+		} else {
 			o.pre = p.j.preselect(o.event)
 		}
 		p.j.submit(o)
