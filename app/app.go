@@ -16,6 +16,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/httpapi"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Options are what Run needs from its caller.
@@ -47,11 +48,11 @@ func Run(ctx context.Context, o Options) error {
 	setGCPercent(log)
 	setMemoryLimit(ctx, log)
 	gin.SetMode(gin.ReleaseMode)
-	s, err := build(log, cfg, o)
+	s, err := build(ctx, log, cfg, o)
 	if err != nil {
 		return err
 	}
-	log.Info("starting", "resources", len(cfg.Resources), "webhooks", len(cfg.Webhooks), "jetstream", len(cfg.JetStream), "kafka", len(cfg.Kafka), "apiserver", s.host)
+	log.Info("starting", "cluster", s.cluster.ID, "resources", len(cfg.Resources), "webhooks", len(cfg.Webhooks), "jetstream", len(cfg.JetStream), "kafka", len(cfg.Kafka), "apiserver", s.host)
 	err = s.run(ctx)
 	log.Info("stopped", "err", err)
 	return err
@@ -62,6 +63,7 @@ type service struct {
 	cfg       *config.Config
 	log       *slog.Logger
 	host      string
+	cluster   object.Cluster
 	informers *dynamicinformer.Manager
 	pipeline  *pipeline
 	reloader  *config.Reloader

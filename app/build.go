@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -20,8 +21,9 @@ import (
 	"github.com/dynwatch/dynwatch/leader"
 )
 
-// build makes every part from cfg; nothing runs yet.
-func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err error) {
+// build makes every part from cfg; nothing runs yet. It reads the cluster's identity (see
+// resolveCluster), asking again until ctx ends while the apiserver does not answer.
+func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options) (_ *service, err error) {
 	// Before any client exists: client-go reads its feature gates as it builds them.
 	clientfeatures.ReplaceFeatureGates(clientGates{base: clientfeatures.FeatureGates(), cbor: cfg.Client.CBOR})
 	restConfig, err := clientConfig(o.Kubeconfig)
@@ -51,6 +53,9 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), encodings.responses)
 	s := &service{cfg: cfg, log: log, host: restConfig.Host}
+	if s.cluster, err = resolveCluster(ctx, log, cfg.Cluster, dyn); err != nil {
+		return nil, err
+	}
 
 	if sameDir(cfg.State.Path, o.ConfigPath) {
 		log.Warn("state.path is in the configuration file's directory, which dynwatch watches for changes: every commit to the store wakes the watcher (about 5% of the CPU under load); give the store a directory of its own", "path", cfg.State.Path)
@@ -67,7 +72,7 @@ func build(log *slog.Logger, cfg *config.Config, o Options) (_ *service, err err
 		}
 		status = func() any { return elector.Status() }
 	}
-	if s.pipeline, err = newPipeline(log, reg, cfg, elector, func() []*dynamicinformer.Resource { return s.informers.Resources() }); err != nil {
+	if s.pipeline, err = newPipeline(log, reg, cfg, s.cluster, elector, func() []*dynamicinformer.Resource { return s.informers.Resources() }); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -130,7 +135,7 @@ func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *se
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
 	return httpapi.NewAPI(httpapi.APIOptions{
-		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus,
+		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus, Cluster: s.cluster,
 		Journal:     func() any { return s.pipeline.journal.Pressure() },
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 		Authenticator: s.security.Authenticator, Authorizer: s.security.Authorizer, Limits: cfg.API.Limits,

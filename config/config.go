@@ -27,6 +27,8 @@ const EnvPrefix = "DYNWATCH"
 
 // Config is the whole configuration of one dynwatch process.
 type Config struct {
+	// Cluster names the cluster the events come from.
+	Cluster   Cluster    `mapstructure:"cluster"`
 	Resources []Resource `mapstructure:"resources"`
 	Webhooks  []Webhook  `mapstructure:"webhooks"`
 	// JetStream are the NATS JetStream sinks, beside the webhooks.
@@ -440,6 +442,7 @@ func (c *Config) Unreloadable(next *Config) []string {
 		"state":           c.State == next.State,
 		"shutdownTimeout": c.ShutdownTimeout == next.ShutdownTimeout,
 		"leaderElection":  c.LeaderElection == next.LeaderElection,
+		"cluster":         c.Cluster.ID == next.Cluster.ID && c.Cluster.Name == next.Cluster.Name && *c.Cluster.InKeys == *next.Cluster.InKeys,
 	} {
 		if !same {
 			changed = append(changed, name)

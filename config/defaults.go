@@ -39,6 +39,9 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("leaderElection.renewDeadline", "10s")
 	v.SetDefault("leaderElection.retryPeriod", "2s")
 	v.SetDefault("leaderElection.checkpointInterval", "1s")
+	v.SetDefault("cluster.id", "")
+	v.SetDefault("cluster.name", "")
+	v.SetDefault("cluster.inKeys", true)
 }
 
 func (c *Config) setListDefaults() {

@@ -56,6 +56,7 @@ func (c *Config) validate() error {
 		p.add("state.maxPendingBytes", "must be at least 1048576 (1 MiB), got %d", c.State.MaxPendingBytes)
 	}
 	c.LeaderElection.validate(c.State, &p)
+	c.Cluster.validate(&p)
 	return errors.Join(p...)
 }
 

@@ -14,9 +14,11 @@ import (
 // Attribute is a CloudEvents context attribute as a binary-mode header carries it.
 type Attribute struct{ Name, Value string }
 
-// CloudEvent returns d's CloudEvents attributes; the HTTP and NATS bindings carry their values
-// through HeaderString, the Kafka binding as they are. The subject is the object's key.
-func CloudEvent(d Delivery) []Attribute {
+// CloudEvent returns d's CloudEvents attributes, from cluster c; the HTTP and NATS bindings
+// carry their values through HeaderString, the Kafka binding as they are. The subject is the
+// object's key; the extension attributes cluster and clustername name c, and fieldmanager the
+// field manager that changed the object (object.PrimaryManager), when one is known.
+func CloudEvent(d Delivery, c object.Cluster) []Attribute {
 	e := d.Event
 	out := []Attribute{
 		{"specversion", "1.0"},
@@ -25,6 +27,15 @@ func CloudEvent(d Delivery) []Attribute {
 		{"type", "io.dynwatch.resource." + e.Type.Lower()},
 		{"subject", object.KeyOf(e.Object)},
 		{"time", e.Observed.UTC().Format(time.RFC3339Nano)},
+	}
+	if m := object.PrimaryManager(e.Managers); m != "" {
+		out = append(out, Attribute{"fieldmanager", m})
+	}
+	if c.ID != "" {
+		out = append(out, Attribute{"cluster", c.ID})
+	}
+	if c.Name != "" {
+		out = append(out, Attribute{"clustername", c.Name})
 	}
 	if d.FilterError != "" {
 		// An extension attribute: the filter could not decide, and filterErrors is deliver.

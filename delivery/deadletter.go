@@ -37,7 +37,9 @@ var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, 
 // line), POSTed to a dead-letter URL, or logged. It names the event; it carries the request
 // body only when the sink's deadLetter.includeObject is set.
 type DeadLetter struct {
-	Time     time.Time       `json:"time"`
+	Time time.Time `json:"time"`
+	// Cluster is the id of the cluster the event came from.
+	Cluster  string          `json:"cluster,omitempty"`
 	Sink     string          `json:"sink"`
 	Reason   string          `json:"reason"`
 	Attempts int             `json:"attempts"`
@@ -76,11 +78,12 @@ type target struct {
 // deadLetters writes a sink's dead letters from its own goroutine. Submitting one never
 // blocks and never drops it: the backlog is bounded only by what the queue held.
 type deadLetters struct {
-	sink   string
-	log    *slog.Logger
-	m      sinkMetrics
-	j      *journal.Journal
-	target atomic.Pointer[target]
+	sink    string
+	cluster string
+	log     *slog.Logger
+	m       sinkMetrics
+	j       *journal.Journal
+	target  atomic.Pointer[target]
 
 	mu      sync.Mutex
 	backlog []DeadLetter
@@ -92,8 +95,8 @@ type deadLetters struct {
 	started sync.Once
 }
 
-func newDeadLetters(sink string, log *slog.Logger, m sinkMetrics, j *journal.Journal, cfg config.SinkConfig) *deadLetters {
-	dl := &deadLetters{sink: sink, log: log, m: m, j: j, wake: make(chan struct{}, 1), done: make(chan struct{})}
+func newDeadLetters(sink, cluster string, log *slog.Logger, m sinkMetrics, j *journal.Journal, cfg config.SinkConfig) *deadLetters {
+	dl := &deadLetters{sink: sink, cluster: cluster, log: log, m: m, j: j, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	dl.abandon, dl.cancel = context.WithCancel(context.Background())
 	dl.setTarget(cfg)
 	return dl
@@ -116,7 +119,7 @@ func (dl *deadLetters) setTarget(cfg config.SinkConfig) {
 func (dl *deadLetters) submit(d Delivery, reason string, err error) {
 	dl.m.deadLetters[reason].Inc()
 	dl.m.deadLettered.Inc()
-	rec := DeadLetter{Time: time.Now().UTC(), Sink: dl.sink, Reason: reason, Attempts: d.Attempts, ID: d.ID, Type: string(d.Event.Type), Object: refOf(d.Entry), seq: d.Seq}
+	rec := DeadLetter{Time: time.Now().UTC(), Cluster: dl.cluster, Sink: dl.sink, Reason: reason, Attempts: d.Attempts, ID: d.ID, Type: string(d.Event.Type), Object: refOf(d.Entry), seq: d.Seq}
 	if err != nil {
 		rec.Error = err.Error()
 	}

@@ -29,7 +29,7 @@ import (
 // signed builds the webhook transport, as app does: the benchmark measures what a signed
 // webhook sink delivers, request and all.
 func signed(cfg config.SinkConfig, log *slog.Logger, f delivery.Fence) (delivery.Transport, error) {
-	return webhook.New(cfg.(*config.Webhook), log, f)
+	return webhook.New(cfg.(*config.Webhook), object.Cluster{ID: "bench"}, log, f)
 }
 
 // BenchmarkDelivery sends events through a Dispatcher with one signed sink (4 workers) to a

@@ -36,6 +36,9 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// Cache is what initialState replays read (see replay.go); nil replays nothing.
 	Cache Cache
+	// Cluster is the id of the cluster the events come from, which dead letters name; the
+	// transports carry it in every event themselves (see Transports).
+	Cluster string
 }
 
 // Dispatcher runs the sinks: it queues what the journal hands each of them, delivers it while
@@ -48,6 +51,7 @@ type Dispatcher struct {
 	journal         *journal.Journal
 	leadership      Leadership // nil: this replica always delivers
 	transports      Transports
+	cluster         string
 	shutdownTimeout time.Duration
 	// abandon ends when the shutdown deadline passes: work still running then is cut short.
 	abandon       context.Context
@@ -70,7 +74,7 @@ type Dispatcher struct {
 // New builds a Dispatcher with one Sink per configured sink and registers the metrics.
 // Nothing is sent until Lead.
 func New(o Options) (*Dispatcher, error) {
-	d := &Dispatcher{log: o.Logger, now: o.Now, journal: o.Journal, leadership: o.Leadership, transports: o.Transports, shutdownTimeout: o.ShutdownTimeout, cache: o.Cache}
+	d := &Dispatcher{log: o.Logger, now: o.Now, journal: o.Journal, leadership: o.Leadership, transports: o.Transports, shutdownTimeout: o.ShutdownTimeout, cache: o.Cache, cluster: o.Cluster}
 	if d.now == nil {
 		d.now = time.Now
 	}
@@ -90,7 +94,7 @@ func New(o Options) (*Dispatcher, error) {
 	d.finish, d.finishCancel = context.WithCancel(context.Background())
 	d.m = newMetrics(d.journal)
 	for _, cfg := range o.Sinks {
-		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports)
+		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports, d.cluster)
 		if err != nil {
 			return nil, err
 		}

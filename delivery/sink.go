@@ -65,7 +65,8 @@ func newSettings(cfg config.SinkConfig, log *slog.Logger, f Fence, transports Tr
 	return st, nil
 }
 
-func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f Fence, transports Transports) (*Sink, error) {
+// newSink builds the sink cfg configures; its dead letters name cluster.
+func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now func() time.Time, m *metrics, f Fence, transports Transports, cluster string) (*Sink, error) {
 	name := cfg.Shared().Name
 	log = log.With("sink", name)
 	st, err := newSettings(cfg, log, f, transports)
@@ -76,7 +77,7 @@ func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now fu
 		filterLog: rate.Sometimes{Interval: time.Second}}
 	s.m = m.forSink(s.name, s.queue)
 	s.cur.Store(st)
-	s.dead = newDeadLetters(s.name, s.log, s.m, j, cfg)
+	s.dead = newDeadLetters(s.name, cluster, s.log, s.m, j, cfg)
 	return s, nil
 }
 

@@ -38,8 +38,9 @@ func typeMembers(apiVersion, kind string) string {
 // apply is doc, an object's valid JSON, less what c cuts, with typed (see typeMembers) put in
 // first where doc has neither apiVersion nor kind (a list's items may leave them out): a new
 // slice, exactly sized. What it keeps is as it was, byte for byte; an object that lost its
-// last annotation loses its annotations. It reads doc without decoding any of it but the keys.
-func (c cuts) apply(doc []byte, typed string) []byte {
+// last annotation loses its annotations. It reads doc without decoding any of it but the keys,
+// and its managedFields, which it returns summarised (object.ManagersOf; nil for none).
+func (c cuts) apply(doc []byte, typed string) (cut, managers []byte) {
 	var segBuf, keptBuf [32]segment
 	segs := segments(segBuf[:0])
 	var topBuf, metaBuf [16]jsonMember
@@ -66,12 +67,16 @@ func (c cuts) apply(doc []byte, typed string) []byte {
 	}
 	if meta >= 0 {
 		m := top[meta]
-		if kept, changed := c.metadata(doc, objectMembers(doc, m.value, metaBuf[:0]), keptBuf[:0]); changed {
+		ms := objectMembers(doc, m.value, metaBuf[:0])
+		if i := find(doc, ms, "managedFields"); i >= 0 {
+			managers = object.ManagersOf(doc[ms[i].value:ms[i].end])
+		}
+		if kept, changed := c.metadata(doc, ms, keptBuf[:0]); changed {
 			segs = append(segs.doc(from, m.value), kept...)
 			from = m.end
 		}
 	}
-	return segs.doc(from, len(doc)).bytes(doc)
+	return segs.doc(from, len(doc)).bytes(doc), managers
 }
 
 // metadata appends to out the metadata of members ms less what c cuts, and reports whether it

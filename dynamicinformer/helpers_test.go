@@ -256,7 +256,7 @@ func withValues(o *object.Object, values ...[]string) *object.Object {
 	for i, v := range values {
 		ix[i].Values = func(*unstructured.Unstructured) []string { return v }
 	}
-	return object.NewIndexed(u, ix, nil)
+	return object.NewIndexed(u, ix, nil, nil)
 }
 
 // keptPer is the live heap fn leaves behind, divided by n: the heap after a collection, after

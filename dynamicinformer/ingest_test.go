@@ -120,7 +120,7 @@ resources:
 	objs := make([]*object.Object, n)
 	perObject := keptPer(n, func() {
 		for i, b := range docs {
-			objs[i] = object.OfJSON(b, ix)
+			objs[i] = object.OfJSON(b, ix, nil)
 		}
 	})
 	t.Logf("an object.Object keeps %d bytes besides its JSON", perObject)

@@ -61,11 +61,15 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 		rev = 0
 	}
 	if d.Type == cache.Deleted {
-		if st.remove(stream, u, rev) == nil {
+		last := st.remove(stream, u, rev)
+		if last == nil {
 			return // never cached: nothing to tell
 		}
 		r.objects.Add(-1)
 		e.Type = object.Deleted
+		if !movedWith {
+			e.Managers = object.ChangedManagers(last, u)
+		}
 		r.emit(e)
 		return
 	}
@@ -78,6 +82,9 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 		return // a transition of an unchanged object
 	default:
 		e.Type, e.OldObject = object.Modified, old
+	}
+	if !movedWith {
+		e.Managers = object.ChangedManagers(old, u)
 	}
 	r.emit(e)
 }
@@ -101,7 +108,7 @@ func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *s
 		r.emit(object.Event{Type: object.Deleted, Resource: gvr, Object: u, Stream: stream, Since: object.After(last), Revision: rev})
 	}
 	for _, c := range changes {
-		e := object.Event{Resource: gvr, Object: c.new, Stream: stream, Revision: object.Revision(c.new.GetResourceVersion())}
+		e := object.Event{Resource: gvr, Object: c.new, Stream: stream, Revision: object.Revision(c.new.GetResourceVersion()), Managers: object.ChangedManagers(c.old, c.new)}
 		switch {
 		case c.old == nil:
 			r.objects.Add(1)

@@ -77,7 +77,7 @@ func ingest(r *config.Resource, ix []object.Indexer, gvk schema.GroupVersionKind
 		switch o := obj.(type) {
 		case *wire:
 			if o.cut {
-				return object.OfJSON(o.raw, ix), nil
+				return object.OfJSON(o.raw, ix, o.managers), nil
 			}
 			u = &unstructured.Unstructured{}
 			if err := utiljson.Unmarshal(o.raw, &u.Object); err != nil {
@@ -88,6 +88,7 @@ func ingest(r *config.Resource, ix []object.Indexer, gvk schema.GroupVersionKind
 		default:
 			return obj, nil
 		}
+		managers := managersOf(u)
 		if _, err := strip(u); err != nil {
 			return nil, err
 		}
@@ -95,6 +96,20 @@ func ingest(r *config.Resource, ix []object.Indexer, gvk schema.GroupVersionKind
 			u.SetAPIVersion(apiVersion)
 			u.SetKind(gvk.Kind)
 		}
-		return object.NewIndexed(u, ix, &scratch), nil
+		return object.NewIndexed(u, ix, managers, &scratch), nil
 	}
+}
+
+// managersOf summarises u's managedFields (see object.ManagersOf), encoded again from the maps
+// they were decoded into; nil for none.
+func managersOf(u *unstructured.Unstructured) []byte {
+	fields, ok, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", "managedFields")
+	if !ok {
+		return nil
+	}
+	b, err := utiljson.Marshal(fields)
+	if err != nil {
+		return nil
+	}
+	return object.ManagersOf(b)
 }

@@ -48,11 +48,13 @@ type wire struct {
 	metav1.PartialObjectMetadata
 	raw []byte
 	cut bool
+	// managers summarises the managedFields cut from raw (see object.ManagersOf).
+	managers []byte
 }
 
 // DeepCopyObject copies w; client-go's informers do not call it on what they queue.
 func (w *wire) DeepCopyObject() runtime.Object {
-	c := &wire{raw: bytes.Clone(w.raw), cut: w.cut}
+	c := &wire{raw: bytes.Clone(w.raw), cut: w.cut, managers: w.managers}
 	w.DeepCopyInto(&c.PartialObjectMetadata)
 	return c
 }
@@ -107,9 +109,10 @@ func (r reader) read(raw []byte, bookmark bool) (*wire, error) {
 	if r.cuts == nil || bookmark {
 		return newWire(bytes.Clone(raw), bookmark)
 	}
-	w, err := newWire(r.cuts.apply(raw, r.typed), false)
+	cut, managers := r.cuts.apply(raw, r.typed)
+	w, err := newWire(cut, false)
 	if w != nil {
-		w.cut = true
+		w.cut, w.managers = true, managers
 	}
 	return w, err
 }

@@ -20,10 +20,13 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // StatusResponse is the body of GET /status.
 type StatusResponse struct {
+	// Cluster names the cluster dynwatch watches.
+	Cluster   object.Cluster           `json:"cluster"`
 	Ready     bool                     `json:"ready"`
 	NotReady  []string                 `json:"notReady,omitempty"`
 	Resources []dynamicinformer.Status `json:"resources"`
@@ -46,6 +49,8 @@ type APIOptions struct {
 	Reloads interface{ Status() config.ReloadStatus }
 	// LeaderElection reports the leader election's state for /status; nil without one.
 	LeaderElection func() any
+	// Cluster names the cluster in /status and in every answer's ClusterIDHeader.
+	Cluster object.Cluster
 	// Journal reports the journal's backpressure for /status; nil leaves it out.
 	Journal func() any
 	// MaxPageSize caps the items of one list response; more come through continue tokens.
@@ -134,7 +139,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	}
 	r := gin.New()
 	r.RedirectTrailingSlash = false
-	r.Use(a.instrument, recovery(o.Logger), a.guard)
+	r.Use(a.instrument, recovery(o.Logger), a.guard, a.named)
 	r.GET("/status", a.status)
 	r.GET("/version", a.version)
 	r.GET("/openapi/v2", a.openAPIV2)
@@ -142,6 +147,23 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	r.GET("/openapi/v3/*path", a.openAPIV3)
 	r.NoRoute(a.serve) // every Kubernetes path: gin's router cannot express their overlaps
 	return r, nil
+}
+
+// The headers every answer to an authenticated caller names the cluster in (see
+// object.Cluster): its id, and its display name when it has one.
+const (
+	ClusterIDHeader   = "Dynwatch-Cluster-Id"
+	ClusterNameHeader = "Dynwatch-Cluster-Name"
+)
+
+// named puts the cluster's headers on the answer.
+func (a *api) named(c *gin.Context) {
+	if a.Cluster.ID != "" {
+		c.Header(ClusterIDHeader, a.Cluster.ID)
+	}
+	if a.Cluster.Name != "" {
+		c.Header(ClusterNameHeader, a.Cluster.Name)
+	}
 }
 
 func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
@@ -192,7 +214,7 @@ func (a *api) status(c *gin.Context) {
 	c.Set(routeKey, "status")
 	a.deadline(c, a.RequestTimeout)
 	ok, reasons := a.Informers.Ready()
-	resp := StatusResponse{Ready: ok, NotReady: reasons, Resources: a.Informers.Status(), Reload: a.Reloads.Status()}
+	resp := StatusResponse{Cluster: a.Cluster, Ready: ok, NotReady: reasons, Resources: a.Informers.Status(), Reload: a.Reloads.Status()}
 	if a.LeaderElection != nil {
 		resp.LeaderElection = a.LeaderElection()
 	}

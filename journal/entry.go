@@ -62,7 +62,8 @@ func EventID(e object.Event) string {
 }
 
 // AppendBody appends d's request body to buf: Body, or when that is nil the payload of its
-// event, {"type","resource":{"group","version","resource"},"object","oldObject"}, with Old as
+// event, {"type","resource":{"group","version","resource"},"managers","object","oldObject"} (managers
+// only when the event names them), with Old as
 // its oldObject when not nil. It is the body the entry was recorded with, byte for byte.
 func AppendBody(buf []byte, d Entry) []byte {
 	if d.Body != nil {
@@ -73,7 +74,7 @@ func AppendBody(buf []byte, d Entry) []byte {
 
 // payloadSize is the length of e's request body, give or take its framing.
 func payloadSize(e object.Event, oldJSON []byte) int {
-	n := len(e.Object.JSON()) + 256
+	n := len(e.Object.JSON()) + len(e.Managers) + 256
 	if oldJSON != nil {
 		n += len(oldJSON)
 	} else if e.OldObject != nil {
@@ -133,5 +134,10 @@ func appendPayloadHead(buf []byte, e object.Event) []byte {
 	buf = object.AppendString(buf, e.Resource.Version)
 	buf = append(buf, `,"resource":`...)
 	buf = object.AppendString(buf, e.Resource.Resource)
+	if e.Managers != nil {
+		buf = append(buf, `},"managers":`...)
+		buf = append(buf, e.Managers...)
+		return append(buf, `,"object":`...)
+	}
 	return append(buf, `},"object":`...)
 }

@@ -205,7 +205,7 @@ func decodeEntry(v []byte) (Entry, error) {
 	// event's, and a refill would decode every object whole (gjson stops at what it looks for,
 	// near each body's start).
 	f := gjson.GetManyBytes(d.Body, "type", "resource.group", "resource.version", "resource.resource",
-		"object.metadata.name", "object.metadata.namespace", "object.metadata.uid", "object.metadata.resourceVersion")
+		"object.metadata.name", "object.metadata.namespace", "object.metadata.uid", "object.metadata.resourceVersion", "managers")
 	if !f[0].Exists() || !f[4].Exists() {
 		return d, errors.New("body: no type or object.metadata.name")
 	}
@@ -220,6 +220,9 @@ func decodeEntry(v []byte) (Entry, error) {
 		Observed: observed,
 		Revision: d.Revision,
 		Since:    d.Since,
+	}
+	if f[8].Exists() {
+		d.Event.Managers = []byte(f[8].Raw) // a copy: the body may be let go (see shareObject)
 	}
 	return d, nil
 }

@@ -42,6 +42,11 @@ type Event struct {
 	Object *Object
 	// OldObject is the object before the change, for Modified only.
 	OldObject *Object
+	// Managers is the JSON array of the field managers whose managedFields entries changed at
+	// this version (object.ChangedManagers): for an object new to the cache, all of them; nil
+	// when not known (an object that came in or went out with its namespace, a delete a relist
+	// found, or objects without managedFields).
+	Managers []byte
 	// InitialList is true for Added events from an informer's initial list.
 	InitialList bool
 	// Observed is when the informer handed the change to dynwatch.

@@ -26,15 +26,17 @@ import (
 // reads the JSON in place. The header is packed into one small allocation of offsets (see
 // header): its strings are, wherever the JSON holds them verbatim, read from the JSON itself,
 // and the others are kept after the offsets. An Object is immutable and shared by the cache,
-// its snapshots and the events that carry it: nothing may modify what its methods return.
+// its snapshots and the events that carry it: nothing may modify what its methods return. It
+// may also keep a summary of the managedFields the transforms cut (see ManagersOf).
 type Object struct {
-	json []byte
-	hdr  header
+	json     []byte
+	hdr      header
+	managers []byte
 }
 
 // New keeps u, as it is now, as an Object; u is not kept, and may be modified after.
 func New(u *unstructured.Unstructured) *Object {
-	return NewIndexed(u, nil, nil)
+	return NewIndexed(u, nil, nil, nil)
 }
 
 // Indexer computes one index's values of an object, sorted and without repeats: Values from
@@ -47,19 +49,20 @@ type Indexer struct {
 	FromJSON func(meta gjson.Result, json []byte, labels LabelPairs) []string
 }
 
-// NewIndexed keeps u with the values of the indexers ix (see Object.IndexValue). scratch, when
-// not nil, holds buffers to encode into, reused from one object to the next.
-func NewIndexed(u *unstructured.Unstructured, ix []Indexer, scratch *sync.Pool) *Object {
+// NewIndexed keeps u with the values of the indexers ix (see Object.IndexValue) and the summary
+// of its managedFields managers (see ManagersOf; nil for none). scratch, when not nil, holds
+// buffers to encode into, reused from one object to the next.
+func NewIndexed(u *unstructured.Unstructured, ix []Indexer, managers []byte, scratch *sync.Pool) *Object {
 	var o *Object
 	if scratch == nil {
-		o = &Object{json: appendJSON(nil, u.Object)}
+		o = &Object{json: appendJSON(nil, u.Object), managers: managers}
 	} else {
 		buf, _ := scratch.Get().(*[]byte)
 		if buf == nil {
 			buf = new([]byte)
 		}
 		*buf = appendJSON((*buf)[:0], u.Object)
-		o = &Object{json: append(make([]byte, 0, len(*buf)), *buf...)} // exactly sized: kept for the object's life
+		o = &Object{json: append(make([]byte, 0, len(*buf)), *buf...), managers: managers} // exactly sized: kept for the object's life
 		if cap(*buf) <= MaxScratch {
 			scratch.Put(buf)
 		}
@@ -99,13 +102,14 @@ func FromJSON(b []byte) (*Object, error) {
 	if !gjson.ValidBytes(b) {
 		return nil, errors.New("decode an object: not valid JSON")
 	}
-	return OfJSON(b, nil), nil
+	return OfJSON(b, nil, nil), nil
 }
 
 // OfJSON keeps b, an object's valid JSON, as an Object with the values of the indexers ix,
-// none of which may need the object decoded (each has FromJSON); b is kept, and must not be
-// modified after. Its header's strings are read from b in place.
-func OfJSON(b []byte, ix []Indexer) *Object {
+// none of which may need the object decoded (each has FromJSON), and the summary of its
+// managedFields managers (see ManagersOf; nil for none); b and managers are kept, and must not
+// be modified after. Its header's strings are read from b in place.
+func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
 	var h headerFields
 	var meta gjson.Result
 	gjson.Parse(docOf(b)).ForEach(func(k, v gjson.Result) bool {
@@ -147,7 +151,7 @@ func OfJSON(b []byte, ix []Indexer) *Object {
 			h.values[i] = x.FromJSON(meta, b, h.labels)
 		}
 	}
-	return &Object{json: b, hdr: packHeader(b, &h)}
+	return &Object{json: b, hdr: packHeader(b, &h), managers: managers}
 }
 
 // JSON is the object's JSON. It is shared: callers must not modify it.

@@ -16,12 +16,14 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Transport POSTs each delivery to a webhook, in CloudEvents' binary mode, signed as
 // Standard Webhooks says when the webhook has a signing secret.
 type Transport struct {
 	cfg      *config.Webhook
+	cluster  object.Cluster
 	log      *slog.Logger
 	endpoint string // the URL with its credentials redacted, for errors and logs
 	// rt makes the requests, without http.Client's layer: a POST is never redirected, and
@@ -40,12 +42,12 @@ type Transport struct {
 }
 
 // New builds the transport of a webhook, whose requests write nothing once f has lapsed.
-func New(cfg *config.Webhook, log *slog.Logger, f delivery.Fence) (*Transport, error) {
+func New(cfg *config.Webhook, cluster object.Cluster, log *slog.Logger, f delivery.Fence) (*Transport, error) {
 	creds, err := newCredentials(cfg.Name, cfg.BearerToken, cfg.SigningSecret)
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: delivery.HTTPTransport(cfg.TLSConfig, cfg.Workers, f),
+	t := &Transport{cfg: cfg, cluster: cluster, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: delivery.HTTPTransport(cfg.TLSConfig, cfg.Workers, f),
 		configured: map[string]bool{}}
 	for _, h := range cfg.Headers {
 		name := http.CanonicalHeaderKey(h.Name)
@@ -137,7 +139,7 @@ func (t *Transport) setHeaders(h http.Header, creds *credentials, d delivery.Del
 	default:
 		t.unset(h, "Authorization")
 	}
-	for _, a := range delivery.CloudEvent(d) {
+	for _, a := range delivery.CloudEvent(d, t.cluster) {
 		put(h, ceHeader(a.Name), delivery.HeaderString(a.Value))
 	}
 	if d.FilterError == "" {

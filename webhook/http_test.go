@@ -58,6 +58,9 @@ func TestEveryAttributeHeaderIsSpelledAsHTTPHeaderKeepsIt(t *testing.T) {
 	}
 }
 
+// testCluster is the cluster the tests' events come from.
+var testCluster = object.Cluster{ID: "test-cluster", Name: "Test Cluster", InKeys: true}
+
 // TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore: every request of a sink carries
 // the configured headers, the URL's credentials as basic authentication, its delivery's
 // CloudEvents attributes and Standard Webhooks signature, and nothing left of the request
@@ -82,7 +85,7 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 	secret := []byte("a signing key of 24 bytes or more")
 	cfg := &config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second},
 		Headers: []config.Header{{Name: "x-tenant", Value: "blue"}}, Endpoint: endpoint, SigningSecret: secret}
-	tr, err := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+	tr, err := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +121,8 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 			{"Ce-Id", h.Get("Ce-Id"), d.ID},
 			{"Ce-Subject", h.Get("Ce-Subject"), "ns/" + d.Event.Object.GetName()},
 			{"Ce-Filtererror", h.Get("Ce-Filtererror"), delivery.HeaderString(d.FilterError)},
+			{"Ce-Cluster", h.Get("Ce-Cluster"), "test-cluster"},
+			{"Ce-Clustername", h.Get("Ce-Clustername"), "Test%20Cluster"},
 			{"Webhook-Id", h.Get("Webhook-Id"), d.ID},
 		} {
 			if c.got != c.want {
@@ -147,7 +152,7 @@ func TestARequestIsOneWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr, err := New(&config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second}, Endpoint: endpoint},
-		slog.New(slog.DiscardHandler), delivery.Always{})
+		testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +218,7 @@ func TestHTTPSSinksVerifyAgainstTheirCA(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := New(cfg.Sinks()[0].(*config.Webhook), slog.New(slog.DiscardHandler), delivery.Always{})
+		tr, err := New(cfg.Sinks()[0].(*config.Webhook), testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,9 +30,10 @@ import (
 // It connects when it is first asked to send, and Close disconnects it: a replica that does
 // not lead holds no connection.
 type Transport struct {
-	cfg   *config.JetStream
-	log   *slog.Logger
-	fence delivery.Fence
+	cfg     *config.JetStream
+	cluster object.Cluster
+	log     *slog.Logger
+	fence   delivery.Fence
 
 	mu     sync.Mutex
 	nc     *nats.Conn
@@ -50,11 +51,11 @@ const knownSubjects = 65536
 
 // New builds the transport of a JetStream sink, whose connections write nothing once f has
 // lapsed; it connects at its first Send.
-func New(cfg *config.JetStream, log *slog.Logger, f delivery.Fence) *Transport {
+func New(cfg *config.JetStream, cluster object.Cluster, log *slog.Logger, f delivery.Fence) *Transport {
 	if cfg.TLS.InsecureSkipVerify {
 		log.Warn("TLS certificate verification is off for this sink")
 	}
-	return &Transport{cfg: cfg, log: log, fence: f, last: lru.New(knownSubjects)}
+	return &Transport{cfg: cfg, cluster: cluster, log: log, fence: f, last: lru.New(knownSubjects)}
 }
 
 // Close implements transport.
@@ -167,8 +168,8 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
 	defer cancel()
-	subject := Subject(t.cfg.SubjectPrefix, d)
-	msg := message(subject, d, body)
+	subject := Subject(t.cfg.SubjectPrefix, t.keyed(), d)
+	msg := message(subject, d, body, t.cluster)
 	// A stale expected sequence is read again and the publish made once more, at most twice:
 	// more means another publisher writes the subject as fast as this one. An ADDED event is
 	// first published expecting an empty subject, without reading it: its object is new, or
@@ -185,7 +186,7 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 		if err != nil {
 			return err
 		}
-		ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(d.ID), jetstream.WithExpectLastSequencePerSubject(seq))
+		ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(t.msgID(d)), jetstream.WithExpectLastSequencePerSubject(seq))
 		if err == nil {
 			if !ack.Duplicate && d.Event.Type != object.Deleted {
 				t.remember(subject, ack.Sequence)
@@ -218,9 +219,9 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 
 // message is d as a NATS message on subject: its body, and its CloudEvents attributes as
 // headers (the NATS binding's binary mode).
-func message(subject string, d *delivery.Delivery, body []byte) *nats.Msg {
+func message(subject string, d *delivery.Delivery, body []byte, c object.Cluster) *nats.Msg {
 	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-	for _, a := range delivery.CloudEvent(*d) {
+	for _, a := range delivery.CloudEvent(*d, c) {
 		msg.Header.Set("ce-"+a.Name, delivery.HeaderString(a.Value))
 	}
 	msg.Header.Set("ce-datacontenttype", "application/json")
@@ -248,7 +249,7 @@ func (t *Transport) expect(ctx context.Context, js jetstream.JetStream, subject 
 	case err != nil:
 		return 0, fmt.Errorf("read the last message of %s: %w", subject, err)
 	}
-	if last.Header.Get(jetstream.MsgIDHeader) == d.ID {
+	if last.Header.Get(jetstream.MsgIDHeader) == t.msgID(d) {
 		return 0, errDelivered
 	}
 	if object.Revision(last.Header.Get("ce-resourceversion")) > object.Revision(d.Event.Object.GetResourceVersion()) {
@@ -323,16 +324,40 @@ func covers(filters []string, prefix string) bool {
 	return false
 }
 
-// Subject is the subject a delivery is published to: prefix, then the object's resource,
-// group, namespace and name, each one token. A token is its value with every byte but ASCII
+// keyed is the cluster id that subjects carry: empty unless cluster.inKeys.
+func (t *Transport) keyed() string {
+	if t.cluster.InKeys {
+		return t.cluster.ID
+	}
+	return ""
+}
+
+// msgID is d's message id, which the stream deduplicates publishes by (across all its
+// subjects): the event id, after the cluster's id and a '/' with cluster.inKeys, so that two
+// dynwatch installs naming different clusters never drop each other's messages as duplicates,
+// even where they watch the same objects.
+func (t *Transport) msgID(d *delivery.Delivery) string {
+	if c := t.keyed(); c != "" {
+		return c + "/" + d.ID
+	}
+	return d.ID
+}
+
+// Subject is the subject a delivery is published to: prefix, then the cluster's id unless it
+// is empty (cluster.inKeys false), then the object's resource, group, namespace and name, each
+// one token. A token is its value with every byte but ASCII
 // letters, digits and '-' written %XX (upper-case hex), so '.' in a group or a name stays
 // inside its token; the core group and a cluster-scoped object's namespace are "_", which no
 // escaped value can be.
-func Subject(prefix string, d *delivery.Delivery) string {
+func Subject(prefix, cluster string, d *delivery.Delivery) string {
 	gvr := d.Event.Resource
 	var b strings.Builder
 	b.WriteString(prefix)
-	for _, v := range []string{gvr.Resource, gvr.Group, d.Event.Object.GetNamespace(), d.Event.Object.GetName()} {
+	tokens := []string{gvr.Resource, gvr.Group, d.Event.Object.GetNamespace(), d.Event.Object.GetName()}
+	if cluster != "" {
+		tokens = append([]string{cluster}, tokens...)
+	}
+	for _, v := range tokens {
 		b.WriteByte('.')
 		if v == "" {
 			b.WriteByte('_')

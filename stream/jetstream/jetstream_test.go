@@ -33,28 +33,37 @@ func deliveryOf(t *testing.T, gvr schema.GroupVersionResource, namespace, name s
 	return &delivery.Delivery{Entry: journal.Entry{Event: object.Event{Resource: gvr, Object: object.New(u)}}}
 }
 
-func TestEveryObjectsSubjectIsFiveTokensWhateverItsName(t *testing.T) {
+// testCluster is the cluster the tests' events come from, with its id in every subject.
+var testCluster = object.Cluster{ID: "test-cluster", InKeys: true}
+
+func TestEveryObjectsSubjectIsSixTokensWhateverItsNameOrFiveWithoutTheCluster(t *testing.T) {
 	for _, c := range []struct {
-		name                    string
-		gvr                     schema.GroupVersionResource
-		namespace, object, want string
+		name                             string
+		gvr                              schema.GroupVersionResource
+		cluster, namespace, object, want string
 	}{
-		{"a core namespaced object", schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "default", "app-config",
+		{"a core namespaced object", schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "eu-1", "default", "app-config",
+			"dynwatch.eu-1.configmaps._.default.app-config"},
+		{"a dotted cluster id, name and group", schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "ingresses"}, "prod.eu", "web", "www.example.com",
+			"dynwatch.prod%2Eeu.ingresses.networking%2Ek8s%2Eio.web.www%2Eexample%2Ecom"},
+		{"a cluster-scoped object", schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}, "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "", "system:aggregate-to-view",
+			"dynwatch.1b4e28ba-2fa1-11d2-883f-0016d3cca427.clusterroles.rbac%2Eauthorization%2Ek8s%2Eio._.system%3Aaggregate-to-view"},
+		{"wildcards, white space, an underscore and UTF-8", schema.GroupVersionResource{Group: "x.io", Version: "v1", Resource: "things"}, "c", "ns", "a*b>c d_é",
+			"dynwatch.c.things.x%2Eio.ns.a%2Ab%3Ec%20d%5F%C3%A9"},
+		{"no cluster (cluster.inKeys false): the layout of earlier releases", schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, "", "default", "app-config",
 			"dynwatch.configmaps._.default.app-config"},
-		{"a dotted name and group", schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "ingresses"}, "web", "www.example.com",
-			"dynwatch.ingresses.networking%2Ek8s%2Eio.web.www%2Eexample%2Ecom"},
-		{"a cluster-scoped object", schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}, "", "system:aggregate-to-view",
-			"dynwatch.clusterroles.rbac%2Eauthorization%2Ek8s%2Eio._.system%3Aaggregate-to-view"},
-		{"wildcards, white space, an underscore and UTF-8", schema.GroupVersionResource{Group: "x.io", Version: "v1", Resource: "things"}, "ns", "a*b>c d_é",
-			"dynwatch.things.x%2Eio.ns.a%2Ab%3Ec%20d%5F%C3%A9"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := Subject("dynwatch", deliveryOf(t, c.gvr, c.namespace, c.object))
+			got := Subject("dynwatch", c.cluster, deliveryOf(t, c.gvr, c.namespace, c.object))
 			if got != c.want {
 				t.Fatalf("subject %q, want %q", got, c.want)
 			}
-			if n := strings.Count(got, "."); n != 4 {
-				t.Fatalf("subject %q has %d dots, want 4", got, n)
+			want := 5
+			if c.cluster == "" {
+				want = 4
+			}
+			if n := strings.Count(got, "."); n != want {
+				t.Fatalf("subject %q has %d dots, want %d", got, n, want)
 			}
 			if strings.ContainsAny(got, "*> \t") {
 				t.Fatalf("subject %q holds a wildcard or white space", got)
@@ -150,7 +159,7 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 	ctx := t.Context()
 	stream, cfg := streamS(t)
 	transport := func() *Transport {
-		tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+		tr := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 		t.Cleanup(tr.Close)
 		return tr
 	}
@@ -171,7 +180,7 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 	if err := send(transport(), version(t, "u", "20")); err != nil {
 		t.Fatal(err)
 	}
-	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.x"); msgs != 2 || rv != "20" {
+	if msgs, rv := streamState(t, stream, "dw.test-cluster.configmaps._.default.x"); msgs != 2 || rv != "20" {
 		t.Fatalf("the stream holds %d messages ending with resourceVersion %s; want 2 ending with 20", msgs, rv)
 	}
 }
@@ -183,7 +192,7 @@ func TestAPublishMadeOnAStaleViewOfItsSubjectIsNotStoredAfterANewerVersion(t *te
 func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *testing.T) {
 	ctx := t.Context()
 	stream, cfg := streamS(t)
-	tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+	tr := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 	defer tr.Close()
 	added := func(name, uid, rv string) *delivery.Delivery {
 		d := streamtest.ConfigMapAt("default", name, rv)
@@ -212,12 +221,12 @@ func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *
 	send(streamtest.ConfigMapAt("default", "again", "100")) // MODIFIED, of the first object of the name
 	d := added("again", "second-uid", "200")
 	send(d)
-	other := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{}) // a successor, knowing nothing
+	other := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{}) // a successor, knowing nothing
 	defer other.Close()
 	if err := other.Send(ctx, d, []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.again"); msgs != 53 || rv != "200" {
+	if msgs, rv := streamState(t, stream, "dw.test-cluster.configmaps._.default.again"); msgs != 53 || rv != "200" {
 		t.Fatalf("the stream holds %d messages, the object created again ending with resourceVersion %s; want 53, ending with 200", msgs, rv)
 	}
 }
@@ -227,7 +236,7 @@ func TestAnAddedEventIsPublishedInOneRequestAndStillAfterWhatItsSubjectHolds(t *
 // from the stream, is stored after its deletion.
 func TestATransportForgetsADeletedObjectsSubjectAndStoresItsRecreation(t *testing.T) {
 	stream, cfg := streamS(t)
-	tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+	tr := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 	t.Cleanup(tr.Close)
 	as := func(d *delivery.Delivery, typ object.EventType) *delivery.Delivery {
 		d.Event.Type = typ
@@ -245,7 +254,7 @@ func TestATransportForgetsADeletedObjectsSubjectAndStoresItsRecreation(t *testin
 	if err := tr.Send(t.Context(), as(version(t, "u2", "12"), object.Added), []byte(`{}`)); err != nil {
 		t.Fatalf("the re-created object's ADDED: %v", err)
 	}
-	if msgs, rv := streamState(t, stream, "dw.configmaps._.default.x"); msgs != 3 || rv != "12" {
+	if msgs, rv := streamState(t, stream, "dw.test-cluster.configmaps._.default.x"); msgs != 3 || rv != "12" {
 		t.Fatalf("the stream holds %d messages ending with resourceVersion %s; want 3 ending with 12", msgs, rv)
 	}
 	if n := tr.last.Len(); n != 1 {

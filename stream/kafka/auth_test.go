@@ -61,7 +61,7 @@ func TestASinkAuthenticatesOverTLSAndReadsItsPasswordAgainAtEveryConnection(t *t
 			writeSecret(t, password, "a-wrong-password")
 			cfg := &config.Kafka{Sink: config.Sink{Name: "k", Timeout: time.Second}, Brokers: k.Brokers(), Topic: "events", Compression: config.CompressionNone,
 				SASL: config.SASL{Mechanism: mechanism, UserFile: user, PasswordFile: password}, TLSConfig: tlsConfig}
-			tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+			tr := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 			t.Cleanup(tr.Close)
 
 			err := tr.Send(t.Context(), streamtest.ConfigMapAt("default", "x", "1"), []byte(`{}`))
@@ -87,7 +87,7 @@ func TestASinkWithoutTheClustersCAProducesNothing(t *testing.T) {
 	writeSecret(t, password, "pw")
 	cfg := &config.Kafka{Sink: config.Sink{Name: "k", Timeout: time.Second}, Brokers: k.Brokers(), Topic: "events", Compression: config.CompressionNone,
 		SASL: config.SASL{Mechanism: config.SASLPlain, UserFile: user, PasswordFile: password}, TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12}}
-	tr := New(cfg, slog.New(slog.DiscardHandler), delivery.Always{})
+	tr := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 	t.Cleanup(tr.Close)
 	if err := tr.Send(t.Context(), streamtest.ConfigMapAt("default", "x", "1"), []byte(`{}`)); err == nil {
 		t.Fatal("a send to a broker whose certificate the sink cannot verify succeeded")

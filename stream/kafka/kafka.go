@@ -21,6 +21,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Transport produces each delivery to a Kafka topic as one record keyed by the object's
@@ -36,9 +37,10 @@ import (
 // It connects when it is first asked to send, and Close disconnects it: a replica that does
 // not lead holds no connection.
 type Transport struct {
-	cfg   *config.Kafka
-	log   *slog.Logger
-	fence delivery.Fence
+	cfg     *config.Kafka
+	cluster object.Cluster
+	log     *slog.Logger
+	fence   delivery.Fence
 
 	mu sync.Mutex
 	cl *kgo.Client
@@ -49,11 +51,11 @@ type Transport struct {
 
 // New builds the transport of a Kafka sink, whose connections write nothing once f has lapsed;
 // it connects at its first Send.
-func New(cfg *config.Kafka, log *slog.Logger, f delivery.Fence) *Transport {
+func New(cfg *config.Kafka, cluster object.Cluster, log *slog.Logger, f delivery.Fence) *Transport {
 	if cfg.TLS.InsecureSkipVerify {
 		log.Warn("TLS certificate verification is off for this sink")
 	}
-	return &Transport{cfg: cfg, log: log, fence: f}
+	return &Transport{cfg: cfg, cluster: cluster, log: log, fence: f}
 }
 
 // Close implements transport: records the client still holds are failed, never written.
@@ -196,7 +198,10 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 	defer cancel()
 	// A record handed back by a failed produce has fields the client set: each produce gets
 	// one of its own.
-	record := func() *kgo.Record { return &kgo.Record{Key: []byte(d.Key), Value: body, Headers: kafkaHeaders(d)} }
+	key := t.key(d)
+	record := func() *kgo.Record {
+		return &kgo.Record{Key: key, Value: body, Headers: kafkaHeaders(d, key, t.cluster)}
+	}
 	err = t.produce(attempt, cl, record(), false)
 	if errors.Is(err, kerr.MessageTooLarge) {
 		err = t.produce(attempt, cl, record(), true)
@@ -261,17 +266,26 @@ func (t *Transport) classify(err error, size int) error {
 	return fmt.Errorf("produce to %s: %w", topic, err)
 }
 
+// key is d's record key: the object's ordering key, after the cluster's id and a '/' with
+// cluster.inKeys, so that the same object in two clusters is two keys.
+func (t *Transport) key(d *delivery.Delivery) []byte {
+	if !t.cluster.InKeys {
+		return []byte(d.Key)
+	}
+	return []byte(t.cluster.ID + "/" + d.Key)
+}
+
 // kafkaHeaders are d's CloudEvents attributes as the Kafka protocol binding's binary mode
 // carries them: ce_<name> headers holding the values as they are (UTF-8), content-type, and
 // partitionkey, the record's key.
-func kafkaHeaders(d *delivery.Delivery) []kgo.RecordHeader {
-	attrs := delivery.CloudEvent(*d)
+func kafkaHeaders(d *delivery.Delivery, key []byte, c object.Cluster) []kgo.RecordHeader {
+	attrs := delivery.CloudEvent(*d, c)
 	h := make([]kgo.RecordHeader, 0, len(attrs)+3)
 	for _, a := range attrs {
 		h = append(h, kgo.RecordHeader{Key: "ce_" + a.Name, Value: []byte(a.Value)})
 	}
 	return append(h,
-		kgo.RecordHeader{Key: "ce_partitionkey", Value: []byte(d.Key)},
+		kgo.RecordHeader{Key: "ce_partitionkey", Value: key},
 		kgo.RecordHeader{Key: "ce_resourceversion", Value: []byte(d.Event.Object.GetResourceVersion())},
 		kgo.RecordHeader{Key: "content-type", Value: []byte("application/json")})
 }

@@ -34,10 +34,13 @@ func startKafka(t *testing.T, topics []string, opts ...kfake.Opt) *testbed.Kafka
 func kafkaSink(t *testing.T, k *testbed.Kafka, topic string, f delivery.Fence) *Transport {
 	t.Helper()
 	cfg := &config.Kafka{Sink: config.Sink{Name: "k", Timeout: 5 * time.Second}, Brokers: k.Brokers(), Topic: topic, Compression: config.CompressionNone}
-	tr := New(cfg, slog.New(slog.DiscardHandler), f)
+	tr := New(cfg, testCluster, slog.New(slog.DiscardHandler), f)
 	t.Cleanup(tr.Close)
 	return tr
 }
+
+// testCluster is the cluster the tests' events come from, with its id in every key.
+var testCluster = object.Cluster{ID: "test-cluster", InKeys: true}
 
 func header(r *kgo.Record, key string) string {
 	for _, h := range r.Headers {
@@ -85,8 +88,9 @@ func TestEveryVersionOfAnObjectGoesToOnePartitionInOrderAsABinaryModeCloudEvent(
 			"ce_specversion": "1.0", "ce_source": "/api/v1/configmaps", "ce_type": "io.dynwatch.resource.modified",
 			"ce_partitionkey": key, "content-type": "application/json",
 			// The Kafka binding carries values as they are: no percent-encoding of the space.
-			"ce_subject": "team a/" + strings.TrimPrefix(key, "configmaps.v1|team a/"),
-			"ce_id":      "u-" + strings.TrimPrefix(key, "configmaps.v1|team a/") + "." + fmt.Sprint(rv) + ".modified",
+			"ce_subject": "team a/" + strings.TrimPrefix(key, "test-cluster/configmaps.v1|team a/"),
+			"ce_id":      "u-" + strings.TrimPrefix(key, "test-cluster/configmaps.v1|team a/") + "." + fmt.Sprint(rv) + ".modified",
+			"ce_cluster": "test-cluster",
 		} {
 			if got := header(r, name); got != want {
 				t.Errorf("record %d/%d: %s is %q, want %q", r.Partition, r.Offset, name, got, want)

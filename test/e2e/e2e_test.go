@@ -89,6 +89,7 @@ func TestReadyzFollowsTheInformersAccess(t *testing.T) {
 	t.Parallel()
 	ns := namespace(t)
 	user := "dynwatch-" + ns
+	grantClusterID(t, user)
 	kubeconfig, err := cluster.KubeconfigAs(user)
 	if err != nil {
 		t.Fatal(err)

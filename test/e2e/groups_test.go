@@ -87,6 +87,7 @@ func TestAWholeGroupPicksUpNewCRDsDropsDeletedOnesAndServesWithoutAForbiddenOne(
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	grantClusterID(t, user)
 	kubeconfig, err := cluster.KubeconfigAs(user)
 	if err != nil {
 		t.Fatal(err)

@@ -328,6 +328,7 @@ func TestAResourceThatCannotBeListedBecomesStale(t *testing.T) {
 	user := "stale-" + ns
 	cs := kubernetes.NewForConfigOrDie(cluster.Config)
 	grantConfigMapReads(t, nil, ns, user)
+	grantClusterID(t, user)
 	target, _ := url.Parse(cluster.URL())
 	proxy := startProxy(t, target.Host)
 	kubeconfig, err := cluster.KubeconfigAs(user)

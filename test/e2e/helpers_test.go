@@ -264,6 +264,41 @@ func grantConfigMapReads(t *testing.T, cs kubernetes.Interface, ns, user string)
 	}
 }
 
+// clusterID is the id dynwatch gives the cluster c configures when nothing else names it: its
+// kube-system namespace's uid.
+func clusterID(t *testing.T, c *rest.Config) string {
+	t.Helper()
+	ns, err := kubernetes.NewForConfigOrDie(c).CoreV1().Namespaces().Get(t.Context(), "kube-system", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(ns.UID)
+}
+
+// grantClusterID lets user read what dynwatch reads its cluster's id from, as the chart grants
+// it: the namespace kube-system and the ClusterProperty cluster.clusterset.k8s.io.
+func grantClusterID(t *testing.T, user string) {
+	t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	name := "cluster-id-" + user
+	if _, err := cs.RbacV1().ClusterRoles().Create(t.Context(), &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"namespaces"}, ResourceNames: []string{"kube-system"}, Verbs: []string{"get"}},
+			{APIGroups: []string{"about.k8s.io"}, Resources: []string{"clusterproperties"}, ResourceNames: []string{"cluster.clusterset.k8s.io"}, Verbs: []string{"get"}},
+		},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(t.Context(), &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
 // Requests.
 
 // get GETs url without credentials and returns the status code and body.

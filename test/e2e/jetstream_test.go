@@ -121,7 +121,8 @@ func readStream(t *testing.T, s jetstream.Stream) []storedMessage {
 // only go up, and that no event id is stored twice. It returns the stream's messages.
 func checkStream(t *testing.T, s jetstream.Stream, u *updater) []storedMessage {
 	t.Helper()
-	subject := func(cm *corev1.ConfigMap) string { return "dw.configmaps._." + cm.Namespace + "." + cm.Name }
+	id := clusterID(t, cluster.Config)
+	subject := func(cm *corev1.ConfigMap) string { return "dw." + id + ".configmaps._." + cm.Namespace + "." + cm.Name }
 	testbed.Eventually(t, 90*time.Second, func() error {
 		var behind []string
 		for _, cm := range u.objects {
@@ -142,8 +143,8 @@ func checkStream(t *testing.T, s jetstream.Stream, u *updater) []storedMessage {
 	last := map[string]storedMessage{}
 	ids := map[string]uint64{}
 	for _, m := range msgs {
-		if m.id == "" || m.id != m.ceID {
-			t.Errorf("message %d: Nats-Msg-Id %q, ce-id %q: want the event id in both", m.seq, m.id, m.ceID)
+		if m.id == "" || m.id != id+"/"+m.ceID {
+			t.Errorf("message %d: Nats-Msg-Id %q, ce-id %q: want the event id in both, after the cluster's id %s in Nats-Msg-Id", m.seq, m.id, m.ceID, id)
 		}
 		if first, dup := ids[m.ceID]; dup {
 			t.Errorf("event %s is stored twice, at %d and %d: the stream's duplicate window should have dropped the second", m.ceID, first, m.seq)

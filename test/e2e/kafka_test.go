@@ -97,6 +97,7 @@ func readRecords(t *testing.T, brokers []string, topic string) []kafkaRecord {
 func checkTopic(t *testing.T, brokers []string, topic string, u *updater) {
 	t.Helper()
 	var records []kafkaRecord
+	id := clusterID(t, cluster.Config)
 	testbed.Eventually(t, 90*time.Second, func() error {
 		records = readRecords(t, brokers, topic)
 		last := map[string]uint64{}
@@ -105,7 +106,7 @@ func checkTopic(t *testing.T, brokers []string, topic string, u *updater) {
 		}
 		var behind []string
 		for _, cm := range u.objects {
-			key := "configmaps.v1|" + cm.Namespace + "/" + cm.Name
+			key := id + "/configmaps.v1|" + cm.Namespace + "/" + cm.Name
 			if got := last[key]; got != object.Revision(cm.ResourceVersion) {
 				behind = append(behind, fmt.Sprintf("%s at %d, not %s", cm.Name, got, cm.ResourceVersion))
 			}

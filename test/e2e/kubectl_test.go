@@ -649,9 +649,12 @@ func TestDescribeShowsTheObjectWhenEventsCannotBeRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	makeEvent(t, ns, "quiet.1", corev1.ObjectReference{Kind: "ConfigMap", Namespace: ns, Name: "quiet", UID: cm.UID, APIVersion: "v1"}, "Touched", "someone touched it")
-	// carol may read configmaps in ns and nothing else: as dynwatch's identity, she cannot list events.
-	grantConfigMapReads(t, nil, ns, "carol")
-	asCarol, err := cluster.KubeconfigAs("carol")
+	// The user may read configmaps in ns and its cluster's id, and nothing else: as dynwatch's
+	// identity, it cannot list events.
+	user := "describer-" + ns
+	grantConfigMapReads(t, nil, ns, user)
+	grantClusterID(t, user)
+	restricted, err := cluster.KubeconfigAs(user)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -659,7 +662,7 @@ func TestDescribeShowsTheObjectWhenEventsCannotBeRead(t *testing.T) {
 		name, kubeconfig, events, warning string
 	}{
 		{"api.events none", cluster.Kubeconfig, "none", ""},
-		{"the apiserver refuses dynwatch", asCarol, "apiserver", "events could not be read from the apiserver"},
+		{"the apiserver refuses dynwatch", restricted, "apiserver", "events could not be read from the apiserver"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			caFile := filepath.Join(t.TempDir(), "ca.crt")

@@ -156,6 +156,12 @@ advance, so `get` on CustomResourceDefinitions is granted without resourceNames.
 {{- $_ := set $rules "" (append (get $rules "" | default list) $crd) }}
 {{- end }}
 {{- end }}
+{{- $cluster := .Values.config.cluster | default dict }}
+{{- if not $cluster.id }}
+{{- /* The cluster's id: the ClusterProperty cluster.clusterset.k8s.io where it exists, else the kube-system namespace's uid, each read once at start. */}}
+{{- $identity := list (dict "apiGroups" (list "about.k8s.io") "resources" (list "clusterproperties") "verbs" (list "get") "resourceNames" (list "cluster.clusterset.k8s.io")) (dict "apiGroups" (list "") "resources" (list "namespaces") "verbs" (list "get") "resourceNames" (list "kube-system")) }}
+{{- $_ := set $rules "" (concat (get $rules "" | default list) $identity) }}
+{{- end }}
 {{- $api := .Values.config.api | default dict }}
 {{- $watchesEvents := false }}
 {{- range .Values.config.resources }}{{ if and (eq (default "" .group) "") (eq .resource "events") }}{{ $watchesEvents = true }}{{ end }}{{ end }}
