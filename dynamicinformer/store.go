@@ -351,6 +351,13 @@ func (s Snapshot) Revision(namespace string) uint64 {
 	return oldest
 }
 
+// Exact reports whether Revision(namespace) is exact: the resource is watched in one stream for
+// every namespace, or namespace has a stream of its own.
+func (s Snapshot) Exact(namespace string) bool {
+	_, ok := s.revs[namespace]
+	return ok
+}
+
 // Get is the object namespace/name ("" namespace for a cluster-scoped object).
 func (s Snapshot) Get(namespace, name string) (*object.Object, bool) {
 	if s.t == nil {

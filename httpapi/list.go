@@ -2,11 +2,17 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/internalversion/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/storage"
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
@@ -20,10 +26,21 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	// Every page reads the first page's snapshot, at its resourceVersion: it holds every change
 	// up to it and none after.
 	gvr, _, _ := res.API()
+	if errs := validation.ValidateListOptions(&q.options, true); len(errs) > 0 {
+		writeStatus(c.Writer, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs))
+		return
+	}
 	snap, rv, pinned, kept := a.listSnapshot(res, t.namespace, q)
 	if !kept {
 		writeStatus(c.Writer, expiredContinue(q.after))
 		return
+	}
+	if q.after == "" {
+		var serr *apierrors.StatusError
+		if snap, rv, serr = a.atRevision(ctx, res, t.namespace, q, snap); serr != nil {
+			writeStatus(c.Writer, serr)
+			return
+		}
 	}
 	l, serr := q.candidates(res, snap)
 	if serr != nil {
@@ -43,6 +60,45 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	}
 	c.Header("X-Dynwatch-Lookup", l.strategy)
 	out.list(c.Writer, p, rv)
+}
+
+// blockTimeout is how long a list waits for the cache to reach a resourceVersion it has not
+// reached yet, as the apiserver's watch cache waits.
+const blockTimeout = 3 * time.Second
+
+// atRevision is the snapshot a first page reads for q's resourceVersion and
+// resourceVersionMatch, and its resourceVersion, as the apiserver's watch cache answers them:
+// none, or 0, the cache now (snap); a resourceVersion the cache has not reached yet, the cache
+// once it has, waiting up to blockTimeout, and after that 504 Too large resource version; with
+// resourceVersionMatch NotOlderThan (or none), the cache now; with Exact, the cache now if it is
+// at exactly that resourceVersion, else 410 Expired, since the cache keeps no past state. Every
+// namespace of a resource watched namespace by namespace is at the oldest of their revisions,
+// while some are newer (see Snapshot.Revision): it is not waited for, since a quiet namespace
+// moves only with its next bookmark.
+func (a *api) atRevision(ctx context.Context, res *dynamicinformer.Resource, namespace string, q *query, snap dynamicinformer.Snapshot) (dynamicinformer.Snapshot, string, *apierrors.StatusError) {
+	want, cur := q.resourceVersion, snap.Revision(namespace)
+	if want > cur && snap.Exact(namespace) {
+		wait, cancel := context.WithTimeout(ctx, blockTimeout)
+		defer cancel()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for cur < want {
+			select {
+			case <-wait.Done():
+				err := storage.NewTooLargeResourceVersionError(want, cur, 1)
+				var serr *apierrors.StatusError
+				errors.As(err, &serr)
+				return snap, "", serr
+			case <-tick.C:
+				snap = res.Snapshot()
+				cur = snap.Revision(namespace)
+			}
+		}
+	}
+	if q.options.ResourceVersionMatch == metav1.ResourceVersionMatchExact && want != cur {
+		return snap, "", apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d", want))
+	}
+	return snap, strconv.FormatUint(cur, 10), nil
 }
 
 // expiredContinue is the 410 Gone of a later page whose first page's snapshot is no longer kept.

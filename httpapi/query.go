@@ -10,10 +10,13 @@ import (
 	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/utils/ptr"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
@@ -35,7 +38,10 @@ type query struct {
 	listRV     string // continue: the resourceVersion of the first page
 	pinned     uint64 // continue: the id of the first page's snapshot (see pins)
 
-	resourceVersion     uint64
+	resourceVersion uint64
+	// options are the list options as given, which a list validates as the apiserver does
+	// (see listOptions).
+	options             internalversion.ListOptions
 	sendInitialEvents   bool
 	allowWatchBookmarks bool
 	timeoutSeconds      int64
@@ -79,6 +85,11 @@ func parseQuery(v url.Values, maxPage int) (*query, *apierrors.StatusError) {
 		if q.resourceVersion, err = strconv.ParseUint(s, 10, 64); err != nil {
 			return nil, badParameter("resourceVersion", "must be a resourceVersion from this API, got %q", s)
 		}
+	}
+	q.options = internalversion.ListOptions{ResourceVersion: v.Get("resourceVersion"), Continue: v.Get("continue"),
+		ResourceVersionMatch: metav1.ResourceVersionMatch(v.Get("resourceVersionMatch"))}
+	if v.Has("sendInitialEvents") {
+		q.options.SendInitialEvents = ptr.To(boolParameter(v, "sendInitialEvents"))
 	}
 	q.sendInitialEvents, q.allowWatchBookmarks = boolParameter(v, "sendInitialEvents"), boolParameter(v, "allowWatchBookmarks")
 	if s := v.Get("timeoutSeconds"); s != "" {

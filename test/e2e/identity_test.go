@@ -420,3 +420,93 @@ webhooks: [{name: r, url: %s}]`, ns, rc.URL))
 		}
 	}
 }
+
+// TestAListAtAResourceVersionIsAnsweredAsTheApiserverAnswersIt: resourceVersionMatch and
+// resourceVersion on a list, side by side with the apiserver: the same refusal (422 Invalid)
+// of options the apiserver refuses, the same items at the cache's own resourceVersion with
+// Exact, and the same 504 for a resourceVersion not reached within 3 s. At an older
+// resourceVersion with Exact the apiserver answers from etcd and dynwatch, which keeps no past
+// state, 410 Expired: never the present in its place.
+func TestAListAtAResourceVersionIsAnsweredAsTheApiserverAnswersIt(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	for i := range 3 {
+		if _, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c-%d", i)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, _ := startWithWebhooks(t, fmt.Sprintf(`resources: [{version: v1, resource: configmaps, namespaces: [%s]}]`, ns))
+	api, _, _ := p.WaitListening(t.Context())
+	apiserver, err := rest.HTTPClientFor(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := "/api/v1/namespaces/" + ns + "/configmaps"
+	type answer struct {
+		code           int
+		reason, causes string
+		items          []string
+		rv             string
+	}
+	ask := func(client *http.Client, base, query string) answer {
+		t.Helper()
+		resp, err := client.Get(base + path + "?" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Reason   metav1.StatusReason `json:"reason"`
+			Details  *metav1.StatusDetails
+			Metadata metav1.ListMeta `json:"metadata"`
+			Items    []metav1.PartialObjectMetadata
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatal(err)
+		}
+		a := answer{code: resp.StatusCode, reason: string(body.Reason), rv: body.Metadata.ResourceVersion}
+		if body.Details != nil {
+			for _, c := range body.Details.Causes {
+				a.causes += string(c.Type) + ":" + c.Field + " "
+			}
+		}
+		for _, it := range body.Items {
+			a.items = append(a.items, it.Name+"@"+it.ResourceVersion)
+		}
+		return a
+	}
+	dynwatch := ask(http.DefaultClient, api, "")
+	if dynwatch.code != http.StatusOK || len(dynwatch.items) != 3 {
+		t.Fatalf("a plain list through dynwatch: %+v", dynwatch)
+	}
+	now := dynwatch.rv
+	future := fmt.Sprint(object.Revision(now) + 1_000_000)
+	for _, c := range []struct{ name, query string }{
+		{"Exact without a resourceVersion", "resourceVersionMatch=Exact"},
+		{"Exact at 0", "resourceVersionMatch=Exact&resourceVersion=0"},
+		{"an unknown match", "resourceVersionMatch=Newest&resourceVersion=1"},
+		{"sendInitialEvents on a list", "sendInitialEvents=true"},
+		{"Exact at the cache's resourceVersion", "resourceVersionMatch=Exact&resourceVersion=" + now},
+		{"NotOlderThan a resourceVersion not reached", "resourceVersionMatch=NotOlderThan&resourceVersion=" + future},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want, got := ask(apiserver, cluster.Config.Host, c.query), ask(http.DefaultClient, api, c.query)
+			if got.code != want.code || got.reason != want.reason || got.causes != want.causes || !slices.Equal(got.items, want.items) {
+				t.Fatalf("dynwatch answers %+v\nthe apiserver %+v", got, want)
+			}
+		})
+	}
+	if _, err := cs.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "later"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if a := ask(http.DefaultClient, api, ""); len(a.items) != 4 {
+			return fmt.Errorf("dynwatch lists %v", a.items)
+		}
+		return nil
+	})
+	if got := ask(http.DefaultClient, api, "resourceVersionMatch=Exact&resourceVersion="+now); got.code != http.StatusGone || got.reason != string(metav1.StatusReasonExpired) {
+		t.Fatalf("a list at the older resourceVersion %s with Exact: %+v, want 410 Expired", now, got)
+	}
+}
