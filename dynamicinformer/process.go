@@ -86,6 +86,11 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 	if !movedWith {
 		e.Managers = object.ChangedManagers(old, u)
 	}
+	// Every change naming every manager of its object, for the test that shows
+	// validate.Attributed failing on a broken build (a failpoint: see
+	// test/runner.BuildWithFailpoints).
+	// gofail: var nameEveryManager struct{}
+	// if !movedWith { e.Managers = object.ChangedManagers(nil, u) }
 	r.emit(e)
 }
 

@@ -95,6 +95,7 @@ func TestEachBuildBrokenForAValidatorFailsIt(t *testing.T) {
 		{"newIDOnRetry", "StableIDs", false},              // delivery: each retry under an id of its own
 		{"dropDeletions", "Converged", false},             // delivery: each deletion acknowledged and never sent
 		{"pageFromCacheNow", "Paged", false},              // httpapi: a list's later page read from the cache now
+		{"nameEveryManager", "Attributed", false},         // dynamicinformer: every change names every manager of its object
 	} {
 		t.Run(b.failpoint, func(t *testing.T) {
 			t.Parallel()
@@ -129,7 +130,7 @@ func recordHistory(t *testing.T, c *testbed.Cluster, o runner.Options, seed uint
 	ns := namespaceIn(t, c.Config)
 	// The webhook's faults, chosen for each change by the seed (seededAnswer).
 	rc := newJudge(t, func(r received, n int, h http.Header) int { return seededAnswer(seed, r, n, h) })
-	sinks := recordedSinks(t, rc)
+	sinks := recordedSinks(t, c.Config, rc)
 	o.Config, o.Kubeconfig = filepath.Join(t.TempDir(), "config.yaml"), c.Kubeconfig
 	writeFile(t, o.Config, fmt.Sprintf(`
 resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
@@ -233,7 +234,7 @@ metrics: {address: "127.0.0.1:0"}
 		t.Logf("%s: %d pages", l.Name, len(l.Pages))
 	}
 
-	rec.Sinks = sinks.converged(t, time.Minute, []recorded{{configmapsSource, rec.History, nil}})[0]
+	rec.Sinks = sinks.converged(t, time.Minute, []recorded{{source: configmapsSource, history: rec.History, attribution: reference.attr.attribution(), exact: true}})[0]
 	for _, sink := range rec.Sinks {
 		t.Logf("%s: %d deliveries of %d changes", sink.Name, len(sink.Deliveries), len(rec.History))
 		if v := validate.Converged(rec.History, sink); len(v) > 0 {
@@ -252,13 +253,15 @@ type sinks struct {
 	stream  jetstream.Stream
 	kafka   kafkaCluster
 	selects validate.Selector // what they select: every object unless set
+	cluster string            // the cluster every delivery names
 }
 
 const recordedTopic = "dynwatch"
 
-func recordedSinks(t *testing.T, webhook *receiver) sinks {
+// recordedSinks starts the sinks a run on cluster c records.
+func recordedSinks(t *testing.T, c *rest.Config, webhook *receiver) sinks {
 	t.Helper()
-	s := sinks{webhook: webhook, nats: startNATS(t, 1), kafka: startKafka(t)}
+	s := sinks{webhook: webhook, nats: startNATS(t, 1), kafka: startKafka(t), cluster: clusterID(t, c)}
 	s.stream = createStream(t, s.nats.URLs(), jetstream.StreamConfig{Name: "DYNWATCH", Subjects: []string{"dw.>"}})
 	s.kafka.createTopic(t, recordedTopic, 3, nil)
 	return s
@@ -281,6 +284,10 @@ type recorded struct {
 	source  string
 	history validate.History
 	gaps    []validate.Gap
+	// attribution is who made each version of history (see validate.Sink); exact, that
+	// dynwatch followed every change one by one from the start.
+	attribution map[string]validate.Attribution
+	exact       bool
 }
 
 // held is what each sink holds now of the resource r, as package validate reads it: the
@@ -289,11 +296,15 @@ type recorded struct {
 // partition).
 func (s sinks) held(t *testing.T, r recorded) []validate.Sink {
 	t.Helper()
-	return []validate.Sink{
-		{Name: "the webhook", Selects: s.selects, Deliveries: deliveries(t, s.webhook, r.source), Gaps: r.gaps},
-		{Name: "JetStream", Selects: s.selects, Deliveries: streamDeliveries(t, s.stream, r.source), Gaps: r.gaps},
-		{Name: "Kafka", Selects: s.selects, Deliveries: topicDeliveries(t, s.kafka.brokers, r.source), Gaps: r.gaps},
+	out := []validate.Sink{
+		{Name: "the webhook", Deliveries: deliveries(t, s.webhook, r.source)},
+		{Name: "JetStream", Deliveries: streamDeliveries(t, s.stream, r.source)},
+		{Name: "Kafka", Deliveries: topicDeliveries(t, s.kafka.brokers, r.source)},
 	}
+	for i := range out {
+		out[i].Selects, out[i].Gaps, out[i].Cluster, out[i].Attribution, out[i].ExactManagers = s.selects, r.gaps, s.cluster, r.attribution, r.exact
+	}
+	return out
 }
 
 // converged waits, up to within, until every sink has received each object's last state in
@@ -336,8 +347,10 @@ func streamDeliveries(t *testing.T, s jetstream.Stream, source string) []validat
 		if m.Header.Get("ce-source") != source {
 			continue
 		}
-		out = append(out, validate.Delivery{ID: m.Header.Get("ce-id"), Type: ceType(m.Header.Get("ce-type")),
-			Key: m.Header.Get("ce-subject"), Revision: object.Revision(m.Header.Get("ce-resourceversion"))})
+		d := validate.Delivery{ID: m.Header.Get("ce-id"), Type: ceType(m.Header.Get("ce-type")), Cluster: m.Header.Get("ce-cluster"),
+			Key: m.Header.Get("ce-subject"), Revision: object.Revision(m.Header.Get("ce-resourceversion"))}
+		d.Managers, d.Named = namedManagers(m.Data)
+		out = append(out, d)
 	}
 	return out
 }
@@ -366,8 +379,11 @@ func topicDeliveries(t *testing.T, brokers []string, source string) []validate.D
 				d.Revision = object.Revision(string(h.Value))
 			case "ce_source":
 				of = string(h.Value)
+			case "ce_cluster":
+				d.Cluster = string(h.Value)
 			}
 		}
+		d.Managers, d.Named = namedManagers(r.Value)
 		if of == source {
 			out = append(out, d)
 		}
@@ -394,7 +410,9 @@ func deliveries(t *testing.T, rc *receiver, source string) []validate.Delivery {
 		if err != nil {
 			t.Fatalf("a delivery of %s/%s with resourceVersion %q", ns, name, rv)
 		}
-		out = append(out, validate.Delivery{ID: r.ceID, Type: r.payload.Type, Key: ns + "/" + name, Revision: rev, Refused: r.code/100 != 2})
+		d := validate.Delivery{ID: r.ceID, Type: r.payload.Type, Key: ns + "/" + name, Revision: rev, Refused: r.code/100 != 2, Cluster: r.header.Get("Ce-Cluster")}
+		d.Managers, d.Named = namedManagers(r.body)
+		out = append(out, d)
 	}
 	return out
 }
@@ -409,13 +427,14 @@ func churnConfigMaps(t *testing.T, c *rest.Config, ns string, seed uint64) {
 	for end := time.Now().Add(churnFor); time.Now().Before(end); time.Sleep(churnEvery) {
 		name := fmt.Sprintf("cm-%02d", r.IntN(churnObjects))
 		meta := metav1.ObjectMeta{Name: name, Labels: map[string]string{"team": []string{"a", "b"}[r.IntN(2)]}}
+		manager := []string{"churn-a", "churn-b"}[r.IntN(2)] // whom each version names
 		var err error
 		switch {
 		case !exists[name]:
-			_, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": "0"}}, metav1.CreateOptions{})
+			_, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": "0"}}, metav1.CreateOptions{FieldManager: manager})
 			exists[name] = err == nil
 		case r.IntN(10) < 7:
-			_, err = cms.Update(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": strconv.Itoa(r.IntN(1 << 20))}}, metav1.UpdateOptions{})
+			_, err = cms.Update(t.Context(), &corev1.ConfigMap{ObjectMeta: meta, Data: map[string]string{"v": strconv.Itoa(r.IntN(1 << 20))}}, metav1.UpdateOptions{FieldManager: manager})
 		default:
 			err = cms.Delete(t.Context(), name, metav1.DeleteOptions{})
 			exists[name] = err != nil
@@ -458,6 +477,7 @@ func pagedList(t *testing.T, name string, res dynamic.ResourceInterface, opts me
 // recording is one watch, as it is received.
 type recording struct {
 	mu     sync.Mutex
+	attr   *attributor // who made each version it received
 	stream validate.Stream
 	err    error // an ERROR event, or the watch ending before stop
 	w      watch.Interface
@@ -472,7 +492,7 @@ func record(t *testing.T, name string, res dynamic.ResourceInterface, opts metav
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	r := &recording{stream: validate.Stream{Name: name}, w: w, done: make(chan struct{})}
+	r := &recording{stream: validate.Stream{Name: name}, w: w, done: make(chan struct{}), attr: newAttributor()}
 	if opts.ResourceVersion != "" {
 		r.stream.From, _ = strconv.ParseUint(opts.ResourceVersion, 10, 64)
 	}
@@ -518,6 +538,7 @@ func (r *recording) read() {
 			ev.InitialEventsEnd = u.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"
 		} else {
 			ev.Key, ev.Labels = u.GetNamespace()+"/"+u.GetName(), labels.Set(u.GetLabels()).String()
+			r.attr.see(e.Type, ev.Key, rv, u)
 		}
 		r.stream.Events = append(r.stream.Events, ev)
 		r.mu.Unlock()

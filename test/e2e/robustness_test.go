@@ -390,7 +390,7 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 		t.Fatal(err)
 	}
 	s.installWidgets(t)
-	s.sinks = recordedSinks(t, newJudge(t, func(rc received, n int, h http.Header) int {
+	s.sinks = recordedSinks(t, s.cluster.Config, newJudge(t, func(rc received, n int, h http.Header) int {
 		switch s.down.Load() {
 		case outage503:
 			return http.StatusServiceUnavailable
@@ -500,7 +500,7 @@ func runScenario(t *testing.T, seed uint64, f fault) {
 				}
 			}
 		}
-		tr.gaps = s.gaps[tr.source]
+		tr.gaps, tr.attribution = s.gaps[tr.source], tr.reference.attr.attribution()
 		rec := validate.Record{Seed: seed, Fault: f.name, History: tr.history}
 		for _, fl := range tr.followers {
 			fl.waitFor(t, tr.history)
@@ -891,6 +891,7 @@ type follower struct {
 	done                     chan struct{}
 	once                     sync.Once
 
+	attr    *attributor // who made each version its watches received
 	mu      sync.Mutex
 	streams []validate.Stream // the watches that ended
 	cur     *recording
@@ -901,7 +902,7 @@ type follower struct {
 // follow starts following what res selects with opts (sel saying what, as validate.Stream's
 // Selects does).
 func follow(name string, res func() (dynamic.ResourceInterface, error), opts metav1.ListOptions, sel validate.Selector) *follower {
-	f := &follower{name: name, res: res, opts: opts, sel: sel, stop: make(chan struct{}), done: make(chan struct{})}
+	f := &follower{name: name, res: res, opts: opts, sel: sel, stop: make(chan struct{}), done: make(chan struct{}), attr: newAttributor()}
 	go f.run()
 	return f
 }
@@ -934,7 +935,7 @@ func (f *follower) run() {
 			continue
 		}
 		from, _ := strconv.ParseUint(rv, 10, 64)
-		r := &recording{stream: validate.Stream{Name: fmt.Sprintf("%s, watch %d", f.name, n), From: from, Selects: f.sel}, w: w, done: make(chan struct{})}
+		r := &recording{stream: validate.Stream{Name: fmt.Sprintf("%s, watch %d", f.name, n), From: from, Selects: f.sel}, w: w, done: make(chan struct{}), attr: f.attr}
 		f.mu.Lock()
 		f.cur = r
 		f.mu.Unlock()

@@ -3,6 +3,7 @@ package validate
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Delivery is one event a sink received, in the order the receiver saw them.
@@ -13,7 +14,13 @@ type Delivery struct {
 	Revision uint64
 	// Refused: the receiver did not take it (it answered other than 2xx, or after the sink had
 	// given up). It counts for order and ids, not as delivered: it must come again.
-	Refused bool
+	Refused bool `json:",omitempty"`
+	// Cluster is the cluster it names (ce-cluster).
+	Cluster string `json:",omitempty"`
+	// Managers are the field managers it names (its payload's managers), sorted, joined by
+	// commas; Attributed reads it only where Named is set.
+	Managers string `json:",omitempty"`
+	Named    bool   `json:",omitempty"`
 }
 
 func (d Delivery) String() string {
@@ -31,7 +38,25 @@ type Sink struct {
 	// Gaps are where dynwatch could not follow the changes one by one (its watch could not
 	// resume, and it listed again): see Delivered.
 	Gaps []Gap
+	// Cluster is the cluster every delivery must name; empty: not checked.
+	Cluster string `json:",omitempty"`
+	// Attribution is, by version (Version), who the history says made it; nil: not checked.
+	Attribution map[string]Attribution `json:",omitempty"`
+	// ExactManagers: dynwatch followed every change of the run one by one from the start (no
+	// restart), so each delivery names exactly who made its version (see Attributed).
+	ExactManagers bool `json:",omitempty"`
 }
+
+// Attribution is who made one version of an object, from its managedFields in the apiserver's
+// history: the managers whose entries changed at it (an entry new since the version before, or
+// whose time or apiVersion moved; when none did, those whose fields changed), and every manager
+// with an entry in it, each sorted and joined by commas.
+type Attribution struct {
+	Changed, Present string
+}
+
+// Version names the version rev of the object key in an Attribution.
+func Version(key string, rev uint64) string { return fmt.Sprintf("%s@%d", key, rev) }
 
 // Gap is a stretch of revisions, after From and up to To, in which dynwatch's informer lost its
 // watch and listed again. A list shows each object as it is: a version that a later one replaced
@@ -67,7 +92,7 @@ func (s Sink) matches(key string) bool {
 // whatever happened on the way (restarts, relists, handovers).
 func Deliveries(h History, s Sink) []Violation {
 	var out []Violation
-	for _, check := range []func(History, Sink) []Violation{Converged, InOrder, StableIDs, Known} {
+	for _, check := range []func(History, Sink) []Violation{Converged, InOrder, StableIDs, Known, Attributed} {
 		out = append(out, check(h, s)...)
 	}
 	return out
@@ -230,4 +255,57 @@ func knownAs(d Delivery, e Event, h History, gaps []Gap) bool {
 		return e.Type == Deleted && endsAs(d, e, h, gaps)
 	}
 	return e.Type != Deleted && e.Revision == d.Revision
+}
+
+// Attributed reports a delivery that names another cluster than the sink's, and a delivery of a
+// version the history made (ADDED or MODIFIED) that names a field manager the version has no
+// entry of. With ExactManagers it also reports one that names other managers than those who
+// made the version, unless a gap holds it (a relist compares the object with a version from
+// before the gap) or it delivers as ADDED a version the history modified (an initial list names
+// every manager of the object as it stands).
+func Attributed(h History, s Sink) []Violation {
+	var out []Violation
+	for i, d := range s.Deliveries {
+		if s.Cluster != "" && d.Cluster != s.Cluster {
+			out = append(out, Violation{"Attributed", s.Name, i, fmt.Sprintf("%s names cluster %q, not %q", d, d.Cluster, s.Cluster)})
+		}
+		a, ok := s.Attribution[Version(d.Key, d.Revision)]
+		if !ok || !d.Named || d.Type == Deleted {
+			continue
+		}
+		if extra := unnamed(d.Managers, a.Present); extra != "" {
+			out = append(out, Violation{"Attributed", s.Name, i, fmt.Sprintf("%s names %s, who has no entry in that version (it has %s)", d, extra, a.Present)})
+			continue
+		}
+		if !s.ExactManagers || d.Managers == a.Changed || s.inGap(d.Revision) || d.Type == Added && !h.added(d.Key, d.Revision) {
+			continue
+		}
+		out = append(out, Violation{"Attributed", s.Name, i, fmt.Sprintf("%s names %q, but %q made that version", d, d.Managers, a.Changed)})
+	}
+	return out
+}
+
+// unnamed is the first of the comma-joined names that all does not hold, "" when it holds
+// every one.
+func unnamed(names, all string) string {
+	if names == "" {
+		return ""
+	}
+	have := strings.Split(all, ",")
+	for _, n := range strings.Split(names, ",") {
+		if !slices.Contains(have, n) {
+			return n
+		}
+	}
+	return ""
+}
+
+// inGap reports whether a gap holds revision rev.
+func (s Sink) inGap(rev uint64) bool {
+	return slices.ContainsFunc(s.Gaps, func(g Gap) bool { return rev > g.From && rev <= g.To })
+}
+
+// added reports whether the history created key's object at rev.
+func (h History) added(key string, rev uint64) bool {
+	return slices.ContainsFunc(h, func(e Event) bool { return e.Key == key && e.Revision == rev && e.Type == Added })
 }

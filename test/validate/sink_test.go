@@ -10,7 +10,7 @@ import (
 // and one repeated later under its first id.
 func delivered() Sink {
 	d := func(typ, key string, rev uint64) Delivery {
-		return Delivery{fmt.Sprintf("%s.%d.%s", key, rev, typ), typ, key, rev, false}
+		return Delivery{ID: fmt.Sprintf("%s.%d.%s", key, rev, typ), Type: typ, Key: key, Revision: rev}
 	}
 	return Sink{Name: "hook", Selects: inNS, Deliveries: []Delivery{
 		d(Added, "ns/a", 10), d(Added, "ns/b", 11), d(Modified, "ns/a", 12), d(Deleted, "ns/b", 14),
@@ -52,7 +52,7 @@ func TestAGapExcusesOnlyTheVersionsItReplaced(t *testing.T) {
 // informer last saw, of its first life; outside a gap that is not the object's last state.
 func TestADeletionAListFoundAfterAGapMayCarryAnEarlierLife(t *testing.T) {
 	h := History{{Added, "ns/x", 1, false, ""}, {Deleted, "ns/x", 3, false, ""}, {Added, "ns/x", 5, false, ""}, {Deleted, "ns/x", 7, false, ""}}
-	s := Sink{Name: "hook", Deliveries: []Delivery{{"x.1", Added, "ns/x", 1, false}, {"x.1.deleted", Deleted, "ns/x", 1, false}}, Gaps: []Gap{{From: 2, To: 8}}}
+	s := Sink{Name: "hook", Deliveries: []Delivery{{ID: "x.1", Type: Added, Key: "ns/x", Revision: 1}, {ID: "x.1.deleted", Type: Deleted, Key: "ns/x", Revision: 1}}, Gaps: []Gap{{From: 2, To: 8}}}
 	if v := append(Deliveries(h, s), Delivered(h, s)...); len(v) > 0 {
 		t.Errorf("%v; want none", v)
 	}
@@ -77,10 +77,10 @@ func TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise(t *testing.T) 
 		{"a repeat under another id", editSink(delivered(), func(d []Delivery) []Delivery { d[5].ID = "other"; return d }), "StableIDs"},
 		{"two changes under one id", editSink(delivered(), func(d []Delivery) []Delivery { d[6].ID = d[0].ID; return d }), "StableIDs"},
 		{"a version the history never had", editSink(delivered(), func(d []Delivery) []Delivery {
-			return append(d, Delivery{"x", Modified, "ns/a", 13, false})
+			return append(d, Delivery{ID: "x", Type: Modified, Key: "ns/a", Revision: 13})
 		}), "Known"},
 		{"an object the sink does not select", editSink(delivered(), func(d []Delivery) []Delivery {
-			return append(d, Delivery{"y", Added, "other/c", 13, false})
+			return append(d, Delivery{ID: "y", Type: Added, Key: "other/c", Revision: 13})
 		}), "Known"},
 		{"a deletion at a version that was not the last", editSink(delivered(), func(d []Delivery) []Delivery { d[3].Revision = 10; return d }), "Known"},
 	} {
@@ -94,4 +94,54 @@ func TestEachSinkValidatorFailsOnTheDeliveriesThatBreakItsPromise(t *testing.T) 
 func editSink(s Sink, f func([]Delivery) []Delivery) Sink {
 	s.Deliveries = f(slices.Clone(s.Deliveries))
 	return s
+}
+
+// TestEachDeliveryNamesItsClusterAndWhoMadeItsVersion: Attributed passes a sink whose
+// deliveries name its cluster and the managers who made each version, and reports a delivery
+// naming another cluster, a manager with no entry in the version, or, where dynwatch followed
+// every change, other managers than who made it: but not within a gap.
+func TestEachDeliveryNamesItsClusterAndWhoMadeItsVersion(t *testing.T) {
+	attributed := func() Sink {
+		s := delivered()
+		s.Cluster, s.ExactManagers = "east", true
+		s.Attribution = map[string]Attribution{
+			Version("ns/a", 10): {Changed: "tool-a", Present: "tool-a"},
+			Version("ns/b", 11): {Changed: "tool-a", Present: "tool-a"},
+			Version("ns/a", 12): {Changed: "tool-b", Present: "tool-a,tool-b"},
+			Version("ns/a", 15): {Changed: "tool-a", Present: "tool-a,tool-b"},
+			Version("ns/d", 16): {Changed: "tool-a", Present: "tool-a"},
+		}
+		for i := range s.Deliveries {
+			d := &s.Deliveries[i]
+			d.Cluster = "east"
+			if d.Type != Deleted {
+				d.Managers, d.Named = s.Attribution[Version(d.Key, d.Revision)].Changed, true
+			}
+		}
+		return s
+	}
+	if v := Attributed(history, attributed()); len(v) > 0 {
+		t.Fatalf("%v; want none", v)
+	}
+	for name, c := range map[string]struct {
+		edit func(*Sink)
+		want int
+	}{
+		"another cluster":                     {func(s *Sink) { s.Deliveries[1].Cluster = "west" }, 1},
+		"a manager with no entry":             {func(s *Sink) { s.Deliveries[0].Managers = "tool-z" }, 1},
+		"who did not make it":                 {func(s *Sink) { s.Deliveries[2].Managers = "tool-a" }, 2}, // and its repeat
+		"who did not make it, within a gap":   {func(s *Sink) { s.Deliveries[2].Managers = "tool-a"; s.Gaps = []Gap{{From: 11, To: 12}} }, 0},
+		"who did not make it, inexact checks": {func(s *Sink) { s.Deliveries[2].Managers = "tool-a"; s.ExactManagers = false }, 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := attributed()
+			if name == "who did not make it" {
+				s.Deliveries[5].Managers = "tool-a"
+			}
+			c.edit(&s)
+			if v := Attributed(history, s); len(v) != c.want {
+				t.Fatalf("%d violations %v; want %d", len(v), v, c.want)
+			}
+		})
+	}
 }
