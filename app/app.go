@@ -64,6 +64,7 @@ type service struct {
 	log       *slog.Logger
 	host      string
 	cluster   object.Cluster
+	keys      signingKeys // GET /signing-keys
 	informers *dynamicinformer.Manager
 	pipeline  *pipeline
 	reloader  *config.Reloader

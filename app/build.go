@@ -53,6 +53,7 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), encodings.responses)
 	s := &service{cfg: cfg, log: log, host: restConfig.Host}
+	s.keys.set(cfg)
 	if s.cluster, err = resolveCluster(ctx, log, cfg.Cluster, dyn); err != nil {
 		return nil, err
 	}
@@ -95,6 +96,7 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 			if err := s.pipeline.delivery.Update(next.Sinks()); err != nil {
 				return err
 			}
+			s.keys.set(next)
 			s.informers.Update(next.Resources)
 			return nil
 		},
@@ -135,8 +137,9 @@ func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *se
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
 	return httpapi.NewAPI(httpapi.APIOptions{
-		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus, Cluster: s.cluster,
+		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus, Cluster: s.cluster, SigningKeys: s.keys.get,
 		Journal:     func() any { return s.pipeline.journal.Pressure() },
+		Sinks:       func() any { return s.pipeline.delivery.Status() },
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
 		Authenticator: s.security.Authenticator, Authorizer: s.security.Authorizer, Limits: cfg.API.Limits,
 		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: upstreamClient, Dynamic: upstreamDynamic,

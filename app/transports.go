@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/delivery"
@@ -28,3 +29,30 @@ func transports(cluster object.Cluster) delivery.Transports {
 		}
 	}
 }
+
+// signingKeys is GET /signing-keys: the public keys each webhook of the running configuration
+// signs with (Standard Webhooks' v1a), so that receivers verify without a secret.
+type signingKeys struct{ cur atomic.Pointer[publishedKeys] }
+
+type publishedKeys struct {
+	Webhooks []webhookKeys `json:"webhooks"`
+}
+
+type webhookKeys struct {
+	Name string              `json:"name"`
+	Keys []webhook.PublicKey `json:"keys"`
+}
+
+// set publishes the keys of cfg's webhooks.
+func (k *signingKeys) set(cfg *config.Config) {
+	p := &publishedKeys{Webhooks: []webhookKeys{}}
+	for i := range cfg.Webhooks {
+		w := &cfg.Webhooks[i]
+		if len(w.SigningKeys) > 0 {
+			p.Webhooks = append(p.Webhooks, webhookKeys{Name: w.Name, Keys: webhook.PublicKeys(w)})
+		}
+	}
+	k.cur.Store(p)
+}
+
+func (k *signingKeys) get() any { return k.cur.Load() }

@@ -1,7 +1,13 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -97,6 +103,19 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 	}
 	if err := os.WriteFile(shortSecretFile, []byte("whsec_MDEyMzQ1Njc4OWFiY2RlZg=="), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// Signing key files: one Ed25519 key, one ECDSA key, and a file that is no PEM at all.
+	edFile, ecFile := filepath.Join(dir, "ed.pem"), filepath.Join(dir, "ec.pem")
+	_, ed, _ := ed25519.GenerateKey(rand.Reader)
+	ec, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	for file, key := range map[string]any{edFile: ed, ecFile: ec} {
+		der, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tests := []struct {
 		name string
@@ -257,6 +276,11 @@ func TestLoadRejectsBadConfigNamingTheField(t *testing.T) {
 			[]string{"webhooks[0].url: is plain http to a host other than loopback"}},
 		{"a signing secret shorter than 24 bytes", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'https://x', signingSecretFile: " + shortSecretFile + "}]\n",
 			[]string{"webhooks[0].signingSecretFile:", "16-byte key; Standard Webhooks requires at least 24"}},
+		{"signing key files that are not Ed25519 keys", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'https://x', signingKeyFiles: [" + edFile + ", " + ecFile + ", " + tokenFile + "]}]\n",
+			[]string{"webhooks[0].signingKeyFiles[1]: " + ecFile + " holds a *ecdsa.PrivateKey key; Standard Webhooks' v1a signatures need an Ed25519 key",
+				"webhooks[0].signingKeyFiles[2]: " + tokenFile + " does not hold a PKCS#8 private key in PEM"}},
+		{"a signing secret of a list shorter than 24 bytes", "resources: [{version: v1, resource: pods}]\nwebhooks: [{name: a, url: 'https://x', signingSecretFiles: [" + shortSecretFile + "]}]\n",
+			[]string{"webhooks[0].signingSecretFiles[0]:", "16-byte key"}},
 		{"a whole group without a group", "resources: [{version: v1, resource: pods}, {version: v1, resource: '*'}]\n",
 			[]string{`resources[1].resource: "*" watches a whole API group and needs group`}},
 		{"a wildcard kind", "resources: [{group: example.com, version: v1, kind: '*'}]\n",
@@ -421,8 +445,8 @@ func TestWebhookSecretsAreReadAndNeverPrinted(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := c.Webhooks[0]
-	if string(w.BearerToken) != "tok-123" || len(w.SigningSecret) == 0 {
-		t.Fatalf("token %q, secret of %d bytes", string(w.BearerToken), len(w.SigningSecret))
+	if string(w.BearerToken) != "tok-123" || len(w.SigningSecrets) != 1 {
+		t.Fatalf("token %q, %d signing secrets", string(w.BearerToken), len(w.SigningSecrets))
 	}
 	if w.Timeout != DefaultWebhookTimeout || w.Workers != DefaultWebhookWorkers || w.Retry.MaxElapsed != DefaultMaxElapsed {
 		t.Errorf("defaults not applied: %+v", w)

@@ -2,10 +2,12 @@ package config
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/url"
@@ -24,16 +26,28 @@ type Webhook struct {
 	Headers           []Header `mapstructure:"headers"`
 	BearerTokenFile   string   `mapstructure:"bearerTokenFile"`
 	SigningSecretFile string   `mapstructure:"signingSecretFile"` // Standard Webhooks secret, whsec_...
-	TLS               TLS      `mapstructure:"tls"`
+	// SigningSecretFiles are more Standard Webhooks secrets, each of which signs every request
+	// (v1), beside signingSecretFile's: several at once let a secret rotate.
+	SigningSecretFiles []string `mapstructure:"signingSecretFiles"`
+	// SigningKeyFiles are Ed25519 private keys (PKCS#8 PEM), each of which signs every request
+	// with Standard Webhooks' asymmetric scheme (v1a): receivers verify with the public key
+	// alone (see /signing-keys), and several at once let a key rotate.
+	SigningKeyFiles []string `mapstructure:"signingKeyFiles"`
+	TLS             TLS      `mapstructure:"tls"`
 	// AllowCredentialsOverHTTP permits a bearer token or signing secret with a plain http://
 	// URL to a host other than loopback, where anyone on the path can read or replay them.
 	AllowCredentialsOverHTTP bool `mapstructure:"allowCredentialsOverHTTP"`
 
 	// Parsed by Load.
-	Endpoint      *url.URL    `mapstructure:"-"`
-	BearerToken   Secret      `mapstructure:"-"`
-	SigningSecret Secret      `mapstructure:"-"`          // decoded key bytes
-	TLSConfig     *tls.Config `mapstructure:"-" json:"-"` // nil: Go's defaults; never marshalled (it holds funcs)
+	Endpoint    *url.URL `mapstructure:"-"`
+	BearerToken Secret   `mapstructure:"-"`
+	// SigningSecrets are the HMAC keys of signingSecretFile and signingSecretFiles, decoded, in
+	// that order.
+	SigningSecrets []Secret `mapstructure:"-"`
+	// SigningKeys are the Ed25519 private keys of signingKeyFiles (ed25519.PrivateKey's 64
+	// bytes), in order.
+	SigningKeys []Secret    `mapstructure:"-"`
+	TLSConfig   *tls.Config `mapstructure:"-" json:"-"` // nil: Go's defaults; never marshalled (it holds funcs)
 	// FilesDigest is a digest of the TLS files' contents, so that a reload sees them change.
 	FilesDigest [sha256.Size]byte `mapstructure:"-"`
 }
@@ -61,13 +75,66 @@ func (*Webhook) key() string { return "webhooks" }
 // files.
 func (w *Webhook) Same(other SinkConfig) bool {
 	o, ok := other.(*Webhook)
-	return ok && w.Source == o.Source && bytes.Equal(w.BearerToken, o.BearerToken) && bytes.Equal(w.SigningSecret, o.SigningSecret) &&
-		w.FilesDigest == o.FilesDigest
+	return ok && w.Source == o.Source && bytes.Equal(w.BearerToken, o.BearerToken) && sameSecrets(w.SigningSecrets, o.SigningSecrets) &&
+		sameSecrets(w.SigningKeys, o.SigningKeys) && w.FilesDigest == o.FilesDigest
+}
+
+func sameSecrets(a, b []Secret) bool {
+	return slices.EqualFunc(a, b, func(x, y Secret) bool { return bytes.Equal(x, y) })
 }
 
 // SecretFiles implements SinkConfig.
 func (w *Webhook) SecretFiles() []string {
-	return nonEmpty(w.BearerTokenFile, w.SigningSecretFile, w.TLS.CAFile, w.TLS.CertFile, w.TLS.KeyFile)
+	return append(append(nonEmpty(w.BearerTokenFile, w.SigningSecretFile, w.TLS.CAFile, w.TLS.CertFile, w.TLS.KeyFile), w.SigningSecretFiles...), w.SigningKeyFiles...)
+}
+
+// ReadSigningSecrets reads the signing secret files of w: signingSecretFile's, then
+// signingSecretFiles', in order; the first error names its file.
+func (w *Webhook) ReadSigningSecrets() ([]Secret, error) {
+	var out []Secret
+	for _, f := range append(nonEmpty(w.SigningSecretFile), w.SigningSecretFiles...) {
+		s, err := ReadSigningSecret(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// ReadSigningKeys reads w's signingKeyFiles, in order; the first error names its file.
+func (w *Webhook) ReadSigningKeys() ([]Secret, error) {
+	var out []Secret
+	for _, f := range w.SigningKeyFiles {
+		k, err := ReadSigningKey(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// ReadSigningKey reads an Ed25519 private key from a PKCS#8 PEM file ("PRIVATE KEY", as
+// openssl genpkey -algorithm ed25519 writes it) and returns ed25519.PrivateKey's 64 bytes.
+func ReadSigningKey(path string) (Secret, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	block, _ := pem.Decode(b)
+	if block == nil || block.Type != "PRIVATE KEY" {
+		return nil, fmt.Errorf("%s does not hold a PKCS#8 private key in PEM (-----BEGIN PRIVATE KEY-----)", path)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	k, ok := key.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("%s holds a %T key; Standard Webhooks' v1a signatures need an Ed25519 key", path, key)
+	}
+	return Secret(k), nil
 }
 
 // nonEmpty returns the paths that are set.
@@ -144,12 +211,30 @@ func (w *Webhook) validate(path string, resources []Resource, env *cel.Env, p *p
 			p.add(path+".bearerTokenFile", "%v", err)
 		}
 	}
-	if w.SigningSecretFile != "" {
-		if w.SigningSecret, err = ReadSigningSecret(w.SigningSecretFile); err != nil {
-			p.add(path+".signingSecretFile", "%v", err)
+	for _, f := range []struct {
+		field string
+		files []string
+		read  func(string) (Secret, error)
+		into  *[]Secret
+	}{
+		{"signingSecretFile", nonEmpty(w.SigningSecretFile), ReadSigningSecret, &w.SigningSecrets},
+		{"signingSecretFiles", w.SigningSecretFiles, ReadSigningSecret, &w.SigningSecrets},
+		{"signingKeyFiles", w.SigningKeyFiles, ReadSigningKey, &w.SigningKeys},
+	} {
+		for j, file := range f.files {
+			fpath := fmt.Sprintf("%s.%s[%d]", path, f.field, j)
+			if f.field == "signingSecretFile" {
+				fpath = path + ".signingSecretFile"
+			}
+			s, err := f.read(file)
+			if err != nil {
+				p.add(fpath, "%v", err)
+				continue
+			}
+			*f.into = append(*f.into, s)
 		}
 	}
-	if (w.BearerTokenFile != "" || w.SigningSecretFile != "") && w.Endpoint != nil && w.Endpoint.Scheme == "http" &&
+	if (w.BearerTokenFile != "" || w.SigningSecretFile != "" || len(w.SigningSecretFiles) > 0) && w.Endpoint != nil && w.Endpoint.Scheme == "http" &&
 		!IsLoopback(net.JoinHostPort(w.Endpoint.Hostname(), "0")) && !w.AllowCredentialsOverHTTP {
 		p.add(path+".url", "is plain http to a host other than loopback, and the webhook has a bearer token or signing secret; use https, or set allowCredentialsOverHTTP: true")
 	}

@@ -29,9 +29,10 @@ const (
 	reasonShutdown         = "shutdown"
 	reasonRemoved          = "sink_removed"
 	reasonFilterError      = "filterError"
+	reasonGone             = "gone"
 )
 
-var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, reasonShutdown, reasonRemoved, reasonFilterError}
+var reasons = []string{reasonRetriesExhausted, reasonRejected, reasonQueueFull, reasonShutdown, reasonRemoved, reasonFilterError, reasonGone}
 
 // DeadLetter is one undeliverable event as written to a dead-letter file (one JSON object per
 // line), POSTed to a dead-letter URL, or logged. It names the event; it carries the request

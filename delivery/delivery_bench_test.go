@@ -64,7 +64,7 @@ func benchDelivery(b *testing.B, template map[string]any, interval time.Duration
 	}))
 	defer srv.Close()
 	endpoint, _ := url.Parse(srv.URL)
-	cfg := config.Webhook{Sink: config.Sink{Name: "bench", Labels: labels.Everything()}, Endpoint: endpoint, SigningSecret: []byte("0123456789abcdef0123456789abcdef")}
+	cfg := config.Webhook{Sink: config.Sink{Name: "bench", Labels: labels.Everything()}, Endpoint: endpoint, SigningSecrets: []config.Secret{[]byte("0123456789abcdef0123456789abcdef")}}
 	cfg.Timeout, cfg.Workers, cfg.QueueSize = 10*time.Second, 4, 1<<20
 	cfg.Retry = config.Retry{InitialBackoff: 10 * time.Millisecond, MaxBackoff: time.Second, MaxElapsed: time.Minute}
 	d := delivery.StartPipeline(b, delivery.Options{Logger: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(), Transports: signed, Sinks: []config.SinkConfig{&cfg}}, "")

@@ -116,6 +116,24 @@ func (d *Dispatcher) Targets() []journal.Target {
 	return out
 }
 
+// SinkStatus is one sink's state in /status.
+type SinkStatus struct {
+	Name string `json:"name"`
+	// Disabled is set while the sink sends nothing because its destination answered 410 Gone,
+	// until its configuration changes.
+	Disabled *disabled `json:"disabled,omitempty"`
+}
+
+// Status is every sink's state, in configuration order.
+func (d *Dispatcher) Status() []SinkStatus {
+	sinks := d.current()
+	out := make([]SinkStatus, len(sinks))
+	for i, s := range sinks {
+		out[i] = SinkStatus{Name: s.name, Disabled: s.cur.Load().gone.Load()}
+	}
+	return out
+}
+
 func (d *Dispatcher) current() []*Sink {
 	d.mu.RLock()
 	defer d.mu.RUnlock()

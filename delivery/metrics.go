@@ -15,8 +15,8 @@ type metrics struct {
 	attempts, retries, filterErrors *prometheus.CounterVec
 	deadLetters, deadLetterFailures *prometheus.CounterVec
 	requestDuration, age            *prometheus.HistogramVec
-	initialState                    *prometheus.CounterVec
-	replaying                       *prometheus.GaugeVec
+	initialState, answers           *prometheus.CounterVec
+	replaying, disabled             *prometheus.GaugeVec
 	queueLength, outboxLength       *prometheus.Desc
 	journal                         *journal.Journal
 
@@ -28,9 +28,10 @@ type metrics struct {
 type sinkMetrics struct {
 	enqueued, delivered, superseded, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
 	deadLetters                                                                                        map[string]prometheus.Counter
+	answers                                                                                            *prometheus.CounterVec // curried by sink
 	requestDuration, age                                                                               prometheus.Observer
 	initialState                                                                                       prometheus.Counter
-	replaying                                                                                          prometheus.Gauge
+	replaying, disabled                                                                                prometheus.Gauge
 }
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
@@ -44,8 +45,9 @@ func newMetrics(j *journal.Journal) *metrics {
 		delivered:          counter("deliveries_total", "Events finished, by result: delivered (a 2xx, or acknowledged by the stream or the Kafka cluster), superseded (a JetStream subject already held a newer version of the object) or dead_lettered.", "result"),
 		attempts:           counter("attempts_total", "Attempts to hand an event to a sink: HTTP requests, JetStream publishes, Kafka records produced."),
 		retries:            counter("retries_total", "Attempts that repeated an earlier failed one."),
+		answers:            counter("answers_total", "Attempts to hand an event to a sink by the class of the answer: a webhook's 2xx, 3xx, 4xx, 410, 429 or 5xx; a stream's ack or refused; timeout (no answer within the sink's timeout) or error (none: a connection that failed).", "class"),
 		filterErrors:       counter("filter_errors_total", "Events the sink's CEL filter could not decide on (an error, a result not a bool, the cost limit); handled as its filterErrors says."),
-		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown, sink_removed.", "reason"),
+		deadLetters:        counter("dead_letters_total", "Events dead-lettered, by reason: retries_exhausted, rejected, queue_full, shutdown, sink_removed, filterError, gone.", "reason"),
 		deadLetterFailures: counter("dead_letter_failures_total", "Dead letters that could not be written to their file or URL, or not before the shutdown deadline without a state store; they are logged instead, without the object."),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynwatch_webhook_request_duration_seconds", Help: "Duration of each attempt to hand an event to a sink, until its answer or acknowledgement.", Buckets: latencyBuckets,
@@ -57,6 +59,9 @@ func newMetrics(j *journal.Journal) *metrics {
 		replaying: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dynwatch_webhook_initial_state_replaying", Help: "1 while a sink's initialState replay is under way on this replica, else 0.",
 		}, []string{"sink"}),
+		disabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dynwatch_webhook_disabled", Help: "1 while a sink is disabled because its destination answered 410 Gone, until its configuration changes; else 0.",
+		}, []string{"sink"}),
 		queueLength:  prometheus.NewDesc("dynwatch_webhook_queue_length", "Events queued or being delivered, per sink.", []string{"sink"}, nil),
 		outboxLength: prometheus.NewDesc("dynwatch_webhook_outbox_length", "Events in a sink's durable outbox: neither delivered nor dead-lettered. 0 without a state store.", []string{"sink"}, nil),
 		journal:      j,
@@ -65,7 +70,11 @@ func newMetrics(j *journal.Journal) *metrics {
 	return m
 }
 
-func (m *metrics) forSink(sink string, q *Queue) sinkMetrics {
+// answered counts an attempt answered in class.
+func (sm sinkMetrics) answered(class string) { sm.answers.WithLabelValues(class).Inc() }
+
+// forSink are sink's children of the metrics; webhook says which answers it gets.
+func (m *metrics) forSink(sink string, q *Queue, webhook bool) sinkMetrics {
 	m.mu.Lock()
 	m.queues[sink] = q
 	m.mu.Unlock()
@@ -83,9 +92,18 @@ func (m *metrics) forSink(sink string, q *Queue) sinkMetrics {
 		age:                m.age.WithLabelValues(sink),
 		initialState:       m.initialState.WithLabelValues(sink),
 		replaying:          m.replaying.WithLabelValues(sink),
+		disabled:           m.disabled.WithLabelValues(sink),
+		answers:            m.answers.MustCurryWith(prometheus.Labels{"sink": sink}),
 	}
 	for _, r := range reasons {
 		sm.deadLetters[r] = m.deadLetters.WithLabelValues(sink, r)
+	}
+	classes := streamAnswers
+	if webhook {
+		classes = webhookAnswers
+	}
+	for _, c := range classes {
+		sm.answers.WithLabelValues(c)
 	}
 	return sm
 }
@@ -97,7 +115,7 @@ func (m *metrics) removeSink(sink string) {
 	m.mu.Unlock()
 	for _, c := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
-		m.initialState, m.replaying,
+		m.initialState, m.replaying, m.disabled, m.answers,
 	} {
 		c.DeletePartialMatch(prometheus.Labels{"sink": sink})
 	}
@@ -105,7 +123,7 @@ func (m *metrics) removeSink(sink string) {
 
 func (m *metrics) vectors() []prometheus.Collector {
 	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
-		m.initialState, m.replaying}
+		m.initialState, m.replaying, m.disabled, m.answers}
 }
 
 // Describe implements prometheus.Collector.

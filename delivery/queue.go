@@ -19,6 +19,10 @@ type Delivery struct {
 	journal.Entry
 	// Attempts counts the requests made for the delivery by this process.
 	Attempts int
+	// Answer is the class of the destination's answer to the last attempt, as its transport
+	// puts it (StatusClass, AnswerAck, AnswerRefused); empty when the transport said nothing,
+	// for an attempt that got no answer.
+	Answer string
 	// backoff spaces this delivery's retries; nil until its first failure.
 	backoff *backoff.ExponentialBackOff
 }

@@ -54,6 +54,16 @@ type settings struct {
 	src       config.SinkConfig
 	cfg       *config.Sink
 	transport Transport
+	// gone, once set, is the answer by which the destination asked dynwatch to stop (Gone):
+	// nothing more is sent under these settings, and every delivery is dead-lettered. New
+	// settings (a changed configuration) send again.
+	gone atomic.Pointer[disabled]
+}
+
+// disabled is why and since when a sink sends nothing.
+type disabled struct {
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
 }
 
 func newSettings(cfg config.SinkConfig, log *slog.Logger, f Fence, transports Transports) (*settings, error) {
@@ -75,7 +85,8 @@ func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now fu
 	}
 	s := &Sink{name: name, log: log, j: j, now: now, queue: NewQueue(st.cfg.QueueSize), fence: f,
 		filterLog: rate.Sometimes{Interval: time.Second}}
-	s.m = m.forSink(s.name, s.queue)
+	_, webhook := cfg.(*config.Webhook)
+	s.m = m.forSink(s.name, s.queue, webhook)
 	s.cur.Store(st)
 	s.dead = newDeadLetters(s.name, cluster, s.log, s.m, j, cfg)
 	return s, nil
@@ -193,6 +204,7 @@ func (s *Sink) reconfigure(ctx, finish context.Context, st *settings) {
 	s.cutWorkers()
 	old := s.cur.Swap(st)
 	old.transport.Close()
+	s.m.disabled.Set(0)
 	s.queue.SetCapacity(st.cfg.QueueSize)
 	s.dead.setTarget(st.src)
 	if ctx != nil {
@@ -263,6 +275,11 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 	// gofail: var dropDeletions struct{}
 	// if d.Event.Type == "DELETED" { s.j.Ack(s.name, d.Seq); s.queue.Done(*d); return false }
 	st := s.cur.Load()
+	if g := st.gone.Load(); g != nil {
+		s.dead.submit(*d, reasonGone, errors.New("the sink is disabled: "+g.Reason))
+		s.queue.Done(*d)
+		return false
+	}
 	err := s.attempt(ctx, st, d)
 	switch {
 	case err == nil:
@@ -278,6 +295,13 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.queue.Done(*d)
 	case ctx.Err() != nil || s.fence.Lapsed():
 		return true // stopped, or no longer certainly the leader: not a failed attempt
+	case IsGone(err):
+		if st.gone.CompareAndSwap(nil, &disabled{Reason: err.Error(), Since: s.now().UTC()}) {
+			s.m.disabled.Set(1)
+			s.log.Warn("the destination answered 410 Gone: the sink is disabled, and its events are dead-lettered until its configuration changes", "err", err)
+		}
+		s.dead.submit(*d, reasonGone, err)
+		s.queue.Done(*d)
 	case IsRejected(err):
 		s.dead.submit(*d, reasonRejected, err)
 		s.queue.Done(*d)
@@ -327,7 +351,21 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 		s.m.retries.Inc()
 	}
 	start := time.Now()
+	d.Answer = ""
 	err = st.transport.Send(ctx, d, body)
 	s.m.requestDuration.Observe(time.Since(start).Seconds())
+	answer := d.Answer
+	switch {
+	case answer != "" || ctx.Err() != nil:
+	case errors.Is(err, context.DeadlineExceeded):
+		answer = AnswerTimeout
+	case err != nil:
+		answer = AnswerError
+	default:
+		answer = AnswerAck
+	}
+	if answer != "" && ctx.Err() == nil { // an attempt cut short (a stop, a reload) got no answer to count
+		s.m.answered(answer)
+	}
 	return err
 }

@@ -55,6 +55,13 @@ type arrivals struct {
 	ch    chan []byte
 }
 
+// count is how many requests have arrived.
+func (a *arrivals) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.times)
+}
+
 func (a *arrivals) handler(answer func(n int, w http.ResponseWriter)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -111,5 +118,86 @@ func TestDeadLettersArePostedToTheDeadLetterURL(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no dead letter posted")
+	}
+}
+
+// TestEveryAttemptIsCountedByItsAnswersClass: a 503, a 429, a request that outlives the
+// sink's timeout and a 200 are four answers of four classes in dynwatch_webhook_answers_total;
+// then a 410 disables the sink: the next event is dead-lettered as gone without an attempt.
+func TestEveryAttemptIsCountedByItsAnswersClass(t *testing.T) {
+	a := &arrivals{ch: make(chan []byte, 8)}
+	srv := httptest.NewServer(a.handler(func(n int, w http.ResponseWriter) {
+		switch n {
+		case 1:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case 2:
+			w.WriteHeader(http.StatusTooManyRequests)
+		case 3:
+			time.Sleep(300 * time.Millisecond) // past the sink's timeout
+		case 5:
+			w.WriteHeader(http.StatusGone)
+		}
+	}))
+	defer srv.Close()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf("resources: [{version: v1, resource: configmaps}]\nwebhooks:\n  - {name: h, url: %s, workers: 1, timeout: 100ms, retry: {initialBackoff: 10ms, maxBackoff: 20ms}}\n", srv.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	p := StartPipeline(t, Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Transports: testTransports, Sinks: cfg.Sinks()}, "")
+	// byLabel is the counter name's values by the label's.
+	byLabel := func(name, label string) map[string]float64 {
+		out := map[string]float64{}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == label {
+						out[l.GetValue()] = m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return out
+	}
+	answers := func() map[string]float64 { return byLabel("dynwatch_webhook_answers_total", "class") }
+	p.Journal.OnEvent(event("a"))
+	deadline := time.Now().Add(10 * time.Second)
+	for got := answers(); got["2xx"] < 1; got = answers() {
+		if time.Now().After(deadline) {
+			t.Fatalf("answers %v; want a 2xx at last", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := answers(); got["5xx"] != 1 || got["429"] != 1 || got["timeout"] != 1 || got["2xx"] != 1 || got["error"] != 0 || len(got) != 8 {
+		t.Fatalf("answers %v; want one 5xx, 429, timeout and 2xx each, every class there from the start", got)
+	}
+	p.Journal.OnEvent(event("b"))
+	p.Journal.OnEvent(event("c"))
+	for got := answers(); got["410"] < 1; got = answers() {
+		if time.Now().After(deadline) {
+			t.Fatalf("answers %v; want a 410", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for byLabel("dynwatch_webhook_dead_letters_total", "reason")[reasonGone] < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("dead letters %v; want b and c as gone", byLabel("dynwatch_webhook_dead_letters_total", "reason"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n, st := a.count(), p.Status(); n != 5 || st[0].Disabled == nil {
+		t.Fatalf("after a 410: %d requests, status %+v; want the 410 the last, and the sink disabled", n, st)
 	}
 }

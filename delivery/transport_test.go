@@ -45,9 +45,12 @@ func (p *poster) Send(ctx context.Context, d *Delivery, body []byte) error {
 		return err
 	}
 	_ = resp.Body.Close()
+	d.Answer = StatusClass(resp.StatusCode)
 	switch code := resp.StatusCode; {
 	case code >= 200 && code < 300:
 		return nil
+	case code == http.StatusGone:
+		return Gone(errors.New(resp.Status))
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
 		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
 			return RetryAfter(errors.New(resp.Status), time.Duration(secs)*time.Second)

@@ -37,6 +37,8 @@ type StatusResponse struct {
 	// Journal is the journal's backpressure: whether the informers are held back, and the
 	// bytes of events waiting to be committed against their limit.
 	Journal any `json:"journal,omitempty"`
+	// Sinks are the sinks' states: one disabled by a 410 Gone says so.
+	Sinks any `json:"sinks,omitempty"`
 }
 
 // APIOptions are the API handler's dependencies and limits.
@@ -51,8 +53,13 @@ type APIOptions struct {
 	LeaderElection func() any
 	// Cluster names the cluster in /status and in every answer's ClusterIDHeader.
 	Cluster object.Cluster
+	// SigningKeys is GET /signing-keys: the public keys each webhook signs with (v1a); nil
+	// serves none.
+	SigningKeys func() any
 	// Journal reports the journal's backpressure for /status; nil leaves it out.
 	Journal func() any
+	// Sinks reports the sinks' states for /status; nil leaves them out.
+	Sinks func() any
 	// MaxPageSize caps the items of one list response; more come through continue tokens.
 	MaxPageSize int
 	// RequestTimeout bounds writing the answer to a request other than a watch.
@@ -91,7 +98,7 @@ type api struct {
 }
 
 // routes are the values of the route label.
-var routes = []string{"discovery", "openapi", "list", "get", "watch", "status", "version", "write", "other"}
+var routes = []string{"discovery", "openapi", "list", "get", "watch", "status", "signing-keys", "version", "write", "other"}
 
 // routeKey is the gin context key under which handlers name their route for metrics.
 const routeKey = "dynwatch.route"
@@ -115,7 +122,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 		}, []string{"reason"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_api_requests_total",
-			Help: "API requests, by route (discovery, openapi, list, get, watch, status, version, write, other) and HTTP status code.",
+			Help: "API requests, by route (discovery, openapi, list, get, watch, status, signing-keys, version, write, other) and HTTP status code.",
 		}, []string{"route", "code"}),
 		watchInitial: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dynwatch_api_watch_initial_objects_total",
@@ -141,6 +148,7 @@ func NewAPI(o APIOptions) (http.Handler, error) {
 	r.RedirectTrailingSlash = false
 	r.Use(a.instrument, recovery(o.Logger), a.guard, a.named)
 	r.GET("/status", a.status)
+	r.GET("/signing-keys", a.signingKeys)
 	r.GET("/version", a.version)
 	r.GET("/openapi/v2", a.openAPIV2)
 	r.GET("/openapi/v3", a.openAPIV3)
@@ -221,7 +229,20 @@ func (a *api) status(c *gin.Context) {
 	if a.Journal != nil {
 		resp.Journal = a.Journal()
 	}
+	if a.Sinks != nil {
+		resp.Sinks = a.Sinks()
+	}
 	c.JSON(http.StatusOK, resp)
+}
+
+// signingKeys answers GET /signing-keys (see APIOptions.SigningKeys).
+func (a *api) signingKeys(c *gin.Context) {
+	c.Set(routeKey, "signing-keys")
+	var keys any = struct{}{}
+	if a.SigningKeys != nil {
+		keys = a.SigningKeys()
+	}
+	c.JSON(http.StatusOK, keys)
 }
 
 func (a *api) version(c *gin.Context) {

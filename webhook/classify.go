@@ -16,14 +16,17 @@ type unauthorizedError struct{ err error }
 
 func (e *unauthorizedError) Error() string { return e.err.Error() }
 
-// classify turns an HTTP status into nil (2xx), a rejection (delivery.Rejected), an unauthorizedError, or a
-// retriable error (408, 429, 5xx), which carries Retry-After when the sink sent one.
+// classify turns an HTTP status into nil (2xx), the receiver's request to stop (410,
+// delivery.Gone), a rejection (delivery.Rejected), an unauthorizedError, or a retriable error
+// (408, 429, 5xx), which carries Retry-After when the sink sent one.
 func classify(status string, code int, header http.Header, now time.Time) error {
 	switch {
 	case code >= 200 && code < 300:
 		return nil
 	case code == http.StatusUnauthorized:
 		return &unauthorizedError{errors.New(status)}
+	case code == http.StatusGone:
+		return delivery.Gone(errors.New(status))
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
 		if wait, ok := retryAfter(header.Get("Retry-After"), now); ok {
 			return delivery.RetryAfter(errors.New(status+" (Retry-After "+wait.String()+")"), wait)

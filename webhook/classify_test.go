@@ -38,7 +38,7 @@ func TestEveryAnswerIsClassified(t *testing.T) {
 		name   string
 		code   int
 		header http.Header
-		want   string // "delivered", "rejected", "unauthorized", "retried", "retried after 2s"
+		want   string // "delivered", "gone", "rejected", "unauthorized", "retried", "retried after 2s"
 	}{
 		{"200 is delivered", 200, nil, "delivered"},
 		{"204 is delivered", 204, nil, "delivered"},
@@ -48,6 +48,7 @@ func TestEveryAnswerIsClassified(t *testing.T) {
 		{"401 is tried again once the credentials are read again", 401, nil, "unauthorized"},
 		{"403 is final", 403, nil, "rejected"},
 		{"404 is final", 404, nil, "rejected"},
+		{"410 asks dynwatch to stop sending", 410, nil, "gone"},
 		{"408 is retried", 408, nil, "retried"},
 		{"413 is final", 413, nil, "rejected"},
 		{"429 is retried", 429, nil, "retried"},
@@ -63,6 +64,8 @@ func TestEveryAnswerIsClassified(t *testing.T) {
 			switch {
 			case err == nil:
 				got = "delivered"
+			case delivery.IsGone(err):
+				got = "gone"
 			case delivery.IsRejected(err):
 				got = "rejected"
 			case errors.As(err, &unauthorized):

@@ -43,7 +43,7 @@ type Transport struct {
 
 // New builds the transport of a webhook, whose requests write nothing once f has lapsed.
 func New(cfg *config.Webhook, cluster object.Cluster, log *slog.Logger, f delivery.Fence) (*Transport, error) {
-	creds, err := newCredentials(cfg.Name, cfg.BearerToken, cfg.SigningSecret)
+	creds, err := newCredentials(cfg.Name, cfg.BearerToken, cfg.SigningSecrets, cfg.SigningKeys)
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +111,7 @@ func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.De
 		// The transport may still be writing the request: h is left to it.
 		return fmt.Errorf("POST %s: %w", t.endpoint, err)
 	}
+	d.Answer = delivery.StatusClass(resp.StatusCode)
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	t.headerMaps.Put(h) // the request is done with once its response's body is closed

@@ -84,7 +84,7 @@ func TestEachRequestCarriesItsOwnHeadersAndNoneOfTheOneBefore(t *testing.T) {
 	endpoint.User = url.UserPassword("user", "pass word")
 	secret := []byte("a signing key of 24 bytes or more")
 	cfg := &config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second},
-		Headers: []config.Header{{Name: "x-tenant", Value: "blue"}}, Endpoint: endpoint, SigningSecret: secret}
+		Headers: []config.Header{{Name: "x-tenant", Value: "blue"}}, Endpoint: endpoint, SigningSecrets: []config.Secret{secret}}
 	tr, err := New(cfg, testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
 	if err != nil {
 		t.Fatal(err)

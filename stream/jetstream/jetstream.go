@@ -188,6 +188,7 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 		}
 		ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(t.msgID(d)), jetstream.WithExpectLastSequencePerSubject(seq))
 		if err == nil {
+			d.Answer = delivery.AnswerAck
 			if !ack.Duplicate && d.Event.Type != object.Deleted {
 				t.remember(subject, ack.Sequence)
 			} else {
@@ -204,6 +205,7 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 			}
 			return fmt.Errorf("publish %s: %w", subject, err)
 		}
+		d.Answer = delivery.AnswerRefused
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
 			t.forget(subject)

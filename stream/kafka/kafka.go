@@ -209,6 +209,13 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		err = t.explain(ctx, cl, err)
 	}
+	var refused *kerr.Error
+	switch {
+	case err == nil:
+		d.Answer = delivery.AnswerAck
+	case errors.As(err, &refused):
+		d.Answer = delivery.AnswerRefused
+	}
 	return t.classify(err, len(body))
 }
 
