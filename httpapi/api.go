@@ -164,8 +164,12 @@ const (
 	ClusterNameHeader = "Dynwatch-Cluster-Name"
 )
 
-// named puts the cluster's headers on the answer.
+// named puts the cluster's headers on the answer to a caller the guard let through; not on
+// those anyone may read (/version).
 func (a *api) named(c *gin.Context) {
+	if unauthenticatedPaths[c.Request.URL.Path] {
+		return
+	}
 	if a.Cluster.ID != "" {
 		c.Header(ClusterIDHeader, a.Cluster.ID)
 	}

@@ -277,6 +277,13 @@ metrics: {address: "127.0.0.1:0"}
 		if got := resp.Header.Get("Dynwatch-Cluster-Id"); got != id {
 			t.Errorf("a list through the query API has Dynwatch-Cluster-Id %q, want %s", got, id)
 		}
+		if resp, err = http.Get(api + "/version"); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("Dynwatch-Cluster-Id"); got != "" {
+			t.Errorf("/version, which anyone may read, names the cluster %q", got)
+		}
 	}
 }
 
