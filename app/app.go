@@ -15,6 +15,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/history"
 	"github.com/dynwatch/dynwatch/httpapi"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -67,18 +68,22 @@ type service struct {
 	keys      signingKeys // GET /signing-keys
 	informers *dynamicinformer.Manager
 	pipeline  *pipeline
+	history   *history.Recorder // nil without a state store
 	reloader  *config.Reloader
 	security  httpapi.Security
 	api, ops  http.Handler
 }
 
-// run runs the parts under one errgroup until ctx ends or one fails. The pipeline stops only
-// once the informers have: no event may reach a journal that is closing.
+// run runs the parts under one errgroup until ctx ends or one fails. The pipeline and the
+// history stop only once the informers have: no event may reach a journal that is closing.
 func (s *service) run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	deliver, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	g.Go(func() error { defer stopDelivery(); return s.informers.Run(ctx) })
 	g.Go(func() error { return s.pipeline.run(deliver) })
+	if s.history != nil {
+		g.Go(func() error { return s.history.Run(deliver) }) // like the pipeline, once the informers have stopped
+	}
 	g.Go(func() error { return s.reloader.Run(ctx) })
 	g.Go(func() error { return s.security.Run(ctx) })
 	g.Go(func() error {

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	clientfeatures "k8s.io/client-go/features"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/history"
 	"github.com/dynwatch/dynwatch/httpapi"
 	"github.com/dynwatch/dynwatch/leader"
 )
@@ -82,10 +85,19 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 		}
 	}()
 	watches := httpapi.NewHub(cfg.API.WatchHistory)
+	subscribers := []dynamicinformer.Subscriber{watches, s.pipeline.journal}
+	if cfg.State.Path != "" {
+		if s.history, err = history.New(history.Options{
+			Logger: log, Registerer: reg, Path: filepath.Join(cfg.State.Path, "history"), Policy: s.historyOf,
+		}); err != nil {
+			return nil, err
+		}
+		subscribers = append(subscribers, s.history)
+	}
 	if s.informers, err = dynamicinformer.New(dynamicinformer.Options{
 		Logger: log, JSON: objects, Dynamic: dyn, Metadata: meta, Discovery: disco, Registerer: reg,
 		Resources: cfg.Resources, Interval: cfg.Discovery.Interval,
-		Subscribers: []dynamicinformer.Subscriber{watches, s.pipeline.journal}, Gate: s.pipeline.journal,
+		Subscribers: subscribers, Gate: s.pipeline.journal,
 		ConsistencyCheck: cfg.ConsistencyCheck.Every(),
 	}); err != nil {
 		return nil, err
@@ -137,7 +149,7 @@ func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *se
 		return nil, fmt.Errorf("dynamic client: %w", err)
 	}
 	return httpapi.NewAPI(httpapi.APIOptions{
-		Logger: log, Informers: s.informers, Watches: watches, Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus, Cluster: s.cluster, SigningKeys: s.keys.get,
+		Logger: log, Informers: s.informers, Watches: watches, History: s.historyReader(), Registerer: reg, Reloads: s.reloader, LeaderElection: leaderStatus, Cluster: s.cluster, SigningKeys: s.keys.get,
 		Journal:     func() any { return s.pipeline.journal.Pressure() },
 		Sinks:       func() any { return s.pipeline.delivery.Status() },
 		MaxPageSize: cfg.API.MaxPageSize, RequestTimeout: cfg.API.RequestTimeout, MaxWatchTimeout: cfg.API.MaxWatchTimeout,
@@ -145,4 +157,20 @@ func newAPI(log *slog.Logger, cfg *config.Config, restConfig *rest.Config, s *se
 		AnyFieldSelectors: cfg.API.FieldSelectors == config.FieldSelectorsAny, Kubernetes: upstreamClient, Dynamic: upstreamDynamic,
 		EventsFromAPIServer: cfg.API.Events == config.EventsFromAPIServer,
 	})
+}
+
+// historyOf is the history configured for gvr's resource: false while it is not watched.
+func (s *service) historyOf(gvr schema.GroupVersionResource) (config.History, bool) {
+	if r, ok := s.informers.Lookup(gvr); ok {
+		return r.Config().History, true
+	}
+	return config.History{}, false
+}
+
+// historyReader is the histories as the query API reads them: nil without a state store.
+func (s *service) historyReader() httpapi.History {
+	if s.history == nil {
+		return nil
+	}
+	return s.history
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/history"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/leader"
 	"github.com/dynwatch/dynwatch/object"
@@ -45,6 +46,7 @@ var (
 	_ dynamicinformer.ListObserver = (*journal.Journal)(nil)
 	_ dynamicinformer.Resumer      = (*journal.Journal)(nil)
 	_ dynamicinformer.Gate         = (*journal.Journal)(nil)
+	_ dynamicinformer.ListObserver = (*history.Recorder)(nil)
 )
 
 // newPipeline builds the journal and delivery for cfg; elector is nil without leader election,

@@ -198,6 +198,10 @@ type Resource struct {
 	// CacheMetadata, its metadata only, as the apiserver sends it to metadata informers
 	// (PartialObjectMetadata).
 	Cache string `mapstructure:"cache"`
+	// History keeps the resource's past versions on disk, under state.path, for the query
+	// API: watches from an older resourceVersion, lists at one, each object's revisions and
+	// the objects deleted. Off unless Retain is set.
+	History History `mapstructure:"history"`
 
 	// Source is the entry as written in the file, canonically encoded: two entries with the
 	// same Source configure the same thing.
@@ -212,6 +216,22 @@ type Resource struct {
 	Labels labels.Selector `mapstructure:"-"`
 	Fields fields.Selector `mapstructure:"-"`
 }
+
+// History is a resource's history: what is kept and for how long.
+type History struct {
+	// Retain is how long the history reaches back: versions older than it are dropped,
+	// whole segments at a time. 0, the default, keeps no history.
+	Retain time.Duration `mapstructure:"retain"`
+	// MaxBytes bounds the disk the resource's history takes: past it the oldest segments are
+	// dropped though they are within Retain, and the history reaches back less far.
+	MaxBytes int64 `mapstructure:"maxBytes"`
+}
+
+// Enabled reports whether the resource keeps a history.
+func (h History) Enabled() bool { return h.Retain > 0 }
+
+// DefaultHistoryMaxBytes is a resource's history.maxBytes unless set.
+const DefaultHistoryMaxBytes = 1 << 30
 
 // The values of Resource.Cache.
 const (

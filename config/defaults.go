@@ -53,6 +53,9 @@ func (c *Config) setListDefaults() {
 		if c.Resources[i].StaleAfter == 0 {
 			c.Resources[i].StaleAfter = DefaultStaleAfter
 		}
+		if h := &c.Resources[i].History; h.Retain > 0 && h.MaxBytes == 0 {
+			h.MaxBytes = DefaultHistoryMaxBytes
+		}
 		if c.Resources[i].Cache == "" {
 			c.Resources[i].Cache = CacheFull
 		}

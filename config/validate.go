@@ -71,6 +71,9 @@ func (c *Config) validateResources(p *problems) {
 		path := fmt.Sprintf("resources[%d]", i)
 		r := &c.Resources[i]
 		r.validate(path, p)
+		if r.History.Enabled() && c.State.Path == "" {
+			p.add(path+".history.retain", "a history is kept on disk, under state.path: set state.path")
+		}
 		id := strings.ToLower(r.String())
 		first, dup := seen[id]
 		whole, dupGroup := wholeGroups[r.Group]
@@ -190,6 +193,12 @@ func (r *Resource) validate(path string, p *problems) {
 	}
 	if r.StaleAfter < time.Second {
 		p.add(path+".staleAfter", "must be at least 1s, got %s", r.StaleAfter)
+	}
+	if r.History.Retain < 0 {
+		p.add(path+".history.retain", "must be 0 (no history) or a positive duration, got %s", r.History.Retain)
+	}
+	if r.History.Enabled() && r.History.MaxBytes < 1<<20 {
+		p.add(path+".history.maxBytes", "must be at least 1048576 (1 MiB), got %d", r.History.MaxBytes)
 	}
 	if r.Resync != 0 && r.Resync < time.Second {
 		p.add(path+".resync", "must be 0 (off) or at least 1s, got %s", r.Resync)

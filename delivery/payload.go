@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"reflect"
 
-	"github.com/wI2L/jsondiff"
-
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // The media types of the patches a MODIFIED event may carry, in its patchType.
@@ -59,21 +58,14 @@ func shape(body []byte, p config.Payload) ([]byte, error) {
 func diff(kind config.Diff, old, cur []byte) (json.RawMessage, string, error) {
 	switch kind {
 	case config.DiffJSONPatch:
-		patch, err := jsondiff.CompareJSON(old, cur, jsondiff.UnmarshalFunc(unmarshalNumbers))
-		if err != nil {
-			return nil, "", err
-		}
-		if len(patch) == 0 {
-			return json.RawMessage(`[]`), jsonPatchType, nil
-		}
-		b, err := json.Marshal(patch)
+		b, err := object.JSONPatch(old, cur)
 		return b, jsonPatchType, err
 	case config.DiffMergePatch:
 		var o, n any
-		if err := unmarshalNumbers(old, &o); err != nil {
+		if err := object.UnmarshalNumbers(old, &o); err != nil {
 			return nil, "", err
 		}
-		if err := unmarshalNumbers(cur, &n); err != nil {
+		if err := object.UnmarshalNumbers(cur, &n); err != nil {
 			return nil, "", err
 		}
 		b, err := json.Marshal(mergePatch(o, n))
@@ -82,13 +74,6 @@ func diff(kind config.Diff, old, cur []byte) (json.RawMessage, string, error) {
 	return nil, "", fmt.Errorf("unknown diff %q", kind)
 }
 
-// unmarshalNumbers is json.Unmarshal keeping numbers as they are written (json.Number), so
-// that an integer beyond 2^53 survives a patch exactly.
-func unmarshalNumbers(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return dec.Decode(v)
-}
 
 // mergePatch is the RFC 7386 merge patch that turns old into cur: cur itself unless both are
 // objects; else an object with each member removed from old as null, and each member added or

@@ -11,6 +11,7 @@ import (
 	jsonpatch "github.com/evanphx/json-patch/v5"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // randomValue makes a JSON value of at most depth levels: objects, arrays, strings, numbers
@@ -107,7 +108,7 @@ func recordedBody(t *testing.T, typ string, old, obj any) []byte {
 func decode(t *testing.T, b []byte) any {
 	t.Helper()
 	var v any
-	if err := unmarshalNumbers(b, &v); err != nil {
+	if err := object.UnmarshalNumbers(b, &v); err != nil {
 		t.Fatalf("%v: %s", err, b)
 	}
 	return v

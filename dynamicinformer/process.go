@@ -66,7 +66,7 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 			return // never cached: nothing to tell
 		}
 		r.objects.Add(-1)
-		e.Type = object.Deleted
+		e.Type, e.Last = object.Deleted, last
 		if !movedWith {
 			e.Managers = object.ChangedManagers(last, u)
 		}
@@ -110,7 +110,7 @@ func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *s
 		r.objects.Add(-1)
 		r.relistEvents[object.Deleted].Inc()
 		last := object.Revision(u.GetResourceVersion())
-		r.emit(object.Event{Type: object.Deleted, Resource: gvr, Object: u, Stream: stream, Since: object.After(last), Revision: rev})
+		r.emit(object.Event{Type: object.Deleted, Resource: gvr, Object: u, Last: u, Stream: stream, Since: object.After(last), Revision: rev})
 	}
 	for _, c := range changes {
 		e := object.Event{Resource: gvr, Object: c.new, Stream: stream, Revision: object.Revision(c.new.GetResourceVersion()), Managers: object.ChangedManagers(c.old, c.new)}

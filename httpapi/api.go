@@ -20,6 +20,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
+	"github.com/dynwatch/dynwatch/history"
 	"github.com/dynwatch/dynwatch/object"
 )
 
@@ -39,13 +40,18 @@ type StatusResponse struct {
 	Journal any `json:"journal,omitempty"`
 	// Sinks are the sinks' states: one disabled by a 410 Gone says so.
 	Sinks any `json:"sinks,omitempty"`
+	// History is what each resource's history holds: its disk, its versions, how far back it
+	// reaches; absent without a state store.
+	History []history.Stats `json:"history,omitempty"`
 }
 
 // APIOptions are the API handler's dependencies and limits.
 type APIOptions struct {
-	Logger     *slog.Logger
-	Informers  *dynamicinformer.Manager
-	Watches    *Hub
+	Logger    *slog.Logger
+	Informers *dynamicinformer.Manager
+	Watches   *Hub
+	// History reads the histories of the resources that keep one; nil when none does.
+	History    History
 	Registerer prometheus.Registerer
 	// Reloads reports the last configuration reload.
 	Reloads interface{ Status() config.ReloadStatus }
@@ -236,6 +242,9 @@ func (a *api) status(c *gin.Context) {
 	if a.Sinks != nil {
 		resp.Sinks = a.Sinks()
 	}
+	if a.History != nil {
+		resp.History = a.History.Stats()
+	}
 	c.JSON(http.StatusOK, resp)
 }
 
@@ -290,6 +299,10 @@ func (a *api) serve(c *gin.Context) {
 	if !ok {
 		return
 	}
+	if t.subresource != "" && t.subresource != revisionsSubresource {
+		writeStatus(w, notServed())
+		return
+	}
 	q, serr := parseQuery(c.Request.URL.Query(), a.MaxPageSize)
 	if serr != nil {
 		writeStatus(w, serr)
@@ -306,6 +319,12 @@ func (a *api) serve(c *gin.Context) {
 	switch {
 	case t.watch(c.Request.URL.Query()):
 		a.serveWatch(c, res, t, q, out)
+	case t.subresource != "":
+		a.deadline(c, a.RequestTimeout)
+		a.revisions(c, res, t)
+	case t.name == "" && boolParameter(c.Request.URL.Query(), "deleted"):
+		a.deadline(c, a.RequestTimeout)
+		a.deleted(c, res, t, q, out)
 	case t.name != "":
 		a.deadline(c, a.RequestTimeout)
 		obj, found := res.Get(t.namespace, t.name)

@@ -17,10 +17,13 @@ type target struct {
 	resource  string
 	namespace string // set when the path has namespaces/{namespace}/{resource}
 	name      string
+	// subresource follows the name: revisions, the one dynwatch serves.
+	subresource string
 }
 
 // parsePath splits a Kubernetes API path: /api/v1/..., /apis/{group}/{version}/..., followed
-// by {resource}, {resource}/{name}, namespaces/{ns}/{resource} or namespaces/{ns}/{resource}/{name}.
+// by {resource}, {resource}/{name}, namespaces/{ns}/{resource} or namespaces/{ns}/{resource}/{name},
+// each of the named ones followed or not by /{subresource}.
 func parsePath(path string) (target, bool) {
 	segs := strings.Split(strings.Trim(path, "/"), "/")
 	var t target
@@ -52,16 +55,22 @@ func parsePath(path string) (target, bool) {
 		t.discovery = "version"
 	case len(segs) >= 3 && segs[0] == "namespaces":
 		t.namespace, t.resource = segs[1], segs[2]
-		if len(segs) == 4 {
+		if len(segs) >= 4 {
 			t.name = segs[3]
 		}
-		return t, len(segs) <= 4 && t.namespace != "" && t.resource != "" && (len(segs) == 3 || t.name != "")
-	case len(segs) <= 2:
+		if len(segs) == 5 {
+			t.subresource = segs[4]
+		}
+		return t, len(segs) <= 5 && t.namespace != "" && t.resource != "" && (len(segs) == 3 || t.name != "") && (len(segs) < 5 || t.subresource != "")
+	case len(segs) <= 3:
 		t.resource = segs[0]
-		if len(segs) == 2 {
+		if len(segs) >= 2 {
 			t.name = segs[1]
 		}
-		return t, t.resource != "" && (len(segs) == 1 || t.name != "")
+		if len(segs) == 3 {
+			t.subresource = segs[2]
+		}
+		return t, t.resource != "" && (len(segs) == 1 || t.name != "") && (len(segs) < 3 || t.subresource != "")
 	default:
 		return t, false
 	}

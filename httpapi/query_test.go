@@ -33,8 +33,10 @@ func TestParsePathNamesWhatTheKubernetesAPIDoes(t *testing.T) {
 		{"/api/v1/namespaces/kube-system", target{legacy: true, gv: core, resource: "namespaces", name: "kube-system"}, true},
 		{"/api/v1/namespaces/a/configmaps", target{legacy: true, gv: core, namespace: "a", resource: "configmaps"}, true},
 		{"/apis/apps/v1/namespaces/a/deployments/web", target{gv: apps, namespace: "a", resource: "deployments", name: "web"}, true},
-		{"/apis/apps/v1/namespaces/a/deployments/web/scale", target{}, false},
-		{"/api/v1/pods/a/b", target{}, false},
+		{"/apis/apps/v1/namespaces/a/deployments/web/revisions", target{gv: apps, namespace: "a", resource: "deployments", name: "web", subresource: "revisions"}, true},
+		{"/api/v1/nodes/n1/revisions", target{legacy: true, gv: core, resource: "nodes", name: "n1", subresource: "revisions"}, true},
+		{"/apis/apps/v1/namespaces/a/deployments/web/scale/x", target{}, false},
+		{"/api/v1/pods/a/b/c", target{}, false},
 		{"/healthz", target{}, false},
 	}
 	for _, tt := range tests {

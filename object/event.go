@@ -42,6 +42,10 @@ type Event struct {
 	Object *Object
 	// OldObject is the object before the change, for Modified only.
 	OldObject *Object
+	// Last is, for Deleted, the object as the cache held it before the delete, at its last
+	// resourceVersion (Object is the apiserver's last word, at the delete's); nil when not
+	// known. The history keeps it: a list at a revision before the delete serves it.
+	Last *Object
 	// Managers is the JSON array of the field managers whose managedFields entries changed at
 	// this version (object.ChangedManagers): for an object new to the cache, all of them; nil
 	// when not known (an object that came in or went out with its namespace, a delete a relist

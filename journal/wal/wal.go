@@ -90,7 +90,7 @@ type Log struct {
 	files map[fileKey]*os.File
 
 	// Owned by the appending goroutine.
-	segLimit int64                // SegmentSize; a test sets it lower
+	segLimit int64                // Options.SegmentSize; a test sets it lower
 	datasync func(*os.File) error // the package's; a test makes it fail
 	cur      fileKey
 	curF     *os.File
@@ -113,6 +113,10 @@ type Options struct {
 	// Datasync makes a file's data durable, with what of its metadata is needed to read it
 	// back; nil is fdatasync(2). A test gives one that is slow, or fails.
 	Datasync func(*os.File) error
+	// SegmentSize is the size past which Write begins a new segment; 0 is the package's
+	// SegmentSize. A caller that begins segments itself (Rotate) where its records need it
+	// gives one it never reaches.
+	SegmentSize int64
 }
 
 // Open opens the log in dir, creating it if need be, and hands replay every payload in order:
@@ -129,7 +133,10 @@ func Open(dir string, o Options, replay func(Pos, []byte) error) (*Log, Recovery
 	}
 	// Cleaned, so that the damage directory <dir>.damaged-<time> lies beside the log even when
 	// dir ends in a separator.
-	l := &Log{dir: filepath.Clean(dir), files: map[fileKey]*os.File{}, segLimit: SegmentSize, datasync: o.Datasync}
+	if o.SegmentSize <= 0 {
+		o.SegmentSize = SegmentSize
+	}
+	l := &Log{dir: filepath.Clean(dir), files: map[fileKey]*os.File{}, segLimit: o.SegmentSize, datasync: o.Datasync}
 	if err := l.lock(); err != nil {
 		return nil, rec, err
 	}
@@ -729,6 +736,32 @@ func (l *Log) Compact(id uint64) (remove func() error) {
 	for k := range l.files {
 		if !k.snap {
 			l.segSize += k.size(l)
+		}
+	}
+	l.mu.Unlock()
+	return func() error {
+		var err error
+		for _, path := range gone {
+			err = errors.Join(err, os.Remove(path))
+		}
+		return errors.Join(err, syncDir(l.dir))
+	}
+}
+
+// Drop drops every segment before segment id, with no snapshot in their place: a log kept for
+// a retention forgets its oldest records. It returns the removal of their files, as Compact
+// does; positions in them are not readable once it returns. The segment appended to is never
+// dropped.
+func (l *Log) Drop(id uint64) (remove func() error) {
+	id = min(id, l.cur.id)
+	l.mu.Lock()
+	var gone []string
+	for k, f := range l.files {
+		if !k.snap && k.id < id {
+			l.segSize -= k.size(l)
+			gone = append(gone, filepath.Join(l.dir, k.name()))
+			_ = f.Close() // read only from here on: nothing to lose
+			delete(l.files, k)
 		}
 	}
 	l.mu.Unlock()

@@ -1,0 +1,34 @@
+// Package history keeps the past versions of the objects of every resource configured with a
+// history (resources[].history), on disk, and reads them back for the query API: a watch from
+// an older resourceVersion, a list at one, an object's revisions, the objects deleted.
+//
+// Vocabulary: a resource's history is a Log, a directory of segments (package wal) under
+// state.path/history. A record is one change (an object's state after it, its revision, when it
+// was observed, the field managers behind it) or a gap. Records are written in blocks of about
+// blockSize, compressed together with zstd; a segment is a run of blocks, begun when the last
+// holds an eighth of what the history may keep or reaches back an eighth of its retention.
+// The index is every change's key hash, revision and place, per segment, in memory: in the
+// order written for the segment written to, sorted by key once sealed. The first record of a
+// key in a segment carries the object before it too, so that a segment is read alone:
+// retention drops whole segments, oldest first, once their newest change is older than
+// Retain or the history is past MaxBytes. The floor is the revision from which a Log holds
+// every change: a gap moves it (a list the history does not reach, a relist, a block that
+// could not be written, a change dropped while too many waited), and so does retention.
+//
+// Guarantees:
+//   - A change is readable once its block is written, at most linger after the informer
+//     handed it over. Blocks are written and synced in one go (wal.Append): a crash loses at
+//     most the block being filled and those not yet synced, and the history says so at the
+//     next start, as a gap at the list's revision if the watch cannot resume past it.
+//   - Between the floor and the last change written, the history is exact: At(rev) gives each
+//     changed object's state at rev, and Changes(rev) every change after it, in order. Before
+//     the floor it is not asked: the query API answers 410 Expired.
+//   - Memory is the index (about 24 bytes a change), the block being filled and, while the disk
+//     stalls, at most maxQueued bytes of events waiting: past it, changes are left out, counted
+//     (Stats.Lost) and the floor moved past them. Reads stream from disk a block at a time.
+//
+// Concurrency: OnEvent and ListSynced never block and do no I/O; Run's goroutine alone writes.
+// Reads (Revisions, Changes, At, Deleted, Floor, Stats) may run from any goroutine at once with
+// it: each sees the segments as they were when it began, and fails with ErrMovedOn if
+// retention dropped one it was reading.
+package history

@@ -1,0 +1,369 @@
+package history
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/journal/wal"
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// blockSize is the size of a block's records, raw, past which the block is written.
+const blockSize = 256 << 10
+
+// maxSegment bounds a segment: retention drops whole segments, so a segment is at most an
+// eighth of what the history may keep, and at most this.
+const maxSegment = 16 << 20
+
+// segment is one of the log's segments (a file of package wal), as the index knows it.
+type segment struct {
+	id          uint64
+	bytes       int64
+	first, last uint64 // the lowest and highest revision of its records (0: none yet)
+	start, end  int64  // when its first and last change were observed (unix nanoseconds)
+	blocks      []block
+	// index is every change the segment holds: in the order written while it is the one
+	// written to, sorted by key and revision once sealed.
+	index  []entry
+	sealed bool
+}
+
+// block is where a block lies, and the highest revision it holds.
+type block struct {
+	pos  wal.Pos
+	n    int
+	last uint64
+}
+
+// entry is a change in the index: its key's hash, its revision, its block (in its segment's
+// blocks) and its place among the block's records.
+type entry struct {
+	key  uint64
+	rev  uint64
+	blk  uint32
+	nth  uint16
+	kind byte
+}
+
+// Log is one resource's history: its segments on disk and their index in memory.
+type Log struct {
+	gvr   schema.GroupVersionResource
+	log   *slog.Logger
+	codec *codec
+	seed  maphash.Seed
+	wal   *wal.Log
+
+	mu sync.RWMutex // what readers see: segs, floor, through, policy
+	// segs are the segments in order; the last is written to unless sealed.
+	segs []*segment
+	// floor is the revision from which the log holds every change: a read at or after it is
+	// exact. It moves up with each gap, and as segments are dropped.
+	floor uint64
+	// through is the highest revision of a change a watch sent that the log holds.
+	through uint64
+	policy  config.History
+	// lost counts the changes left out: not written, or dropped while the queue was full.
+	lost atomic.Uint64
+
+	// Owned by the writer.
+	raw     []byte            // the records of the block being filled
+	records int               // how many
+	seen    map[uint64]latest // the keys the segment written to holds, with those of raw
+	lastRev uint64          // the highest revision in raw
+	// broken is set when a block could not be written: the segment written to no longer holds
+	// every change of its keys, so a new one must be begun before anything more is written.
+	broken bool
+}
+
+// latest is a key's newest record in the segment written to.
+type latest struct {
+	rev  uint64
+	kind byte
+}
+
+// open opens gvr's history in dir, reading its index back from its segments.
+func open(dir string, gvr schema.GroupVersionResource, policy config.History, c *codec, log *slog.Logger) (*Log, error) {
+	l := &Log{gvr: gvr, log: log, codec: c, seed: maphash.MakeSeed(), policy: policy, seen: map[uint64]latest{}}
+	w, rec, err := wal.Open(dir, wal.Options{SegmentSize: math.MaxInt64}, l.replay)
+	if err != nil {
+		return nil, fmt.Errorf("open the history of %s in %s: %w", object.ResourceName(gvr), dir, err)
+	}
+	l.wal = w
+	if rec.Damaged != "" {
+		log.Warn("history: damage in the log set aside; what followed it is gone from the history", "resource", object.ResourceName(gvr), "damaged", rec.Damaged, "err", rec.DamageErr)
+	}
+	for _, s := range l.segs {
+		l.seal(s)
+	}
+	if len(l.segs) > 0 && l.segs[0].first > 0 {
+		// Whatever came before the oldest segment was dropped.
+		l.floor = max(l.floor, l.segs[0].first-1)
+	}
+	if _, err := w.Rotate(); err != nil { // what is read back is sealed: a new segment for what follows
+		return nil, errors.Join(err, w.Close())
+	}
+	return l, nil
+}
+
+// replay indexes one block read back at open.
+func (l *Log) replay(p wal.Pos, payload []byte) error {
+	raw, err := l.codec.records(payload)
+	if err != nil {
+		return err
+	}
+	s := l.segmentFor(p.File)
+	b := block{pos: p, n: len(payload)}
+	r := reader{buf: raw}
+	var rec record
+	for nth := 0; r.next(&rec); nth++ {
+		l.note(s, &rec, uint32(len(s.blocks)), nth)
+		b.last = max(b.last, rec.rev)
+	}
+	if r.err != nil {
+		return r.err
+	}
+	s.blocks = append(s.blocks, b)
+	s.bytes += int64(len(payload))
+	return nil
+}
+
+// segmentFor is segment id, the last, begun if need be.
+func (l *Log) segmentFor(id uint64) *segment {
+	if n := len(l.segs); n > 0 && l.segs[n-1].id == id {
+		return l.segs[n-1]
+	}
+	s := &segment{id: id}
+	l.segs = append(l.segs, s)
+	return s
+}
+
+// note puts rec, the nth record of block blk of s, in s's index and bounds.
+func (l *Log) note(s *segment, rec *record, blk uint32, nth int) {
+	if rec.kind == kindGap {
+		l.floor = max(l.floor, rec.rev)
+		return
+	}
+	s.index = append(s.index, entry{key: l.hash(rec.key), rev: rec.rev, blk: blk, nth: uint16(nth), kind: rec.kind})
+	if s.first == 0 || rec.rev < s.first {
+		s.first = rec.rev
+	}
+	s.last = max(s.last, rec.rev)
+	if s.start == 0 {
+		s.start = rec.time
+	}
+	s.end = max(s.end, rec.time)
+	if rec.flags&flagListed == 0 {
+		l.through = max(l.through, rec.rev)
+	}
+}
+
+func (l *Log) hash(key string) uint64 { return maphash.String(l.seed, key) }
+
+// seal sorts s's index by key and revision: it is written to no more.
+func (l *Log) seal(s *segment) {
+	index := slices.Clone(s.index)
+	slices.SortStableFunc(index, func(a, b entry) int {
+		return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.rev, b.rev))
+	})
+	s.index, s.sealed = index, true
+}
+
+// add puts a record in the block being filled, writing the block first when it is full. prev
+// is the object before the change, kept only when the segment holds no earlier record of the
+// key.
+func (l *Log) add(rec record, prev []byte, now time.Time) {
+	if len(l.raw) >= blockSize {
+		l.flush()
+	}
+	if len(l.raw) == 0 {
+		// A block lies in one segment: the segment is chosen before its first record, which
+		// is encoded knowing whether the segment holds its key.
+		l.maybeRotate(now)
+		if l.broken {
+			l.mu.Lock()
+			l.floor = max(l.floor, rec.rev)
+			l.mu.Unlock()
+			l.lost.Add(1)
+			return
+		}
+	}
+	if rec.kind != kindGap {
+		h := l.hash(rec.key)
+		if _, ok := l.seen[h]; !ok {
+			rec.prev = prev
+		}
+		l.seen[h] = latest{rev: rec.rev, kind: rec.kind}
+	}
+	l.records++
+	l.lastRev = max(l.lastRev, rec.rev)
+	l.raw = appendRecord(l.raw, &rec)
+}
+
+// flush writes the block being filled, if any. A block that cannot be written is lost, and the log says so: a gap
+// at its highest revision.
+func (l *Log) flush() {
+	if len(l.raw) == 0 {
+		return
+	}
+	payload := l.codec.block(l.raw)
+	p, err := l.wal.Append(payload)
+	if err != nil {
+		l.log.Warn("history: could not write; the changes are left out of the history, which reaches back only to after them", "resource", object.ResourceName(l.gvr), "revision", l.lastRev, "err", err)
+		l.mu.Lock()
+		l.floor = max(l.floor, l.lastRev)
+		l.mu.Unlock()
+		l.lost.Add(uint64(l.records))
+		l.broken = true
+		l.reset()
+		return
+	}
+	r := reader{buf: l.raw}
+	var rec record
+	l.mu.Lock()
+	s := l.segmentFor(p.File)
+	blk := uint32(len(s.blocks))
+	for nth := 0; r.next(&rec); nth++ {
+		l.note(s, &rec, blk, nth)
+	}
+	s.blocks = append(s.blocks, block{pos: p, n: len(payload), last: l.lastRev})
+	s.bytes += int64(len(payload))
+	l.mu.Unlock()
+	l.reset()
+}
+
+func (l *Log) reset() {
+	l.raw, l.records, l.lastRev = l.raw[:0], 0, 0
+}
+
+// maybeRotate begins a new segment when the one written to holds an eighth of what the history
+// may keep (or maxSegment), or reaches back an eighth of the retention: so that retention,
+// dropping whole segments, keeps within about an eighth more than it is asked.
+func (l *Log) maybeRotate(now time.Time) {
+	l.mu.RLock()
+	policy := l.policy
+	var cur *segment
+	if n := len(l.segs); n > 0 && !l.segs[n-1].sealed {
+		cur = l.segs[n-1]
+	}
+	l.mu.RUnlock()
+	if !l.broken && (cur == nil || cur.bytes < min(policy.MaxBytes/8, maxSegment) && now.Sub(time.Unix(0, cur.start)) < policy.Retain/8) {
+		return
+	}
+	if _, err := l.wal.Rotate(); err != nil {
+		l.log.Warn("history: could not begin a segment", "resource", object.ResourceName(l.gvr), "err", err)
+		return
+	}
+	if cur != nil {
+		l.mu.Lock()
+		l.seal(cur)
+		l.mu.Unlock()
+	}
+	l.broken = false
+	l.seen = map[uint64]latest{}
+}
+
+// newest is the newest record of key: its revision and kind; false when the log holds none.
+// The writer's: it reads the segment written to from seen, the sealed ones from their index.
+func (l *Log) newest(key string) (latest, bool) {
+	h := l.hash(key)
+	if n, ok := l.seen[h]; ok {
+		return n, true
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for i := len(l.segs) - 1; i >= 0; i-- {
+		s := l.segs[i]
+		if !s.sealed {
+			continue // its keys are all in seen
+		}
+		hi := sort.Search(len(s.index), func(i int) bool { return s.index[i].key > h })
+		if hi > 0 && s.index[hi-1].key == h {
+			e := s.index[hi-1]
+			return latest{rev: e.rev, kind: e.kind}, true
+		}
+	}
+	return latest{}, false
+}
+
+// retain drops the oldest segments while the newest change they hold is older than the
+// retention, or while the history takes more than its maxBytes; never the segment written to.
+func (l *Log) retain(now time.Time) {
+	l.mu.Lock()
+	var total int64
+	for _, s := range l.segs {
+		total += s.bytes
+	}
+	n := 0
+	for ; n < len(l.segs); n++ {
+		s := l.segs[n]
+		expired := now.Sub(time.Unix(0, s.end)) > l.policy.Retain
+		if !s.sealed || !expired && total <= l.policy.MaxBytes {
+			break
+		}
+		total -= s.bytes
+		l.floor = max(l.floor, s.last)
+	}
+	if n == 0 {
+		l.mu.Unlock()
+		return
+	}
+	next := l.segs[n-1].id + 1
+	if n < len(l.segs) {
+		next = l.segs[n].id
+	}
+	l.segs = slices.Delete(l.segs, 0, n)
+	l.mu.Unlock()
+	if err := l.wal.Drop(next)(); err != nil {
+		l.log.Warn("history: could not remove the segments retention dropped", "resource", object.ResourceName(l.gvr), "err", err)
+	}
+}
+
+// Stats are what a history holds.
+type Stats struct {
+	Resource string `json:"resource"`
+	// Bytes is the disk its segments take.
+	Bytes int64 `json:"bytes"`
+	// Versions is how many changes it holds.
+	Versions int `json:"versions"`
+	// Oldest is when the oldest change it holds was observed.
+	Oldest time.Time `json:"oldest,omitzero"`
+	// Floor is the resourceVersion from which it holds every change: a list at a
+	// resourceVersion, or a watch from one, at or after it is answered from the history.
+	Floor uint64 `json:"floor,string"`
+	// Lost counts the changes left out since the start: not written (the disk was full) or
+	// dropped while the queue was full. Each moved Floor past it.
+	Lost uint64 `json:"lost"`
+}
+
+// Stats is what the history holds now.
+func (l *Log) Stats() Stats {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	st := Stats{Resource: object.ResourceName(l.gvr), Floor: l.floor, Lost: l.lost.Load()}
+	for _, s := range l.segs {
+		st.Bytes += s.bytes
+		st.Versions += len(s.index)
+		if st.Oldest.IsZero() && s.start != 0 {
+			st.Oldest = time.Unix(0, s.start).UTC()
+		}
+	}
+	return st
+}
+
+// close writes what is buffered, and closes the log.
+func (l *Log) close() error {
+	l.flush()
+	return l.wal.Close()
+}

@@ -1,0 +1,198 @@
+package history
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// A block is one frame of a resource's log (see package wal): blockFormat, then its records
+// one after another, compressed together with zstd. A record is a kind, then its fields:
+// numbers as uvarints (times as varints), strings and byte strings each preceded by their
+// length.
+const blockFormat byte = 1
+
+// The records' kinds.
+const (
+	// kindAdded, kindModified and kindDeleted are a change: revision, time, flags, key, uid,
+	// managers, the object after it (for a delete, the apiserver's last word, at the delete's
+	// resourceVersion), and the object before it, when its segment holds no earlier record
+	// of the key (else empty: the earlier record is the state before it).
+	kindAdded byte = iota + 1
+	kindModified
+	kindDeleted
+	// kindGap is a revision before which the log may miss changes: a restart that could not
+	// resume its watch, a relist, a change dropped while the disk was full. Revision only.
+	kindGap
+)
+
+// flagListed marks a change a list found rather than a watch: its time is the list's, and it
+// may stand for several changes the watch did not see.
+const flagListed = 1
+
+// record is one record of a resource's log, decoded. Its byte strings alias the block it was
+// read from.
+type record struct {
+	kind     byte
+	rev      uint64
+	time     int64 // unix nanoseconds: when dynwatch observed the change
+	flags    uint64
+	key      string // namespace/name
+	uid      string
+	managers []byte
+	obj      []byte
+	prev     []byte
+}
+
+func appendString(buf []byte, s string) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
+}
+
+func appendBytes(buf, b []byte) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(b)))
+	return append(buf, b...)
+}
+
+// appendRecord appends r's encoding to buf.
+func appendRecord(buf []byte, r *record) []byte {
+	buf = append(buf, r.kind)
+	buf = binary.AppendUvarint(buf, r.rev)
+	if r.kind == kindGap {
+		return buf
+	}
+	buf = binary.AppendVarint(buf, r.time)
+	buf = binary.AppendUvarint(buf, r.flags)
+	buf = appendString(buf, r.key)
+	buf = appendString(buf, r.uid)
+	buf = appendBytes(buf, r.managers)
+	buf = appendBytes(buf, r.obj)
+	return appendBytes(buf, r.prev)
+}
+
+var errShort = errors.New("a record cut short")
+
+// reader reads a block's records; the first error stops it.
+type reader struct {
+	buf []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.buf)
+	if n <= 0 {
+		r.err = errShort
+		return 0
+	}
+	r.buf = r.buf[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.buf)
+	if n <= 0 {
+		r.err = errShort
+		return 0
+	}
+	r.buf = r.buf[n:]
+	return v
+}
+
+func (r *reader) bytes() []byte {
+	n := r.uvarint()
+	if r.err != nil {
+		return nil
+	}
+	if uint64(len(r.buf)) < n {
+		r.err = errShort
+		return nil
+	}
+	b := r.buf[:n:n]
+	r.buf = r.buf[n:]
+	return b
+}
+
+// next reads the next record into rec; false at the end of the block or at an error (r.err).
+func (r *reader) next(rec *record) bool {
+	if r.err != nil || len(r.buf) == 0 {
+		return false
+	}
+	*rec = record{kind: r.buf[0]}
+	r.buf = r.buf[1:]
+	rec.rev = r.uvarint()
+	switch rec.kind {
+	case kindGap:
+	case kindAdded, kindModified, kindDeleted:
+		rec.time = r.varint()
+		rec.flags = r.uvarint()
+		rec.key = string(r.bytes())
+		rec.uid = string(r.bytes())
+		rec.managers, rec.obj, rec.prev = r.bytes(), r.bytes(), r.bytes()
+	default:
+		r.err = fmt.Errorf("a record of unknown kind %d", rec.kind)
+	}
+	return r.err == nil
+}
+
+// codec compresses and decompresses blocks. Both are safe for concurrent use.
+type codec struct {
+	enc *zstd.Encoder
+	dec *zstd.Decoder
+}
+
+func newCodec() (*codec, error) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		return nil, err
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(64<<20))
+	if err != nil {
+		return nil, err
+	}
+	return &codec{enc: enc, dec: dec}, nil
+}
+
+// block is the frame payload of records, raw: their encoding.
+func (c *codec) block(raw []byte) []byte {
+	return c.enc.EncodeAll(raw, []byte{blockFormat})
+}
+
+// records is a block's records, raw, from its frame payload.
+func (c *codec) records(payload []byte) ([]byte, error) {
+	if len(payload) == 0 || payload[0] != blockFormat {
+		return nil, errors.New("not a block of this format")
+	}
+	return c.dec.DecodeAll(payload[1:], nil)
+}
+
+// kindOf is the record kind of an event type.
+func kindOf(t object.EventType) byte {
+	switch t {
+	case object.Added:
+		return kindAdded
+	case object.Modified:
+		return kindModified
+	}
+	return kindDeleted
+}
+
+// typeOf is the event type of a change's record kind.
+func typeOf(kind byte) object.EventType {
+	switch kind {
+	case kindAdded:
+		return object.Added
+	case kindModified:
+		return object.Modified
+	}
+	return object.Deleted
+}

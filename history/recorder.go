@@ -1,0 +1,282 @@
+package history
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// maxQueued bounds the bytes of events waiting to be written: past it, while the disk stalls,
+// events are left out of the history (which says so: a gap) rather than held in memory.
+const maxQueued = 32 << 20
+
+// linger is how long the writer gathers events before writing them: what a read of the
+// history may lag behind the cache.
+const linger = 200 * time.Millisecond
+
+// retainEvery is how often retention drops what the histories no longer keep.
+const retainEvery = time.Minute
+
+// Options are what a Recorder needs.
+type Options struct {
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Path is the directory the histories are kept in, one directory each.
+	Path string
+	// Policy is the history configured for a resource; false (or a policy not Enabled) keeps
+	// none.
+	Policy func(schema.GroupVersionResource) (config.History, bool)
+}
+
+// Recorder writes the history of every resource configured with one, from the informers'
+// events (it is a dynamicinformer.Subscriber and ListObserver), and opens each for reading.
+type Recorder struct {
+	o     Options
+	codec *codec
+
+	mu     sync.Mutex // the queue
+	queue  []op
+	queued int64
+	gaps   map[schema.GroupVersionResource]uint64 // the highest revision of an event dropped while the queue was full
+	wake   chan struct{}
+
+	logsMu sync.RWMutex
+	logs   map[schema.GroupVersionResource]*Log
+}
+
+// op is an event, or a list's end (synced set): revision then says how far the list reached.
+type op struct {
+	event    object.Event
+	synced   bool
+	gvr      schema.GroupVersionResource
+	revision uint64
+}
+
+// New returns a Recorder writing under o.Path. Nothing is opened until an event of a resource
+// with a history arrives.
+func New(o Options) (*Recorder, error) {
+	c, err := newCodec()
+	if err != nil {
+		return nil, err
+	}
+	r := &Recorder{o: o, codec: c, gaps: map[schema.GroupVersionResource]uint64{}, wake: make(chan struct{}, 1), logs: map[schema.GroupVersionResource]*Log{}}
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(collector{r}); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// OnEvent implements dynamicinformer.Subscriber: it queues e, or, past maxQueued, leaves it out
+// and notes the gap.
+func (r *Recorder) OnEvent(e object.Event) {
+	if p, ok := r.o.Policy(e.Resource); !ok || !p.Enabled() || e.Moved {
+		// An object that came or went with its namespace did not change: nothing to keep.
+		return
+	}
+	n := int64(len(e.Object.JSON()))
+	r.mu.Lock()
+	if r.queued+n > maxQueued {
+		r.gaps[e.Resource] = max(r.gaps[e.Resource], e.Revision)
+		r.mu.Unlock()
+		return
+	}
+	r.queue = append(r.queue, op{event: e})
+	r.queued += n
+	r.mu.Unlock()
+	r.signal()
+}
+
+// ListStarted implements dynamicinformer.ListObserver.
+func (r *Recorder) ListStarted(schema.GroupVersionResource, uint64, []string) {}
+
+// ListSynced implements dynamicinformer.ListObserver: a history that does not reach the
+// revision the list was taken at misses what changed meanwhile, and says so (a gap).
+func (r *Recorder) ListSynced(gvr schema.GroupVersionResource, _ uint64, revision uint64) {
+	if p, ok := r.o.Policy(gvr); !ok || !p.Enabled() {
+		return
+	}
+	r.mu.Lock()
+	r.queue = append(r.queue, op{synced: true, gvr: gvr, revision: revision})
+	r.mu.Unlock()
+	r.signal()
+}
+
+func (r *Recorder) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Of is gvr's history, if it keeps one and it has been opened.
+func (r *Recorder) Of(gvr schema.GroupVersionResource) (*Log, bool) {
+	if p, ok := r.o.Policy(gvr); !ok || !p.Enabled() {
+		return nil, false
+	}
+	r.logsMu.RLock()
+	defer r.logsMu.RUnlock()
+	l, ok := r.logs[gvr]
+	return l, ok
+}
+
+// Stats are every open history's.
+func (r *Recorder) Stats() []Stats {
+	r.logsMu.RLock()
+	defer r.logsMu.RUnlock()
+	out := make([]Stats, 0, len(r.logs))
+	for _, l := range r.logs {
+		out = append(out, l.Stats())
+	}
+	return out
+}
+
+// Run writes what is queued until ctx ends, then what is left, and closes the histories.
+func (r *Recorder) Run(ctx context.Context) error {
+	retain := time.NewTicker(retainEvery)
+	defer retain.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.write(time.Now())
+			return r.close()
+		case <-retain.C:
+			r.retain(time.Now())
+			continue
+		case <-r.wake:
+		}
+		select { // gather a little more
+		case <-ctx.Done():
+		case <-time.After(linger):
+		}
+		r.write(time.Now())
+	}
+}
+
+// write writes what is queued: each event as a change of its history, each list's end as a gap
+// when the history did not reach it.
+func (r *Recorder) write(now time.Time) {
+	r.mu.Lock()
+	ops, gaps := r.queue, r.gaps
+	r.queue, r.queued, r.gaps = nil, 0, map[schema.GroupVersionResource]uint64{}
+	r.mu.Unlock()
+	touched := map[*Log]bool{}
+	for _, o := range ops {
+		gvr := o.gvr
+		if !o.synced {
+			gvr = o.event.Resource
+		}
+		l := r.log(gvr)
+		if l == nil {
+			continue
+		}
+		touched[l] = true
+		if o.synced {
+			if _, through := l.Floor(); o.revision > through {
+				l.add(record{kind: kindGap, rev: o.revision}, nil, now)
+			}
+			continue
+		}
+		l.record(o.event, now)
+	}
+	for gvr, rev := range gaps {
+		if l := r.log(gvr); l != nil {
+			l.lost.Add(1)
+			l.add(record{kind: kindGap, rev: rev}, nil, now)
+			touched[l] = true
+		}
+	}
+	for l := range touched {
+		l.flush()
+	}
+}
+
+// log is gvr's history, opened if need be; nil when it keeps none or cannot be opened.
+func (r *Recorder) log(gvr schema.GroupVersionResource) *Log {
+	p, ok := r.o.Policy(gvr)
+	if !ok || !p.Enabled() {
+		return nil
+	}
+	r.logsMu.RLock()
+	l := r.logs[gvr]
+	r.logsMu.RUnlock()
+	if l != nil {
+		l.mu.Lock()
+		l.policy = p
+		l.mu.Unlock()
+		return l
+	}
+	l, err := open(filepath.Join(r.o.Path, object.ResourceName(gvr)), gvr, p, r.codec, r.o.Logger)
+	if err != nil {
+		r.o.Logger.Error("history: could not open; the resource's changes are not kept", "resource", object.ResourceName(gvr), "err", err)
+		return nil
+	}
+	r.logsMu.Lock()
+	r.logs[gvr] = l
+	r.logsMu.Unlock()
+	return l
+}
+
+// record writes e, a change of l's resource.
+func (l *Log) record(e object.Event, now time.Time) {
+	key := object.KeyOf(e.Object)
+	rec := record{kind: kindOf(e.Type), rev: e.Revision, time: e.Observed.UnixNano(), key: key, uid: string(e.Object.GetUID()), managers: e.Managers, obj: e.Object.JSON()}
+	if rec.time <= 0 {
+		rec.time = now.UnixNano()
+	}
+	var prev []byte
+	switch {
+	case e.InitialList:
+		// An object listed as the informer starts: kept when the history does not hold it
+		// at this resourceVersion already, as what the list found.
+		n, ok := l.newest(key)
+		if ok && n.rev == rec.rev {
+			return
+		}
+		rec.kind, rec.flags = kindAdded, flagListed
+		if ok && n.kind != kindDeleted {
+			rec.kind = kindModified
+		}
+	case !e.InOrder:
+		// A change a relist found: the changes before it were missed.
+		rec.flags = flagListed
+		defer l.add(record{kind: kindGap, rev: e.Revision}, nil, now)
+	}
+	if e.OldObject != nil {
+		prev = e.OldObject.JSON()
+	} else if e.Last != nil {
+		prev = e.Last.JSON()
+	}
+	l.add(rec, prev, now)
+}
+
+// retain drops from each history what it no longer keeps.
+func (r *Recorder) retain(now time.Time) {
+	r.logsMu.RLock()
+	defer r.logsMu.RUnlock()
+	for _, l := range r.logs {
+		l.flush()
+		l.retain(now)
+	}
+}
+
+func (r *Recorder) close() error {
+	r.logsMu.Lock()
+	defer r.logsMu.Unlock()
+	var err error
+	for gvr, l := range r.logs {
+		err = errors.Join(err, l.close())
+		delete(r.logs, gvr)
+	}
+	return err
+}
