@@ -74,7 +74,6 @@ func diff(kind config.Diff, old, cur []byte) (json.RawMessage, string, error) {
 	return nil, "", fmt.Errorf("unknown diff %q", kind)
 }
 
-
 // mergePatch is the RFC 7386 merge patch that turns old into cur: cur itself unless both are
 // objects; else an object with each member removed from old as null, and each member added or
 // changed as its merge patch. (jsondiff's and json-patch's generators decode numbers as

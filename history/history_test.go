@@ -119,13 +119,13 @@ func TestAHistoryAnswersTheStateAtEveryRevisionItHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	l = openLog(t, dir, 1<<30) // read back: every segment sealed
-	defer l.close()
+	t.Cleanup(func() { _ = l.close() })
 	check(l)
 }
 
 func TestAnObjectsRevisionsAreEveryVersionNewestFirstAlsoAfterItsDelete(t *testing.T) {
 	l := openLog(t, t.TempDir(), 1<<30)
-	defer l.close()
+	t.Cleanup(func() { _ = l.close() })
 	_, _ = churn(l, 4, 5)
 	var types []string
 	var revs []uint64
@@ -155,7 +155,7 @@ func TestAnObjectsRevisionsAreEveryVersionNewestFirstAlsoAfterItsDelete(t *testi
 
 func TestChangesAfterARevisionComeInOrderWithTheObjectBefore(t *testing.T) {
 	l := openLog(t, t.TempDir(), 1<<30)
-	defer l.close()
+	t.Cleanup(func() { _ = l.close() })
 	_, last := churn(l, 5, 3)
 	from := uint64(107)
 	next := from + 1
@@ -178,7 +178,7 @@ func TestChangesAfterARevisionComeInOrderWithTheObjectBefore(t *testing.T) {
 
 func TestRetentionDropsTheOldestSegmentsAndMovesTheFloor(t *testing.T) {
 	l := openLog(t, t.TempDir(), 1<<20)
-	defer l.close()
+	t.Cleanup(func() { _ = l.close() })
 	rnd := rand.New(rand.NewPCG(1, 2)) // incompressible values, so that the history fills its disk
 	big := make([]byte, 0, 16<<10)
 	for range 16 << 10 {

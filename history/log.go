@@ -81,7 +81,7 @@ type Log struct {
 	raw     []byte            // the records of the block being filled
 	records int               // how many
 	seen    map[uint64]latest // the keys the segment written to holds, with those of raw
-	lastRev uint64          // the highest revision in raw
+	lastRev uint64            // the highest revision in raw
 	// broken is set when a block could not be written: the segment written to no longer holds
 	// every change of its keys, so a new one must be begun before anything more is written.
 	broken bool

@@ -85,7 +85,7 @@ func (a *api) revisions(c *gin.Context, res *dynamicinformer.Resource, t target)
 		limit = n
 	}
 	if v.Has("from") || v.Has("to") {
-		a.revisionPatch(c, ctx, res, l, t, v.Get("from"), v.Get("to"))
+		a.revisionPatch(ctx, c, res, l, t, v.Get("from"), v.Get("to"))
 		return
 	}
 	key := object.Key(t.namespace, t.name)
@@ -122,7 +122,7 @@ func asRevision(v history.Version) Revision {
 
 // revisionPatch answers the JSON Patch between the object's versions at resourceVersions from
 // and to.
-func (a *api) revisionPatch(c *gin.Context, ctx context.Context, res *dynamicinformer.Resource, l *history.Log, t target, from, to string) {
+func (a *api) revisionPatch(ctx context.Context, c *gin.Context, res *dynamicinformer.Resource, l *history.Log, t target, from, to string) {
 	w := c.Writer
 	want := map[string][]byte{}
 	for param, rv := range map[string]string{"from": from, "to": to} {

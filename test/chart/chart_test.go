@@ -607,3 +607,42 @@ func startRendered(t *testing.T, objs []*unstructured.Unstructured, kubeconfig, 
 	}
 	return p, caFile
 }
+
+// TestTheHistoryReaderRoleGrantsTheRevisionsOfWhatKeepsHistoryAndNothingElse: with a history
+// on configmaps and on a whole group, the chart's history-reader ClusterRole grants get on
+// configmaps/revisions and on every revisions of the group, and nothing else; with no history
+// it renders none.
+func TestTheHistoryReaderRoleGrantsTheRevisionsOfWhatKeepsHistoryAndNothingElse(t *testing.T) {
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(values, []byte(`
+config:
+  state: {path: /var/lib/dynwatch/state}
+  resources:
+    - {version: v1, resource: configmaps, history: {retain: 24h}}
+    - {group: example.com, version: v1, resource: "*", history: {retain: 1h, maxBytes: 1073741824}}
+    - {version: v1, resource: secrets}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	role := func(objs []*unstructured.Unstructured) *unstructured.Unstructured {
+		for _, o := range objs {
+			if o.GetKind() == "ClusterRole" && strings.HasSuffix(o.GetName(), "-history-reader") {
+				return o
+			}
+		}
+		return nil
+	}
+	r := role(objects(t, render(t, "hist", "-f", values)))
+	if r == nil {
+		t.Fatal("no history-reader ClusterRole rendered")
+	}
+	rules, _, _ := unstructured.NestedSlice(r.Object, "rules")
+	got := fmt.Sprint(rules)
+	want := "[map[apiGroups:[] resources:[configmaps/revisions] verbs:[get]] map[apiGroups:[example.com] resources:[*/revisions] verbs:[get]]]"
+	if got != want {
+		t.Fatalf("the history-reader grants %s; want %s", got, want)
+	}
+	if r := role(objects(t, render(t, "hist"))); r != nil {
+		t.Fatalf("a history-reader ClusterRole rendered with no history: %v", r)
+	}
+}
