@@ -351,6 +351,10 @@ func (s Snapshot) Revision(namespace string) uint64 {
 	return oldest
 }
 
+// OneStream reports whether the resource is watched in one stream, for every namespace or for
+// its one namespace: its changes then come in resourceVersion order.
+func (s Snapshot) OneStream() bool { return len(s.revs) == 1 }
+
 // Exact reports whether Revision(namespace) is exact: the resource is watched in one stream for
 // every namespace, or namespace has a stream of its own.
 func (s Snapshot) Exact(namespace string) bool {

@@ -82,6 +82,7 @@ type Log struct {
 	records int               // how many
 	seen    map[uint64]latest // the keys the segment written to holds, with those of raw
 	lastRev uint64            // the highest revision in raw
+	heard   uint64            // through, counting the records of raw too
 	// broken is set when a block could not be written: the segment written to no longer holds
 	// every change of its keys, so a new one must be begun before anything more is written.
 	broken bool
@@ -107,6 +108,7 @@ func open(dir string, gvr schema.GroupVersionResource, policy config.History, c 
 	for _, s := range l.segs {
 		l.seal(s)
 	}
+	l.heard = l.through
 	if len(l.segs) > 0 && l.segs[0].first > 0 {
 		// Whatever came before the oldest segment was dropped.
 		l.floor = max(l.floor, l.segs[0].first-1)
@@ -205,6 +207,9 @@ func (l *Log) add(rec record, prev []byte, now time.Time) {
 			rec.prev = prev
 		}
 		l.seen[h] = latest{rev: rec.rev, kind: rec.kind}
+	}
+	if rec.kind != kindGap && rec.flags&flagListed == 0 {
+		l.heard = max(l.heard, rec.rev)
 	}
 	l.records++
 	l.lastRev = max(l.lastRev, rec.rev)

@@ -157,6 +157,7 @@ func (v *view) before(si int, rec *record) ([]byte, error) {
 // newest first, until fn returns false.
 func (l *Log) Revisions(ctx context.Context, key string, fn func(Version) bool) error {
 	v, h := l.view(), l.hash(key)
+	var last uint64 // a version recorded twice (a watch resumed from before the history's end) is one
 	for si := len(v.segs) - 1; si >= 0; si-- {
 		es := v.entries(si, h)
 		es = slices.Clone(es)
@@ -171,9 +172,10 @@ func (l *Log) Revisions(ctx context.Context, key string, fn func(Version) bool) 
 			if err != nil {
 				return err
 			}
-			if rec.key != key {
+			if rec.key != key || rec.rev == last {
 				continue
 			}
+			last = rec.rev
 			if !fn(versionOf(&rec)) {
 				return nil
 			}
@@ -208,13 +210,15 @@ type Change struct {
 
 // Changes calls fn, in the order they happened, with every change after revision rev that a
 // watch sent (not those a list found), until fn returns false; with before, each carries
-// the object before it.
+// the object before it. In order, and exact, for a resource watched in one stream.
 func (l *Log) Changes(ctx context.Context, rev uint64, before bool, fn func(Change) bool) error {
 	v := l.view()
+	last := rev // a change recorded twice (a watch resumed from before the history's end) is sent once
 	return v.scan(ctx, rev, func(si int, rec *record) (bool, error) {
-		if rec.flags&flagListed != 0 {
+		if rec.flags&flagListed != 0 || rec.rev <= last {
 			return true, nil
 		}
+		last = rec.rev
 		c := Change{Version: versionOf(rec)}
 		if before {
 			b, err := v.before(si, rec)

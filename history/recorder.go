@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,7 +48,12 @@ type Recorder struct {
 	queue  []op
 	queued int64
 	gaps   map[schema.GroupVersionResource]uint64 // the highest revision of an event dropped while the queue was full
-	wake   chan struct{}
+	// enqueued counts what was handed over (queued or dropped), and written how much of it the
+	// histories hold: see Barrier.
+	enqueued uint64
+	written  atomic.Uint64
+	wake     chan struct{}
+	now      chan struct{} // a reader waits (Sync): write at once
 
 	logsMu sync.RWMutex
 	logs   map[schema.GroupVersionResource]*Log
@@ -68,7 +74,8 @@ func New(o Options) (*Recorder, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Recorder{o: o, codec: c, gaps: map[schema.GroupVersionResource]uint64{}, wake: make(chan struct{}, 1), logs: map[schema.GroupVersionResource]*Log{}}
+	r := &Recorder{o: o, codec: c, gaps: map[schema.GroupVersionResource]uint64{}, wake: make(chan struct{}, 1), now: make(chan struct{}, 1),
+		logs: map[schema.GroupVersionResource]*Log{}}
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(collector{r}); err != nil {
 			return nil, err
@@ -86,6 +93,7 @@ func (r *Recorder) OnEvent(e object.Event) {
 	}
 	n := int64(len(e.Object.JSON()))
 	r.mu.Lock()
+	r.enqueued++
 	if r.queued+n > maxQueued {
 		r.gaps[e.Resource] = max(r.gaps[e.Resource], e.Revision)
 		r.mu.Unlock()
@@ -107,16 +115,45 @@ func (r *Recorder) ListSynced(gvr schema.GroupVersionResource, _ uint64, revisio
 		return
 	}
 	r.mu.Lock()
+	r.enqueued++
 	r.queue = append(r.queue, op{synced: true, gvr: gvr, revision: revision})
 	r.mu.Unlock()
 	r.signal()
 }
 
-func (r *Recorder) signal() {
+func (r *Recorder) signal() { poke(r.wake) }
+
+func poke(ch chan struct{}) {
 	select {
-	case r.wake <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// Barrier is a mark of everything handed over so far: once Sync(mark) has returned, the
+// histories hold it. Called within dynamicinformer.Resource.Read, whose snapshot holds exactly
+// the changes handed over before it, it makes a snapshot and the histories agree.
+func (r *Recorder) Barrier() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.enqueued
+}
+
+// Sync waits until the histories hold everything handed over before mark (see Barrier), or
+// ctx ends.
+func (r *Recorder) Sync(ctx context.Context, mark uint64) error {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for r.written.Load() < mark {
+		poke(r.now)
+		r.signal()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
 }
 
 // Of is gvr's history, if it keeps one and it has been opened.
@@ -155,8 +192,9 @@ func (r *Recorder) Run(ctx context.Context) error {
 			continue
 		case <-r.wake:
 		}
-		select { // gather a little more
+		select { // gather a little more, unless a reader waits
 		case <-ctx.Done():
+		case <-r.now:
 		case <-time.After(linger):
 		}
 		r.write(time.Now())
@@ -167,9 +205,10 @@ func (r *Recorder) Run(ctx context.Context) error {
 // when the history did not reach it.
 func (r *Recorder) write(now time.Time) {
 	r.mu.Lock()
-	ops, gaps := r.queue, r.gaps
+	ops, gaps, mark := r.queue, r.gaps, r.enqueued
 	r.queue, r.queued, r.gaps = nil, 0, map[schema.GroupVersionResource]uint64{}
 	r.mu.Unlock()
+	defer r.written.Store(mark)
 	touched := map[*Log]bool{}
 	for _, o := range ops {
 		gvr := o.gvr
@@ -182,7 +221,7 @@ func (r *Recorder) write(now time.Time) {
 		}
 		touched[l] = true
 		if o.synced {
-			if _, through := l.Floor(); o.revision > through {
+			if o.revision > l.heard {
 				l.add(record{kind: kindGap, rev: o.revision}, nil, now)
 			}
 			continue
@@ -240,8 +279,8 @@ func (l *Log) record(e object.Event, now time.Time) {
 		// An object listed as the informer starts: kept when the history does not hold it
 		// at this resourceVersion already, as what the list found.
 		n, ok := l.newest(key)
-		if ok && n.rev == rec.rev {
-			return
+		if ok && n.rev >= rec.rev {
+			return // held already (a watch resumed from before what the history holds)
 		}
 		rec.kind, rec.flags = kindAdded, flagListed
 		if ok && n.kind != kindDeleted {

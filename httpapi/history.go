@@ -3,8 +3,10 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -26,6 +28,10 @@ type History interface {
 	Of(gvr schema.GroupVersionResource) (*history.Log, bool)
 	// Stats are what each history holds, for /status.
 	Stats() []history.Stats
+	// Barrier marks what the histories were handed so far, and Sync waits until they hold it
+	// (see history.Recorder.Barrier).
+	Barrier() uint64
+	Sync(ctx context.Context, mark uint64) error
 }
 
 // The kind a revisions subresource answers.
@@ -211,4 +217,162 @@ func (a *api) historyFailed(c *gin.Context, err error) {
 		a.Logger.Error("history: a read failed", "err", err)
 		writeStatus(c.Writer, apierrors.NewInternalError(errHistoryRead))
 	}
+}
+
+// timeTravel is res's history when it answers lists at past resourceVersions and watches from
+// them: a resource watched in one stream (the history's changes are then in resourceVersion
+// order), without a namespaceSelector (whose comings and goings the history does not keep).
+func (a *api) timeTravel(res *dynamicinformer.Resource, snap dynamicinformer.Snapshot) (*history.Log, bool) {
+	if a.History == nil || !snap.OneStream() || res.Config().Namespaced != nil {
+		return nil, false
+	}
+	gvr, _, _ := res.API()
+	return a.History.Of(gvr)
+}
+
+// pastRevision is the past resourceVersion a list asks for, when the history answers it: a first
+// page with resourceVersionMatch=Exact at a resourceVersion the cache has passed, or a later
+// page of such a list.
+func (a *api) pastRevision(res *dynamicinformer.Resource, t target, q *query) (uint64, bool) {
+	if q.past {
+		rev, err := strconv.ParseUint(q.listRV, 10, 64)
+		return rev, err == nil
+	}
+	if q.after != "" || q.options.ResourceVersionMatch != metav1.ResourceVersionMatchExact || q.resourceVersion == 0 {
+		return 0, false
+	}
+	snap := res.Snapshot()
+	if _, ok := a.timeTravel(res, snap); !ok || q.resourceVersion >= snap.Revision(t.namespace) {
+		return 0, false
+	}
+	return q.resourceVersion, true
+}
+
+// past answers a page of a list at the past resourceVersion rev from the history: the objects
+// that existed then, as they were then, that the query selects, in key order. The cache now,
+// with each object changed since as the history says it was at rev: the same items at the same
+// resourceVersions the apiserver answers from etcd while etcd holds rev. A resourceVersion before
+// the history's floor is 410 Expired, as the apiserver's for a compacted revision.
+func (a *api) past(ctx context.Context, c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder, rev uint64) {
+	w := c.Writer
+	if q.index != "" {
+		writeStatus(w, badParameter("index", "not with a list at a past resourceVersion"))
+		return
+	}
+	snap, l, serr := a.settled(ctx, c, res)
+	if serr != nil || l == nil {
+		if serr != nil {
+			writeStatus(w, serr)
+		}
+		return
+	}
+	if floor, _ := l.Floor(); rev < floor {
+		if q.past {
+			writeStatus(w, expiredContinue(q.after))
+		} else {
+			writeStatus(w, apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", rev, floor)))
+		}
+		return
+	}
+	at, err := l.At(ctx, rev)
+	if err != nil {
+		a.historyFailed(c, err)
+		return
+	}
+	var objs []*object.Object
+	snap.Scan(t.namespace, dynamicinformer.Key{}, func(o *object.Object) bool {
+		if _, changed := at[object.KeyOf(o)]; !changed {
+			objs = append(objs, o)
+		}
+		return true
+	})
+	for _, o := range at {
+		if o != nil && (t.namespace == "" || o.GetNamespace() == t.namespace) {
+			objs = append(objs, o)
+		}
+	}
+	p, err := q.paginate(ctx, lookup{strategy: "history", objs: objs}, t.namespace)
+	if err != nil {
+		a.interrupted(c)
+		return
+	}
+	listRV := strconv.FormatUint(rev, 10)
+	if p.last != "" {
+		b, _ := json.Marshal(continueToken{RV: listRV, After: p.last, Past: true})
+		p.next = base64.RawURLEncoding.EncodeToString(b)
+	}
+	c.Header("X-Dynwatch-Lookup", "history")
+	out.list(w, p, listRV)
+}
+
+// settled is a snapshot of res's cache and its history holding the same changes: every change
+// the snapshot holds is in the history. A nil history with no error: the request was answered
+// (interrupted).
+func (a *api) settled(ctx context.Context, c *gin.Context, res *dynamicinformer.Resource) (dynamicinformer.Snapshot, *history.Log, *apierrors.StatusError) {
+	var snap dynamicinformer.Snapshot
+	var mark uint64
+	if a.History == nil {
+		return snap, nil, apierrors.NewResourceExpired(res.Name() + " keeps no history")
+	}
+	if !res.Read(func(sn dynamicinformer.Snapshot) { snap, mark = sn, a.History.Barrier() }) {
+		return snap, nil, apierrors.NewServiceUnavailable(res.Name() + " is not watched now")
+	}
+	l, ok := a.timeTravel(res, snap)
+	if !ok {
+		return snap, nil, apierrors.NewResourceExpired("the history of " + res.Name() + " no longer answers this resourceVersion")
+	}
+	if err := a.History.Sync(ctx, mark); err != nil {
+		a.interrupted(c)
+		return snap, nil, nil
+	}
+	return snap, l, nil
+}
+
+// fromHistory opens a watch from rv, a resourceVersion older than the hub keeps events from, with
+// the history: a watcher that follows the cache from a snapshot of it, and replay, which sends
+// the history's changes after rv up to that snapshot. The 410 of a resource whose history does
+// not reach rv.
+func (a *api) fromHistory(ctx context.Context, res *dynamicinformer.Resource, s *stream, rv uint64, q *query) (*watcher, func(func(object.Event) bool) error, *apierrors.StatusError) {
+	var snap dynamicinformer.Snapshot
+	var w *watcher
+	var mark uint64
+	if !res.Read(func(sn dynamicinformer.Snapshot) { snap, w, mark = sn, s.follow(), a.History.Barrier() }) {
+		return nil, nil, apierrors.NewServiceUnavailable(res.Name() + " is not watched now")
+	}
+	fail := func(serr *apierrors.StatusError) (*watcher, func(func(object.Event) bool) error, *apierrors.StatusError) {
+		s.unsubscribe(w)
+		return nil, nil, serr
+	}
+	l, ok := a.timeTravel(res, snap)
+	if !ok {
+		return fail(nil)
+	}
+	wait, cancel := context.WithTimeout(ctx, a.RequestTimeout)
+	defer cancel()
+	if err := a.History.Sync(wait, mark); err != nil {
+		return fail(apierrors.NewTimeoutError("the history did not catch up with the cache in time", 1))
+	}
+	floor, _ := l.Floor()
+	if rv < floor {
+		return fail(apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", rv, floor)))
+	}
+	until := snap.Revision("")
+	gvr, _, _ := res.API()
+	before := !q.labels.Empty() || !q.fields.Empty() // a change's type depends on the object before it
+	replay := func(send func(object.Event) bool) error {
+		return l.Changes(ctx, rv, before, func(c history.Change) bool {
+			if c.Revision > until {
+				return false // the watcher has it
+			}
+			e := object.Event{Type: c.Type, Resource: gvr, Object: c.Object, Managers: c.Managers, Revision: c.Revision, InOrder: true}
+			if c.Type == object.Modified {
+				e.OldObject = c.Before
+				if e.OldObject == nil {
+					e.OldObject = c.Object // no selector tells them apart
+				}
+			}
+			return send(e)
+		})
+	}
+	return w, replay, nil
 }

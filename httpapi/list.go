@@ -30,6 +30,10 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 		writeStatus(c.Writer, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs))
 		return
 	}
+	if rev, past := a.pastRevision(res, t, q); past {
+		a.past(ctx, c, res, t, q, out, rev)
+		return
+	}
 	snap, rv, pinned, kept := a.listSnapshot(res, t.namespace, q)
 	if !kept {
 		writeStatus(c.Writer, expiredContinue(q.after))

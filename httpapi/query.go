@@ -37,6 +37,7 @@ type query struct {
 	after      string // continue: the last key of the previous page
 	listRV     string // continue: the resourceVersion of the first page
 	pinned     uint64 // continue: the id of the first page's snapshot (see pins)
+	past       bool   // continue: the list is of the history, at listRV (see api.past)
 
 	resourceVersion uint64
 	// options are the list options as given, which a list validates as the apiserver does
@@ -79,7 +80,7 @@ func parseQuery(v url.Values, maxPage int) (*query, *apierrors.StatusError) {
 		if err != nil || tok.After == "" {
 			return nil, badParameter("continue", "invalid continue token")
 		}
-		q.after, q.listRV, q.pinned = tok.After, tok.RV, tok.Snapshot
+		q.after, q.listRV, q.pinned, q.past = tok.After, tok.RV, tok.Snapshot, tok.Past
 	}
 	if s := v.Get("resourceVersion"); s != "" {
 		if q.resourceVersion, err = strconv.ParseUint(s, 10, 64); err != nil {
@@ -127,6 +128,8 @@ type continueToken struct {
 	RV       string `json:"rv"`
 	After    string `json:"after"`
 	Snapshot uint64 `json:"snapshot,omitempty"`
+	// Past marks a list of the history at RV: its pages are read from the history.
+	Past bool `json:"past,omitempty"`
 }
 
 func encodeContinue(rv, after string, snapshot uint64) string {

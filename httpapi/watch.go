@@ -263,13 +263,20 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	var w *watcher
 	var snap dynamicinformer.Snapshot
 	var serr *apierrors.StatusError
+	var fromPast func(func(object.Event) bool) error
 	initial := q.resourceVersion == 0 || q.sendInitialEvents
 	if initial {
 		if !res.Read(func(sn dynamicinformer.Snapshot) { snap, w = sn, s.follow() }) {
 			serr = apierrors.NewServiceUnavailable(res.Name() + " is not watched now")
 		}
-	} else {
-		w, serr = s.resume(q.resourceVersion)
+	} else if w, serr = s.resume(q.resourceVersion); serr != nil && a.History != nil {
+		// Older than the hub's events: from the history, where it reaches that far.
+		ww, replay, herr := a.fromHistory(c.Request.Context(), res, s, q.resourceVersion, q)
+		if ww != nil {
+			w, serr, fromPast = ww, nil, replay
+		} else if herr != nil {
+			serr = herr
+		}
 	}
 	timeout := a.MaxWatchTimeout
 	if q.timeoutSeconds > 0 {
@@ -296,6 +303,18 @@ func (a *api) watch(c *gin.Context, res *dynamicinformer.Resource, t target, q *
 	}
 	if initial && !a.sendInitial(c.Request.Context(), res, snap, t, q, send) {
 		return
+	}
+	if fromPast != nil {
+		ok := true
+		err := fromPast(func(e object.Event) bool {
+			if typ := q.transition(e, t.namespace); typ != "" {
+				ok = send(typ, servedAs(typ, e))
+			}
+			return ok
+		})
+		if err != nil || !ok {
+			return // the client resumes from the last resourceVersion it was sent
+		}
 	}
 	if q.sendInitialEvents && q.allowWatchBookmarks {
 		bookmark := &unstructured.Unstructured{}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -184,5 +185,184 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	if code, body := get(auditing, "/api/v1/namespaces/"+ns+"/serviceaccounts/default/revisions"); code != http.StatusNotFound || !strings.Contains(string(body), "history.retain") {
 		t.Fatalf("revisions of a resource without history: %d %s; want 404 naming history.retain", code, body)
+	}
+}
+
+// TestTheHistoryAnswersPastListsAndOldWatchesAsTheApiserverDoes: 50 configmaps, each changed 20
+// times by two field managers in turn, then half deleted, with history kept and api.watchHistory
+// at 50 events. A paged list with resourceVersionMatch=Exact at a resourceVersion from the
+// middle of the run answers, page by page, the items the apiserver answers for the same
+// request, at the same resourceVersions; a watch from the first write's resourceVersion, more
+// than 10 times api.watchHistory events back, gets every later change in order, as written;
+// every object's revisions list all its versions, each naming the manager that wrote it, and
+// the patch between its first and last version turns the one into the other.
+func TestTheHistoryAnswersPastListsAndOldWatchesAsTheApiserverDoes(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`resources: [{version: v1, resource: configmaps, namespaces: [%s], history: {retain: 1h}}]
+state: {path: %s}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 50}
+metrics: {address: "127.0.0.1:0"}`, ns, filepath.Join(t.TempDir(), "state")))
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	api, _, _ := p.WaitListening(t.Context())
+	cs := kubernetes.NewForConfigOrDie(cluster.Config)
+	cms := cs.CoreV1().ConfigMaps(ns)
+	type write struct{ typ, name, rv string }
+	var writes []write
+	const objects, rounds = 50, 20
+	for i := range objects {
+		cm, err := cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("h-%02d", i)}, Data: map[string]string{"round": "0"}},
+			metav1.CreateOptions{FieldManager: "churn-a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		writes = append(writes, write{"ADDED", cm.Name, cm.ResourceVersion})
+	}
+	var middle string
+	for round := 1; round <= rounds; round++ {
+		manager := []string{"churn-a", "churn-b"}[round%2]
+		for i := range objects {
+			cm, err := cms.Get(t.Context(), fmt.Sprintf("h-%02d", i), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cm.Data = map[string]string{"round": fmt.Sprint(round), manager: "yes"}
+			if cm, err = cms.Update(t.Context(), cm, metav1.UpdateOptions{FieldManager: manager}); err != nil {
+				t.Fatal(err)
+			}
+			writes = append(writes, write{"MODIFIED", cm.Name, cm.ResourceVersion})
+		}
+		if round == rounds/2 {
+			middle = writes[len(writes)-1].rv
+		}
+	}
+	for i := 0; i < objects; i += 2 {
+		name := fmt.Sprintf("h-%02d", i)
+		if err := cms.Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apiserver, err := rest.HTTPClientFor(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := func(client *http.Client, base, query string) (items []string, next string, code int) {
+		t.Helper()
+		resp, err := client.Get(base + "/api/v1/namespaces/" + ns + "/configmaps?" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Metadata metav1.ListMeta `json:"metadata"`
+			Items    []metav1.PartialObjectMetadata
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range body.Items {
+			items = append(items, it.Name+"@"+it.ResourceVersion)
+		}
+		return items, body.Metadata.Continue, resp.StatusCode
+	}
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if items, _, _ := page(http.DefaultClient, api, ""); len(items) != objects/2 {
+			return fmt.Errorf("dynwatch lists %d configmaps; want %d", len(items), objects/2)
+		}
+		return nil
+	})
+
+	paged := func(client *http.Client, base string) []string {
+		var all []string
+		query := "resourceVersionMatch=Exact&limit=7&resourceVersion=" + middle
+		for {
+			items, next, code := page(client, base, query)
+			if code != http.StatusOK {
+				t.Fatalf("a page of the list at %s: %d", middle, code)
+			}
+			all = append(all, items...)
+			if next == "" {
+				return all
+			}
+			query = "limit=7&continue=" + next
+		}
+	}
+	want, got := paged(apiserver, cluster.Config.Host), paged(http.DefaultClient, api)
+	if len(want) != objects || !reflect.DeepEqual(got, want) {
+		t.Fatalf("the paged list at %s:\ndynwatch      %v\nthe apiserver %v", middle, got, want)
+	}
+
+	// A watch from the first write: every change after it, in order.
+	resp, err := http.Get(api + "/api/v1/namespaces/" + ns + "/configmaps?watch=true&timeoutSeconds=60&resourceVersion=" + writes[0].rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	for i := 0; i < objects; i += 2 {
+		writes = append(writes, write{"DELETED", fmt.Sprintf("h-%02d", i), ""})
+	}
+	dec := json.NewDecoder(resp.Body)
+	for i, w := range writes[1:] {
+		var ev struct {
+			Type   string
+			Object struct {
+				metav1.PartialObjectMetadata
+				Message string `json:"message"`
+			}
+		}
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("event %d of %d from %s: %v", i, len(writes)-1, writes[0].rv, err)
+		}
+		if ev.Type != w.typ || ev.Object.Name != w.name || w.rv != "" && ev.Object.ResourceVersion != w.rv {
+			t.Fatalf("event %d from %s: %s %s@%s %s; want %s %s@%s", i, writes[0].rv, ev.Type, ev.Object.Name, ev.Object.ResourceVersion, ev.Object.Message, w.typ, w.name, w.rv)
+		}
+	}
+
+	// Every object's revisions.
+	for i := range objects {
+		name := fmt.Sprintf("h-%02d", i)
+		resp, err := http.Get(api + "/api/v1/namespaces/" + ns + "/configmaps/" + name + "/revisions")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var revs revisionList
+		err = json.NewDecoder(resp.Body).Decode(&revs)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions := rounds + 1 + 1 - i%2 // the deleted ones have their delete too
+		if len(revs.Items) != versions {
+			t.Fatalf("%s has %d revisions; want %d", name, len(revs.Items), versions)
+		}
+		for j, it := range revs.Items[1-i%2:] {
+			round := rounds - j
+			if manager := []string{"churn-a", "churn-b"}[round%2]; len(it.Managers) != 1 || it.Managers[0].Manager != manager {
+				t.Fatalf("%s's revision of round %d names %+v; want %s", name, round, it.Managers, manager)
+			}
+		}
+		firstV, lastV := revs.Items[len(revs.Items)-1], revs.Items[1-i%2]
+		resp, err = http.Get(api + "/api/v1/namespaces/" + ns + "/configmaps/" + name + "/revisions?from=" + firstV.ResourceVersion + "&to=" + lastV.ResourceVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		decoded, err := jsonpatch.DecodePatch(patch)
+		if err != nil {
+			t.Fatalf("%s's patch %s: %v", name, patch, err)
+		}
+		patched, err := decoded.Apply(firstV.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a, b any
+		_ = json.Unmarshal(patched, &a)
+		_ = json.Unmarshal(lastV.Object, &b)
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("%s's first revision patched is %s; want %s", name, patched, lastV.Object)
+		}
 	}
 }
