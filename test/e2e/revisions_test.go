@@ -366,3 +366,101 @@ metrics: {address: "127.0.0.1:0"}`, ns, filepath.Join(t.TempDir(), "state")))
 		}
 	}
 }
+
+// TestTheHistoryOutlivesARestartAndHoldsEveryVersionMadeWhileDown: a configmap changed twice,
+// dynwatch stopped, the configmap changed twice more and another deleted, dynwatch started again
+// on the same state: the revisions list every version, those made while it was down included
+// (its watch resumes from the state store), and a list at a resourceVersion from before the
+// stop is still answered as the apiserver answers it.
+func TestTheHistoryOutlivesARestartAndHoldsEveryVersionMadeWhileDown(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	configPath := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, configPath, fmt.Sprintf(`resources: [{version: v1, resource: configmaps, namespaces: [%s], history: {retain: 1h}}]
+state: {path: %s}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}`, ns, filepath.Join(t.TempDir(), "state")))
+	p := startProcess(t, configPath)
+	cms := kubernetes.NewForConfigOrDie(cluster.Config).CoreV1().ConfigMaps(ns)
+	var rvs []string
+	change := func(name, value string) {
+		t.Helper()
+		cm, err := cms.Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			if cm, err = cms.Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"v": value}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			cm.Data = map[string]string{"v": value}
+			if cm, err = cms.Update(t.Context(), cm, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if name == "kept" {
+			rvs = append(rvs, cm.ResourceVersion)
+		}
+	}
+	change("kept", "1")
+	change("gone", "1")
+	change("kept", "2")
+	before := rvs[len(rvs)-1]
+	revisions := func(api string) []string {
+		resp, err := http.Get(api + "/api/v1/namespaces/" + ns + "/configmaps/kept/revisions")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var list revisionList
+		_ = json.NewDecoder(resp.Body).Decode(&list)
+		var got []string
+		for _, it := range list.Items {
+			got = append([]string{it.ResourceVersion}, got...)
+		}
+		return got
+	}
+	api, _, _ := p.WaitListening(t.Context())
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if got := revisions(api); !reflect.DeepEqual(got, rvs) {
+			return fmt.Errorf("revisions %v; want %v", got, rvs)
+		}
+		return nil
+	})
+	if err := p.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	change("kept", "3")
+	change("kept", "4")
+	if err := cms.Delete(t.Context(), "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	p = startProcess(t, configPath)
+	api, _, _ = p.WaitListening(t.Context())
+	testbed.Eventually(t, 30*time.Second, func() error {
+		if got := revisions(api); !reflect.DeepEqual(got, rvs) {
+			return fmt.Errorf("revisions %v; want every version, those made while dynwatch was down too: %v", got, rvs)
+		}
+		return nil
+	})
+	names := func(client *http.Client, base string) []string {
+		resp, err := client.Get(base + "/api/v1/namespaces/" + ns + "/configmaps?resourceVersionMatch=Exact&resourceVersion=" + before)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body struct{ Items []metav1.PartialObjectMetadata }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		var out []string
+		for _, it := range body.Items {
+			out = append(out, it.Name+"@"+it.ResourceVersion)
+		}
+		return out
+	}
+	apiserver, err := rest.HTTPClientFor(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := names(http.DefaultClient, api), names(apiserver, cluster.Config.Host); len(want) != 2 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("the list at %s, from before the restart: dynwatch %v, the apiserver %v", before, got, want)
+	}
+}
