@@ -94,20 +94,29 @@ func TestAHistoryAnswersTheStateAtEveryRevisionItHolds(t *testing.T) {
 		}
 		present := states[last]
 		for rev := floor + 1; rev <= last; rev += 7 {
-			at, err := l.At(t.Context(), rev)
+			past, err := l.Past(t.Context(), rev)
 			if err != nil {
 				t.Fatal(err)
 			}
 			got := map[string]uint64{}
 			for k, v := range present {
-				if _, changed := at[k]; !changed {
+				if !past.Changed(k) {
 					got[k] = v
+					continue
 				}
-			}
-			for k, o := range at {
+				o, changed, err := past.At(k)
+				if err != nil || !changed {
+					t.Fatalf("at %d, %s changed but its state then: %v, %v", rev, k, changed, err)
+				}
 				if o != nil {
 					got[k] = object.Revision(o.GetResourceVersion())
 				}
+			}
+			if err := past.Gone(t.Context(), func(o *object.Object) bool {
+				got[object.KeyOf(o)] = object.Revision(o.GetResourceVersion())
+				return true
+			}); err != nil {
+				t.Fatal(err)
 			}
 			if want := states[rev]; fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Fatalf("at %d:\n got %v\nwant %v", rev, got, want)
@@ -199,11 +208,11 @@ func TestRetentionDropsTheOldestSegmentsAndMovesTheFloor(t *testing.T) {
 	if after.Floor <= 200 {
 		t.Fatalf("the floor stayed at %d after retention dropped segments", after.Floor)
 	}
-	at, err := l.At(t.Context(), after.Floor)
+	past, err := l.Past(t.Context(), after.Floor)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 599 - int(after.Floor); len(at) != want {
-		t.Fatalf("at the floor %d, %d objects changed after; want %d", after.Floor, len(at), want)
+	if want := 599 - int(after.Floor); len(past.changed) != want {
+		t.Fatalf("at the floor %d, %d objects changed after; want %d", after.Floor, len(past.changed), want)
 	}
 }

@@ -20,8 +20,10 @@ import (
 	"github.com/dynwatch/dynwatch/object"
 )
 
-// blockSize is the size of a block's records, raw, past which the block is written.
-const blockSize = 256 << 10
+// blockSize is the size of a block's records, raw, past which the block is written. A read of
+// one record decodes its block: 16 KiB takes about 25 µs, 256 KiB over a millisecond, for a few
+// percent better compression.
+const blockSize = 16 << 10
 
 // maxSegment bounds a segment: retention drops whole segments, so a segment is at most an
 // eighth of what the history may keep, and at most this.
@@ -187,7 +189,7 @@ func (l *Log) seal(s *segment) {
 // key.
 func (l *Log) add(rec record, prev []byte, now time.Time) {
 	if len(l.raw) >= blockSize {
-		l.flush()
+		l.write()
 	}
 	if len(l.raw) == 0 {
 		// A block lies in one segment: the segment is chosen before its first record, which
@@ -216,14 +218,26 @@ func (l *Log) add(rec record, prev []byte, now time.Time) {
 	l.raw = appendRecord(l.raw, &rec)
 }
 
-// flush writes the block being filled, if any. A block that cannot be written is lost, and the log says so: a gap
-// at its highest revision.
+// flush writes the block being filled, if any, and syncs what was written.
 func (l *Log) flush() {
+	l.write()
+	if !l.wal.Unsynced() {
+		return
+	}
+	if err := l.wal.Sync(); err != nil {
+		// The blocks are written, and read; the log writes them again before anything else.
+		l.log.Warn("history: could not sync; written again with the next blocks", "resource", object.ResourceName(l.gvr), "err", err)
+	}
+}
+
+// write writes the block being filled, if any, without syncing it (flush syncs). A block that
+// cannot be written is lost, and the log says so: a gap at its highest revision.
+func (l *Log) write() {
 	if len(l.raw) == 0 {
 		return
 	}
 	payload := l.codec.block(l.raw)
-	p, err := l.wal.Append(payload)
+	p, err := l.wal.Write(payload)
 	if err != nil {
 		l.log.Warn("history: could not write; the changes are left out of the history, which reaches back only to after them", "resource", object.ResourceName(l.gvr), "revision", l.lastRev, "err", err)
 		l.mu.Lock()

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -34,25 +35,30 @@ type Version struct {
 // view is what one read sees of a log: its segments as they were when the read began, and the
 // last block it read.
 type view struct {
-	l     *Log
-	segs  []segment
-	floor uint64
-	at    struct {
-		seg int
-		blk uint32
-		raw []byte
-	}
+	l      *Log
+	segs   []segment
+	blocks map[blockID][]byte // the blocks read last, up to viewBlocks
+	order  []blockID
 }
+
+// blockID names a block of a view: its segment's place, and its place in the segment.
+type blockID struct {
+	seg int
+	blk uint32
+}
+
+// viewBlocks is how many decoded blocks a read keeps: the blocks of a page's objects, and of the
+// versions before them, are often the same.
+const viewBlocks = 32
 
 // view begins a read.
 func (l *Log) view() *view {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	v := &view{l: l, segs: make([]segment, len(l.segs)), floor: l.floor}
+	v := &view{l: l, segs: make([]segment, len(l.segs)), blocks: map[blockID][]byte{}}
 	for i, s := range l.segs {
 		v.segs[i] = *s
 	}
-	v.at.seg = -1
 	return v
 }
 
@@ -67,8 +73,9 @@ func (l *Log) Floor() (floor, through uint64) {
 
 // block is the raw records of block blk of segment si.
 func (v *view) block(si int, blk uint32) ([]byte, error) {
-	if v.at.seg == si && v.at.blk == blk && v.at.raw != nil {
-		return v.at.raw, nil
+	id := blockID{si, blk}
+	if raw, ok := v.blocks[id]; ok {
+		return raw, nil
 	}
 	b := v.segs[si].blocks[blk]
 	payload := make([]byte, b.n)
@@ -79,7 +86,11 @@ func (v *view) block(si int, blk uint32) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	v.at.seg, v.at.blk, v.at.raw = si, blk, raw
+	if len(v.order) == viewBlocks {
+		delete(v.blocks, v.order[0])
+		v.order = v.order[1:]
+	}
+	v.blocks[id], v.order = raw, append(v.order, id)
 	return raw, nil
 }
 
@@ -194,11 +205,15 @@ func compareRev(a, b uint64) int {
 	return 0
 }
 
-// versionOf is rec as a Version. Its object keeps the block rec was read from.
+// versionOf is rec as a Version, copied out of the block rec was read from.
 func versionOf(rec *record) Version {
 	return Version{Type: typeOf(rec.kind), Revision: rec.rev, Time: time.Unix(0, rec.time), Listed: rec.flags&flagListed != 0,
-		Managers: rec.managers, Object: object.OfJSON(rec.obj, nil, nil)}
+		Managers: bytes.Clone(rec.managers), Object: objectOf(rec.obj)}
 }
+
+// objectOf is an object of the JSON b, copied out of the block it lies in: an object that kept
+// its block would keep 16 KiB for a few hundred bytes.
+func objectOf(b []byte) *object.Object { return object.OfJSON(bytes.Clone(b), nil, nil) }
 
 // Change is one change the log holds, with the object before it.
 type Change struct {
@@ -226,7 +241,7 @@ func (l *Log) Changes(ctx context.Context, rev uint64, before bool, fn func(Chan
 				return false, err
 			}
 			if b != nil {
-				c.Before = object.OfJSON(b, nil, nil)
+				c.Before = objectOf(b)
 			}
 		}
 		return fn(c), nil
@@ -268,29 +283,6 @@ func (v *view) scan(ctx context.Context, rev uint64, fn func(si int, rec *record
 		}
 	}
 	return nil
-}
-
-// At is, for each object changed after revision rev, its state at rev: its object then, or nil
-// for an object that did not exist then. An object not in it was, at rev, as it is now. Exact
-// only for a revision at or after the floor (see Floor).
-func (l *Log) At(ctx context.Context, rev uint64) (map[string]*object.Object, error) {
-	v := l.view()
-	at := map[string]*object.Object{}
-	err := v.scan(ctx, rev, func(si int, rec *record) (bool, error) {
-		if _, decided := at[rec.key]; decided {
-			return true, nil
-		}
-		b, err := v.before(si, rec)
-		if err != nil {
-			return false, err
-		}
-		at[rec.key] = nil
-		if b != nil {
-			at[rec.key] = object.OfJSON(b, nil, nil)
-		}
-		return true, nil
-	})
-	return at, err
 }
 
 // Deleted calls fn with the last version of every object whose last retained change is its
@@ -342,4 +334,129 @@ func (v *view) latest(si int) []entry {
 		out = append(out, s.index[i])
 	}
 	return out
+}
+
+// Past is the history read at a past revision: which objects changed after it, known from the
+// index alone, and, one at a time, what each was then, read from disk only when asked.
+type Past struct {
+	v       *view
+	rev     uint64
+	changed map[uint64]ref  // each key's hash changed after rev: its first change after it
+	held    map[uint64]bool // the keys Changed was asked about: the caller holds them now
+}
+
+// ref is an index entry of segment si, and the entry of its key before it in the segment, if
+// any.
+type ref struct {
+	si      int
+	e       entry
+	prev    entry
+	hasPrev bool
+}
+
+// Past reads the log at revision rev: exact only at or after the floor (see Floor).
+func (l *Log) Past(ctx context.Context, rev uint64) (*Past, error) {
+	v := l.view()
+	p := &Past{v: v, rev: rev, changed: map[uint64]ref{}, held: map[uint64]bool{}}
+	for si := range v.segs {
+		s := &v.segs[si]
+		if s.last <= rev {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// A sealed segment's index is by key, then revision: a key's entry before another is
+		// the one before it in the index. The one written to is in the order written: its
+		// entries before rev are noted as the scan passes them. Either way a key's first entry
+		// after rev comes first.
+		var before map[uint64]entry
+		if !s.sealed {
+			before = map[uint64]entry{}
+		}
+		for i, e := range s.index {
+			if e.rev <= rev {
+				if before != nil {
+					before[e.key] = e
+				}
+				continue
+			}
+			if _, ok := p.changed[e.key]; ok {
+				continue
+			}
+			r := ref{si: si, e: e}
+			if before != nil {
+				r.prev, r.hasPrev = before[e.key]
+			} else if i > 0 && s.index[i-1].key == e.key {
+				r.prev, r.hasPrev = s.index[i-1], true
+			}
+			p.changed[e.key] = r
+		}
+	}
+	return p, nil
+}
+
+// Changed reports whether the object at key, which the caller holds now, changed after the
+// revision: if not, it was then as it is now.
+func (p *Past) Changed(key string) bool {
+	h := p.v.l.hash(key)
+	p.held[h] = true
+	_, ok := p.changed[h]
+	return ok
+}
+
+// At is the object at key as it was at the revision, nil when it did not exist then, for a key
+// that changed after it; false when it did not change (Changed was a key of the same hash):
+// it was then as it is now.
+func (p *Past) At(key string) (*object.Object, bool, error) {
+	r, ok := p.changed[p.v.l.hash(key)]
+	if !ok {
+		return nil, false, nil
+	}
+	o, k, err := p.before(r)
+	if err != nil || k != key {
+		return nil, false, err
+	}
+	return o, true, nil
+}
+
+// before is the object of r's key just before r, and its key.
+func (p *Past) before(r ref) (*object.Object, string, error) {
+	rec, err := p.v.record(r.si, r.e.blk, r.e.nth)
+	if err != nil || r.e.kind == kindAdded {
+		return nil, rec.key, err
+	}
+	if len(rec.prev) > 0 {
+		return objectOf(rec.prev), rec.key, nil
+	}
+	if !r.hasPrev {
+		return nil, rec.key, nil // not known: the record should have carried it
+	}
+	prev, err := p.v.record(r.si, r.prev.blk, r.prev.nth)
+	if err != nil || prev.kind == kindDeleted || prev.key != rec.key {
+		return nil, rec.key, err
+	}
+	return objectOf(prev.obj), rec.key, nil
+}
+
+// Gone calls fn with every object that existed at the revision and that the caller does not
+// hold now (it did not ask Changed about it: deleted since, or of a namespace it did not read),
+// as it was then, in no order, until fn returns false.
+func (p *Past) Gone(ctx context.Context, fn func(*object.Object) bool) error {
+	for h, r := range p.changed {
+		if r.e.kind == kindAdded || p.held[h] {
+			continue // did not exist at the revision, or held
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		o, _, err := p.before(r)
+		if err != nil {
+			return err
+		}
+		if o != nil && !fn(o) {
+			return nil
+		}
+	}
+	return nil
 }

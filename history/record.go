@@ -151,11 +151,14 @@ type codec struct {
 }
 
 func newCodec() (*codec, error) {
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedDefault))
+	// A window of 64 KiB holds a block (blockSize) and its largest record short of 48 KiB; the
+	// encoder's tables then take about 1 MB, where zstd's defaults take over 15.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedDefault),
+		zstd.WithWindowSize(64<<10), zstd.WithLowerEncoderMem(true))
 	if err != nil {
 		return nil, err
 	}
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(64<<20))
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(2), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxMemory(64<<20))
 	if err != nil {
 		return nil, err
 	}

@@ -274,35 +274,86 @@ func (a *api) past(ctx context.Context, c *gin.Context, res *dynamicinformer.Res
 		}
 		return
 	}
-	at, err := l.At(ctx, rev)
+	pg, err := pastPage(ctx, l, snap, t.namespace, q, rev)
 	if err != nil {
 		a.historyFailed(c, err)
 		return
 	}
-	var objs []*object.Object
-	snap.Scan(t.namespace, dynamicinformer.Key{}, func(o *object.Object) bool {
-		if _, changed := at[object.KeyOf(o)]; !changed {
-			objs = append(objs, o)
-		}
-		return true
-	})
-	for _, o := range at {
-		if o != nil && (t.namespace == "" || o.GetNamespace() == t.namespace) {
-			objs = append(objs, o)
-		}
-	}
-	p, err := q.paginate(ctx, lookup{strategy: "history", objs: objs}, t.namespace)
-	if err != nil {
-		a.interrupted(c)
-		return
-	}
 	listRV := strconv.FormatUint(rev, 10)
-	if p.last != "" {
-		b, _ := json.Marshal(continueToken{RV: listRV, After: p.last, Past: true})
-		p.next = base64.RawURLEncoding.EncodeToString(b)
+	if pg.last != "" {
+		b, _ := json.Marshal(continueToken{RV: listRV, After: pg.last, Past: true})
+		pg.next = base64.RawURLEncoding.EncodeToString(b)
 	}
 	c.Header("X-Dynwatch-Lookup", "history")
-	out.list(w, p, listRV)
+	out.list(w, pg, listRV)
+}
+
+// pastPage is the page of q after its cursor, in key order, of the objects in namespace as they
+// were at rev: what snap holds, each object changed since read from the history as it was then
+// (only those the page reaches), and what existed then and is gone since. It says no more than
+// whether more follow (no remainingItemCount: that would read every object changed since).
+func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot, namespace string, q *query, rev uint64) (page, error) {
+	p, err := l.Past(ctx, rev)
+	if err != nil {
+		return page{}, err
+	}
+	type candidate struct {
+		key     string
+		obj     *object.Object // now, or for one gone since, then
+		changed bool           // changed since rev: obj is now, what it was then is to be read
+	}
+	var held, gone []candidate
+	snap.Scan(namespace, dynamicinformer.Key{}, func(o *object.Object) bool {
+		k := object.KeyOf(o)
+		held = append(held, candidate{key: k, obj: o, changed: p.Changed(k)})
+		return true
+	})
+	if err := p.Gone(ctx, func(o *object.Object) bool {
+		if namespace == "" || o.GetNamespace() == namespace {
+			gone = append(gone, candidate{key: object.KeyOf(o), obj: o})
+		}
+		return true
+	}); err != nil {
+		return page{}, err
+	}
+	// The snapshot's are in key order already: the few gone since are merged in.
+	slices.SortFunc(gone, func(a, b candidate) int { return object.CompareKeys(a.key, b.key) })
+	cands := make([]candidate, 0, len(held)+len(gone))
+	for len(held) > 0 || len(gone) > 0 {
+		if len(gone) == 0 || len(held) > 0 && object.CompareKeys(held[0].key, gone[0].key) < 0 {
+			cands, held = append(cands, held[0]), held[1:]
+		} else {
+			cands, gone = append(cands, gone[0]), gone[1:]
+		}
+	}
+	var pg page
+	for i, c := range cands {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			return page{}, ctx.Err()
+		}
+		if q.after != "" && object.CompareKeys(c.key, q.after) <= 0 {
+			continue
+		}
+		obj := c.obj
+		if c.changed {
+			then, changed, err := p.At(c.key)
+			if err != nil {
+				return page{}, err
+			}
+			if changed {
+				obj = then
+			}
+		}
+		if obj == nil || !q.matches(obj, namespace) {
+			continue
+		}
+		if len(pg.items) == q.limit {
+			pg.last = object.KeyOf(pg.items[len(pg.items)-1])
+			break
+		}
+		pg.items = append(pg.items, obj)
+	}
+	return pg, nil
 }
 
 // settled is a snapshot of res's cache and its history holding the same changes: every change

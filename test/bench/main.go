@@ -58,6 +58,7 @@ type options struct {
 	initialState                             bool
 	metadataOnly                             bool
 	sinks                                    bool
+	history                                  bool
 	sinkWorkers                              int           // -sinks: every sink's workers
 	profileSeconds                           int           // -initial-state, -sinks: the profile's length
 	beforeReload                             time.Duration // -initial-state: the steady sink measured alone
@@ -92,6 +93,7 @@ func main() {
 	flag.BoolVar(&o.metadataOnly, "metadata-only", false, "measure instead dynwatch's memory with the chart's default config and cache: metadata against cache: full, one process after the other (5,000 objects unless -objects is given; -json-only unless -json-only=false); -heap-profile heap.pprof then writes heap-full.pprof and heap-metadata.pprof")
 	flag.BoolVar(&o.sinks, "sinks", false, "measure instead each kind of sink's throughput (webhook, JetStream, Kafka): a backlog of every object, held in the outbox while another holds the Lease, delivered once it is let go, one dynwatch per kind; -profile sinks.pprof then writes sinks-webhook.pprof, sinks-jetstream.pprof and sinks-kafka.pprof")
 	flag.IntVar(&o.sinkWorkers, "sink-workers", 64, "with -sinks: the workers of every sink")
+	flag.BoolVar(&o.history, "history", false, "measure instead what resources[].history costs and its reads: dynwatch with history on and off side by side through one storm (history.go); -profile profiles the one with history on through the storm")
 	flag.Parse()
 	if o.sinks && !flagSet("objects") {
 		o.objects = sinksObjects
@@ -106,13 +108,13 @@ func main() {
 		o.json = true
 	}
 	modes := 0
-	for _, on := range []bool{o.initialState, o.metadataOnly, o.sinks} {
+	for _, on := range []bool{o.initialState, o.metadataOnly, o.sinks, o.history} {
 		if on {
 			modes++
 		}
 	}
 	if modes > 1 {
-		fmt.Fprintln(os.Stderr, "bench: -initial-state, -metadata-only and -sinks are different runs: give one")
+		fmt.Fprintln(os.Stderr, "bench: -initial-state, -metadata-only, -sinks and -history are different runs: give one")
 		os.Exit(2)
 	}
 	if o.chart && (o.initialState || o.sinks) {
@@ -221,6 +223,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.sinks {
 		return runSinks(ctx, o, b, start)
+	}
+	if o.history {
+		return runHistory(ctx, o, b, start)
 	}
 	if o.alone {
 		return runAlone(ctx, o, b, start)

@@ -448,7 +448,9 @@ metrics: {address: "127.0.0.1:0"}`, ns, filepath.Join(t.TempDir(), "state")))
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		var body struct{ Items []metav1.PartialObjectMetadata }
+		var body struct {
+			Items []metav1.PartialObjectMetadata
+		}
 		_ = json.NewDecoder(resp.Body).Decode(&body)
 		var out []string
 		for _, it := range body.Items {
