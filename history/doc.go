@@ -5,7 +5,7 @@
 // Vocabulary: a resource's history is a Log, a directory of segments (package wal) under
 // state.path/history. A record is one change (an object's state after it, its revision, when it
 // was observed, the field managers behind it) or a gap. Records are written in blocks of about
-// blockSize, compressed together with zstd; a segment is a run of blocks, begun when the last
+// blockSize (16 KiB), compressed together with zstd: a read of one record decodes its block; a segment is a run of blocks, begun when the last
 // holds an eighth of what the history may keep or reaches back an eighth of its retention.
 // The index is every change's key hash, revision and place, per segment, in memory: in the
 // order written for the segment written to, sorted by key once sealed. The first record of a
@@ -17,18 +17,21 @@
 //
 // Guarantees:
 //   - A change is readable once its block is written, at most linger after the informer
-//     handed it over. Blocks are written and synced in one go (wal.Append): a crash loses at
-//     most the block being filled and those not yet synced, and the history says so at the
-//     next start, as a gap at the list's revision if the watch cannot resume past it.
-//   - Between the floor and the last change written, the history is exact: At(rev) gives each
-//     changed object's state at rev, and Changes(rev) every change after it, in order. Before
-//     the floor it is not asked: the query API answers 410 Expired.
+//     handed it over (at once for a reader that waits: Barrier, Sync). The blocks of a batch
+//     are written as they fill and synced once: a crash loses at most those not yet synced,
+//     and the history says so at the next start, as a gap at the list's revision if the watch
+//     cannot resume past it.
+//   - Between the floor and the last change written, the history is exact: Past(rev) tells
+//     which objects changed after rev from the index alone and reads each one's state at rev
+//     on demand, and Changes(rev) gives every change after it, in order. Before the floor it
+//     is not asked: the query API answers 410 Expired. Retention writes the floor it leaves
+//     as a gap before it removes a segment.
 //   - Memory is the index (about 24 bytes a change), the block being filled and, while the disk
 //     stalls, at most maxQueued bytes of events waiting: past it, changes are left out, counted
 //     (Stats.Lost) and the floor moved past them. Reads stream from disk a block at a time.
 //
 // Concurrency: OnEvent and ListSynced never block and do no I/O; Run's goroutine alone writes.
-// Reads (Revisions, Changes, At, Deleted, Floor, Stats) may run from any goroutine at once with
+// Reads (Revisions, Changes, Past, Deleted, Floor, Stats) may run from any goroutine at once with
 // it: each sees the segments as they were when it began, and fails with ErrMovedOn if
 // retention dropped one it was reading.
 package history

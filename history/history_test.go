@@ -185,9 +185,9 @@ func TestChangesAfterARevisionComeInOrderWithTheObjectBefore(t *testing.T) {
 	}
 }
 
-func TestRetentionDropsTheOldestSegmentsAndMovesTheFloor(t *testing.T) {
-	l := openLog(t, t.TempDir(), 1<<20)
-	t.Cleanup(func() { _ = l.close() })
+func TestRetentionDropsTheOldestSegmentsAndMovesTheFloorForGood(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, dir, 1<<20)
 	rnd := rand.New(rand.NewPCG(1, 2)) // incompressible values, so that the history fills its disk
 	big := make([]byte, 0, 16<<10)
 	for range 16 << 10 {
@@ -214,5 +214,13 @@ func TestRetentionDropsTheOldestSegmentsAndMovesTheFloor(t *testing.T) {
 	}
 	if want := 599 - int(after.Floor); len(past.changed) != want {
 		t.Fatalf("at the floor %d, %d objects changed after; want %d", after.Floor, len(past.changed), want)
+	}
+	if err := l.close(); err != nil {
+		t.Fatal(err)
+	}
+	l = openLog(t, dir, 1<<20)
+	t.Cleanup(func() { _ = l.close() })
+	if floor, _ := l.Floor(); floor != after.Floor {
+		t.Fatalf("read back, the floor is %d; want %d, where retention left it", floor, after.Floor)
 	}
 }

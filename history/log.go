@@ -34,6 +34,7 @@ type segment struct {
 	id          uint64
 	bytes       int64
 	first, last uint64 // the lowest and highest revision of its records (0: none yet)
+	firstChange uint64 // the lowest revision of a change a watch sent (not a list) it holds
 	start, end  int64  // when its first and last change were observed (unix nanoseconds)
 	blocks      []block
 	// index is every change the segment holds: in the order written while it is the one
@@ -111,9 +112,11 @@ func open(dir string, gvr schema.GroupVersionResource, policy config.History, c 
 		l.seal(s)
 	}
 	l.heard = l.through
-	if len(l.segs) > 0 && l.segs[0].first > 0 {
-		// Whatever came before the oldest segment was dropped.
-		l.floor = max(l.floor, l.segs[0].first-1)
+	if len(l.segs) > 0 && l.segs[0].firstChange > 0 {
+		// What came before the oldest segment may have been dropped (retention writes the floor
+		// it leaves as a gap first; this holds should that gap have been lost). A list's
+		// objects it holds are older, and tell nothing of what changed before it.
+		l.floor = max(l.floor, l.segs[0].firstChange-1)
 	}
 	if _, err := w.Rotate(); err != nil { // what is read back is sealed: a new segment for what follows
 		return nil, errors.Join(err, w.Close())
@@ -170,6 +173,9 @@ func (l *Log) note(s *segment, rec *record, blk uint32, nth int) {
 	s.end = max(s.end, rec.time)
 	if rec.flags&flagListed == 0 {
 		l.through = max(l.through, rec.rev)
+		if s.firstChange == 0 || rec.rev < s.firstChange {
+			s.firstChange = rec.rev
+		}
 	}
 }
 
@@ -324,7 +330,7 @@ func (l *Log) retain(now time.Time) {
 	for _, s := range l.segs {
 		total += s.bytes
 	}
-	n := 0
+	n, floor := 0, l.floor
 	for ; n < len(l.segs); n++ {
 		s := l.segs[n]
 		expired := now.Sub(time.Unix(0, s.end)) > l.policy.Retain
@@ -332,12 +338,17 @@ func (l *Log) retain(now time.Time) {
 			break
 		}
 		total -= s.bytes
-		l.floor = max(l.floor, s.last)
+		floor = max(floor, s.last)
 	}
+	l.mu.Unlock()
 	if n == 0 {
-		l.mu.Unlock()
 		return
 	}
+	// The floor the drop leaves is written first, as a gap: a start after it reads it back.
+	l.add(record{kind: kindGap, rev: floor}, nil, now)
+	l.flush()
+	l.mu.Lock()
+	l.floor = max(l.floor, floor)
 	next := l.segs[n-1].id + 1
 	if n < len(l.segs) {
 		next = l.segs[n].id

@@ -2,6 +2,7 @@ package history
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -133,37 +134,6 @@ func (v *view) entries(si int, h uint64) []entry {
 	return s.index[lo:hi]
 }
 
-// before is the JSON of key's object just before rec, a record of segment si: none for an
-// object rec adds; its prev, when the segment holds no earlier record of key; else the object
-// of the record of key before it in the segment.
-func (v *view) before(si int, rec *record) ([]byte, error) {
-	if rec.kind == kindAdded {
-		return nil, nil
-	}
-	if len(rec.prev) > 0 {
-		return rec.prev, nil
-	}
-	es := v.entries(si, v.l.hash(rec.key))
-	for i := len(es) - 1; i >= 0; i-- {
-		e := es[i]
-		if e.rev >= rec.rev {
-			continue
-		}
-		p, err := v.record(si, e.blk, e.nth)
-		if err != nil {
-			return nil, err
-		}
-		if p.key != rec.key {
-			continue // another key of the same hash
-		}
-		if p.kind == kindDeleted {
-			return nil, nil
-		}
-		return p.obj, nil
-	}
-	return nil, nil
-}
-
 // Revisions calls fn with every retained version of the object at key (namespace/name),
 // newest first, until fn returns false.
 func (l *Log) Revisions(ctx context.Context, key string, fn func(Version) bool) error {
@@ -174,7 +144,7 @@ func (l *Log) Revisions(ctx context.Context, key string, fn func(Version) bool) 
 		es = slices.Clone(es)
 		// Newest first: by revision, and among equal ones the later record.
 		slices.Reverse(es)
-		slices.SortStableFunc(es, func(a, b entry) int { return compareRev(b.rev, a.rev) })
+		slices.SortStableFunc(es, func(a, b entry) int { return cmp.Compare(b.rev, a.rev) })
 		for _, e := range es {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -193,16 +163,6 @@ func (l *Log) Revisions(ctx context.Context, key string, fn func(Version) bool) 
 		}
 	}
 	return nil
-}
-
-func compareRev(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // versionOf is rec as a Version, copied out of the block rec was read from.
@@ -228,29 +188,61 @@ type Change struct {
 // the object before it. In order, and exact, for a resource watched in one stream.
 func (l *Log) Changes(ctx context.Context, rev uint64, before bool, fn func(Change) bool) error {
 	v := l.view()
+	var p *Past
+	if before {
+		var err error
+		if p, err = v.past(ctx, rev); err != nil {
+			return err
+		}
+	}
 	last := rev // a change recorded twice (a watch resumed from before the history's end) is sent once
-	return v.scan(ctx, rev, func(si int, rec *record) (bool, error) {
+	// Where each key's last change sent lies: the object before its next one. Its first one's
+	// is p's to read, from the index.
+	sent := map[string]blockRecord{}
+	return v.scan(ctx, rev, func(at blockRecord, rec *record) (bool, error) {
 		if rec.flags&flagListed != 0 || rec.rev <= last {
 			return true, nil
 		}
 		last = rec.rev
 		c := Change{Version: versionOf(rec)}
-		if before {
-			b, err := v.before(si, rec)
-			if err != nil {
+		if before && rec.kind != kindAdded {
+			var err error
+			if c.Before, err = v.objectBefore(p, sent, rec.key); err != nil {
 				return false, err
 			}
-			if b != nil {
-				c.Before = objectOf(b)
-			}
+		}
+		if before {
+			sent[rec.key] = at
 		}
 		return fn(c), nil
 	})
 }
 
+// blockRecord is where a record lies in a view: its segment, its block and its place there.
+type blockRecord struct {
+	si  int
+	blk uint32
+	nth uint16
+}
+
+// objectBefore is the object at key before its next change in a scan: the one its last change
+// sent left, else, for its first, what p says it was at the scan's revision.
+func (v *view) objectBefore(p *Past, sent map[string]blockRecord, key string) (*object.Object, error) {
+	at, ok := sent[key]
+	if !ok {
+		o, _, err := p.At(key)
+		return o, err
+	}
+	prev, err := v.record(at.si, at.blk, at.nth)
+	if err != nil || prev.kind == kindDeleted {
+		return nil, err
+	}
+	return objectOf(prev.obj), nil
+}
+
 // scan calls fn with each change after revision rev, in the order written, until it returns
 // false or an error.
-func (v *view) scan(ctx context.Context, rev uint64, fn func(si int, rec *record) (bool, error)) error {
+func (v *view) scan(ctx context.Context, rev uint64, fn func(at blockRecord, rec *record) (bool, error)) error {
 	for si := range v.segs {
 		s := &v.segs[si]
 		if s.last <= rev {
@@ -269,11 +261,11 @@ func (v *view) scan(ctx context.Context, rev uint64, fn func(si int, rec *record
 			}
 			r := reader{buf: raw}
 			var rec record
-			for r.next(&rec) {
+			for nth := 0; r.next(&rec); nth++ {
 				if rec.kind == kindGap || rec.rev <= rev {
 					continue
 				}
-				if ok, err := fn(si, &rec); err != nil || !ok {
+				if ok, err := fn(blockRecord{si, uint32(blk), uint16(nth)}, &rec); err != nil || !ok {
 					return err
 				}
 			}
@@ -355,8 +347,9 @@ type ref struct {
 }
 
 // Past reads the log at revision rev: exact only at or after the floor (see Floor).
-func (l *Log) Past(ctx context.Context, rev uint64) (*Past, error) {
-	v := l.view()
+func (l *Log) Past(ctx context.Context, rev uint64) (*Past, error) { return l.view().past(ctx, rev) }
+
+func (v *view) past(ctx context.Context, rev uint64) (*Past, error) {
 	p := &Past{v: v, rev: rev, changed: map[uint64]ref{}, held: map[uint64]bool{}}
 	for si := range v.segs {
 		s := &v.segs[si]

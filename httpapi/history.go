@@ -266,6 +266,10 @@ func (a *api) past(ctx context.Context, c *gin.Context, res *dynamicinformer.Res
 		}
 		return
 	}
+	if rev > snap.Revision(t.namespace) {
+		writeStatus(w, badParameter("continue", "invalid continue token")) // no list of the history was ever at it
+		return
+	}
 	if floor, _ := l.Floor(); rev < floor {
 		if q.past {
 			writeStatus(w, expiredContinue(q.after))
