@@ -312,6 +312,16 @@ func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot
 		held = append(held, candidate{key: k, obj: o, changed: p.Changed(k)})
 		return true
 	})
+	if namespace != "" {
+		// The other namespaces' objects the cache holds are not gone: marked so, Gone reads
+		// from disk only the objects deleted since, not every one changed in any namespace.
+		snap.Scan("", dynamicinformer.Key{}, func(o *object.Object) bool {
+			if o.GetNamespace() != namespace {
+				p.Changed(object.KeyOf(o))
+			}
+			return true
+		})
+	}
 	if err := p.Gone(ctx, func(o *object.Object) bool {
 		if namespace == "" || o.GetNamespace() == namespace {
 			gone = append(gone, candidate{key: object.KeyOf(o), obj: o})
