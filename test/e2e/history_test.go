@@ -38,6 +38,7 @@ const (
 	churnObjects = 12               // configmaps the writes go round
 	churnFor     = 15 * time.Second // how long they last
 	churnEvery   = 25 * time.Millisecond
+	churnAtLeast = 200 // writes, however long a loaded machine takes over them
 )
 
 // TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory records, while configmaps of one
@@ -190,10 +191,15 @@ metrics: {address: "127.0.0.1:0"}
 		pagedList(t, "team=a in pages of 2", through, metav1.ListOptions{Limit: 2, LabelSelector: "team=a"}, between),
 	}
 	lists[1].Selects = teamA
+	// A watch from some changes ago: the churn lasts until it has made churnAtLeast writes, so
+	// the reference comes to hold ten changes however slow the machine is.
+	testbed.Eventually(t, 5*time.Minute, func() error {
+		if n := len(reference.events()); n < 10 {
+			return fmt.Errorf("the apiserver's watch has %d changes, not yet 10", n)
+		}
+		return nil
+	})
 	old := reference.events()
-	if len(old) < 10 {
-		t.Fatalf("the apiserver's watch has %d changes 8 s into the churn", len(old))
-	}
 	from := old[len(old)*2/3].Revision // some seconds ago
 	streams = append(streams, record(t, "resumed from an older revision", through, metav1.ListOptions{ResourceVersion: strconv.FormatUint(from, 10), AllowWatchBookmarks: true}))
 	<-churned
@@ -418,13 +424,15 @@ func deliveries(t *testing.T, rc *receiver, source string) []validate.Delivery {
 }
 
 // churnConfigMaps creates, updates and deletes the configmaps cm-00 to cm-11 of ns at random, one write
-// every churnEvery, for churnFor; each write labels the configmap team=a or team=b at random,
+// every churnEvery, for churnFor and at least churnAtLeast writes; each write labels the configmap team=a or team=b at random,
 // so that it comes into and goes out of a label-selected watch.
 func churnConfigMaps(t *testing.T, c *rest.Config, ns string, seed uint64) {
 	cms := kubernetes.NewForConfigOrDie(c).CoreV1().ConfigMaps(ns)
 	r := rand.New(rand.NewPCG(seed, seed))
 	exists := map[string]bool{}
-	for end := time.Now().Add(churnFor); time.Now().Before(end); time.Sleep(churnEvery) {
+	end := time.Now().Add(churnFor)
+	for n := 0; n < churnAtLeast || time.Now().Before(end); n++ {
+		time.Sleep(churnEvery)
 		name := fmt.Sprintf("cm-%02d", r.IntN(churnObjects))
 		meta := metav1.ObjectMeta{Name: name, Labels: map[string]string{"team": []string{"a", "b"}[r.IntN(2)]}}
 		manager := []string{"churn-a", "churn-b"}[r.IntN(2)] // whom each version names
