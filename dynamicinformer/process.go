@@ -2,6 +2,7 @@ package dynamicinformer
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -96,7 +97,10 @@ func (r *Resource) apply(gvr schema.GroupVersionResource, stream string, mv *mov
 
 // replace applies a list of stream's objects at its revision: the initial list's objects are
 // object.Added with InitialList set; a relist's changes are counted, and not in order. A delete a
-// relist found happened after the object's last known resourceVersion, by the list's.
+// relist found happened after the object's last known resourceVersion, by the list's. The
+// changes are emitted in key order, as the apiserver lists: a streamed list (WatchList) reaches
+// the store in no order, and a history reads a page of objects as a list found them from a few
+// blocks only when they were written in order.
 func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *store, info cache.ReplacedAllInfo, initial bool) {
 	objs := make([]*object.Object, 0, len(info.Objects))
 	for _, o := range info.Objects {
@@ -104,6 +108,7 @@ func (r *Resource) replace(gvr schema.GroupVersionResource, stream string, st *s
 			objs = append(objs, u)
 		}
 	}
+	slices.SortFunc(objs, object.CompareObjects)
 	rev := object.Revision(info.ResourceVersion)
 	gone, changes := st.replace(stream, objs, rev)
 	for _, u := range gone {

@@ -5,15 +5,20 @@
 // Vocabulary: a resource's history is a Log, a directory of segments (package wal) under
 // state.path/history. A record is one change (an object's state after it, its revision, when it
 // was observed, the field managers behind it) or a gap. Records are written in blocks of about
-// blockSize (16 KiB), compressed together with zstd: a read of one record decodes its block; a segment is a run of blocks, begun when the last
-// holds an eighth of what the history may keep or reaches back an eighth of its retention.
-// The index is every change's key hash, revision and place, per segment, in memory: in the
-// order written for the segment written to, sorted by key once sealed. The first record of a
-// key in a segment carries the object before it too, so that a segment is read alone:
-// retention drops whole segments, oldest first, once their newest change is older than
-// Retain or the history is past MaxBytes. The floor is the revision from which a Log holds
-// every change: a gap moves it (a list the history does not reach, a relist, a block that
-// could not be written, a change dropped while too many waited), and so does retention.
+// blockSize (32 KiB), compressed together with zstd: a read of one record decodes its block; a
+// segment is a run of blocks, begun when the last holds an eighth of what the history may keep
+// or reaches back an eighth of its retention. The index is every change's key hash, revision
+// and place, per segment, in memory: in the order written for the segment written to, sorted
+// by key once sealed. An epoch is a run of changes with nothing left out between them (a gap
+// that may hide changes begins one; a list's records belong to the one its end begins), and
+// each block is of one. The first record of a key in a segment or an epoch carries the object
+// before it too, so that a segment is read alone: retention drops whole segments, oldest first,
+// once their newest change is older than Retain or the history is past MaxBytes. Else the
+// object before a change is read from the key's record before it, of the same epoch: a list's
+// records lie in key order, and a page of objects as a list found them reads a few blocks. The
+// floor is the revision from which a Log holds every change: a gap moves it (a list the history
+// does not reach, a relist, a block that could not be written, a change dropped while too many
+// waited), and so does retention.
 //
 // Guarantees:
 //   - A change is readable once its block is written, at most linger after the informer

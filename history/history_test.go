@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -82,54 +83,154 @@ func churn(l *Log, n, changes int) (states map[uint64]map[string]uint64, last ui
 	return states, rev
 }
 
+// TestAHistoryAnswersTheStateAtEveryRevisionItHolds reads the history at every seventh revision
+// of a churn, as it stood at the churn's end and at some revisions after the one read (as a
+// cache then would hold it), with the history in one segment and in a segment a block or so
+// (the state before a change read from another segment), as written and read back.
 func TestAHistoryAnswersTheStateAtEveryRevisionItHolds(t *testing.T) {
-	dir := t.TempDir()
-	l := openLog(t, dir, 1<<30)
-	states, last := churn(l, 20, 9)
-	check := func(l *Log) {
-		t.Helper()
-		floor, through := l.Floor()
-		if floor != 100 || through != last {
-			t.Fatalf("floor and through are %d and %d; want 100 and %d", floor, through, last)
-		}
-		present := states[last]
-		for rev := floor + 1; rev <= last; rev += 7 {
-			past, err := l.Past(t.Context(), rev)
-			if err != nil {
+	for _, c := range []struct {
+		name     string
+		maxBytes int64
+	}{{"one segment", 1 << 30}, {"a segment a block", 16 << 10}} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l := openLog(t, dir, c.maxBytes)
+			states, last := churn(l, 40, 12)
+			check := func(l *Log) {
+				t.Helper()
+				floor, through := l.Floor()
+				if floor != 100 || through != last {
+					t.Fatalf("floor and through are %d and %d; want 100 and %d", floor, through, last)
+				}
+				if n := len(l.segs); c.maxBytes < 1<<20 && n < 4 {
+					t.Fatalf("the history is in %d segments; want several", n)
+				}
+				for rev := floor + 1; rev <= last; rev += 7 {
+					for _, upTo := range []uint64{last, min(last, rev+29)} {
+						checkPast(t, l, states, rev, upTo)
+					}
+				}
+			}
+			check(l)
+			if err := l.close(); err != nil {
 				t.Fatal(err)
 			}
-			got := map[string]uint64{}
-			for k, v := range present {
-				if !past.Changed(k) {
-					got[k] = v
-					continue
-				}
-				o, changed, err := past.At(k)
-				if err != nil || !changed {
-					t.Fatalf("at %d, %s changed but its state then: %v, %v", rev, k, changed, err)
-				}
-				if o != nil {
-					got[k] = object.Revision(o.GetResourceVersion())
-				}
-			}
-			if err := past.Gone(t.Context(), func(o *object.Object) bool {
-				got[object.KeyOf(o)] = object.Revision(o.GetResourceVersion())
-				return true
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if want := states[rev]; fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Fatalf("at %d:\n got %v\nwant %v", rev, got, want)
-			}
-		}
+			l = openLog(t, dir, c.maxBytes) // read back: every segment sealed
+			t.Cleanup(func() { _ = l.close() })
+			check(l)
+		})
 	}
-	check(l)
-	if err := l.close(); err != nil {
+}
+
+// checkPast checks that l read at rev as it stood at upTo, with the objects a cache at upTo
+// held (states[upTo]), answers states[rev].
+func checkPast(t *testing.T, l *Log, states map[uint64]map[string]uint64, rev, upTo uint64) {
+	t.Helper()
+	past, err := l.Past(t.Context(), rev, upTo)
+	if err != nil {
 		t.Fatal(err)
 	}
-	l = openLog(t, dir, 1<<30) // read back: every segment sealed
-	t.Cleanup(func() { _ = l.close() })
-	check(l)
+	got := map[string]uint64{}
+	for k, v := range states[upTo] {
+		if !past.Changed(k) {
+			got[k] = v
+			continue
+		}
+		o, changed, err := past.At(k)
+		if err != nil || !changed {
+			t.Fatalf("at %d (up to %d), %s changed but its state then: %v, %v", rev, upTo, k, changed, err)
+		}
+		if o != nil {
+			got[k] = object.Revision(o.GetResourceVersion())
+		}
+	}
+	if err := past.Gone(t.Context(), func(o *object.Object) bool {
+		k := object.KeyOf(o)
+		if _, ok := got[k]; ok {
+			t.Errorf("at %d (up to %d), %s is both held and gone", rev, upTo, k)
+		}
+		got[k] = object.Revision(o.GetResourceVersion())
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := states[rev]; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("at %d (up to %d):\n got %v\nwant %v", rev, upTo, got, want)
+	}
+}
+
+// TestTheStateBeforeAChangeIsReadFromTheRecordBeforeItOnlyWithNothingLeftOutBetween: the state
+// of an object at a revision is read from its record before its next change when nothing was
+// left out between (a list's records, which lie in key order, serve a page from a few blocks),
+// and else from the state its next change carries; with the history in one segment, and in a
+// segment a block (the record before read from another segment). The carried state is marked
+// ("carried") to tell which was read; the apiserver's would be the same.
+func TestTheStateBeforeAChangeIsReadFromTheRecordBeforeItOnlyWithNothingLeftOutBetween(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		write func(l *Log, ev func(object.Event, uint64))
+		at    uint64
+		want  string // the value of data.v read at at
+	}{
+		{"a change after a list, with nothing between", func(l *Log, ev func(object.Event, uint64)) {
+			ev(object.Event{Type: object.Added, Object: cm("a", 50, "listed"), InitialList: true}, 50)
+			l.endList(100, time.Now())
+			ev(object.Event{Type: object.Modified, Object: cm("a", 120, "2"), OldObject: cm("a", 50, "carried")}, 120)
+		}, 110, "listed"},
+		{"a change after a list and changes left out", func(l *Log, ev func(object.Event, uint64)) {
+			ev(object.Event{Type: object.Added, Object: cm("a", 50, "listed"), InitialList: true}, 50)
+			l.endList(100, time.Now())
+			l.add(record{kind: kindGap, rev: 110, cause: gapLost}, nil, time.Now()) // a change at 105 left out
+			ev(object.Event{Type: object.Modified, Object: cm("a", 120, "2"), OldObject: cm("a", 105, "carried")}, 120)
+		}, 115, "carried"},
+		{"a change after changes left out", func(l *Log, ev func(object.Event, uint64)) {
+			ev(object.Event{Type: object.Added, Object: cm("a", 101, "0")}, 101)
+			l.add(record{kind: kindGap, rev: 102, cause: gapLost}, nil, time.Now()) // the change at 102
+			ev(object.Event{Type: object.Modified, Object: cm("a", 103, "2"), OldObject: cm("a", 102, "carried")}, 103)
+		}, 102, "carried"},
+		{"a change after a relist", func(l *Log, ev func(object.Event, uint64)) {
+			ev(object.Event{Type: object.Added, Object: cm("a", 101, "0")}, 101)
+			l.record(object.Event{Type: object.Modified, Object: cm("a", 105, "relisted"), OldObject: cm("a", 101, "carried"), Revision: 105, Resource: configmaps, Observed: time.Now()}, time.Now()) // not InOrder: a relist found it
+			l.flush()
+			ev(object.Event{Type: object.Modified, Object: cm("a", 120, "2"), OldObject: cm("a", 105, "carried")}, 120)
+		}, 110, "relisted"},
+	} {
+		for _, maxBytes := range []int64{1 << 30, 8} { // one segment; a segment a block
+			t.Run(fmt.Sprintf("%s, segments of %d bytes at most", c.name, maxBytes/8), func(t *testing.T) {
+				dir := t.TempDir()
+				l := openLog(t, dir, maxBytes)
+				ev := func(e object.Event, rev uint64) {
+					e.Revision, e.InOrder, e.Resource, e.Observed = rev, !e.InitialList, configmaps, time.Now()
+					l.record(e, time.Now())
+					l.flush() // a block each
+				}
+				l.add(record{kind: kindGap, rev: 40, cause: gapListEnd}, nil, time.Now())
+				c.write(l, ev)
+				l.flush()
+				read := func(l *Log) {
+					t.Helper()
+					past, err := l.Past(t.Context(), c.at, 200)
+					if err != nil {
+						t.Fatal(err)
+					}
+					o, changed, err := past.At("ns/a")
+					if err != nil || !changed || o == nil {
+						t.Fatalf("at %d, ns/a: %v, %v, %v", c.at, o, changed, err)
+					}
+					if v := gjson.GetBytes(o.JSON(), "data.v").String(); v != c.want {
+						t.Fatalf("at %d, ns/a holds %q; want %q", c.at, v, c.want)
+					}
+				}
+				read(l)
+				if err := l.close(); err != nil {
+					t.Fatal(err)
+				}
+				l = openLog(t, dir, maxBytes) // read back: the epochs are the blocks'
+				t.Cleanup(func() { _ = l.close() })
+				read(l)
+			})
+		}
+	}
 }
 
 func TestAnObjectsRevisionsAreEveryVersionNewestFirstAlsoAfterItsDelete(t *testing.T) {
@@ -208,12 +309,18 @@ func TestRetentionDropsTheOldestSegmentsAndMovesTheFloorForGood(t *testing.T) {
 	if after.Floor <= 200 {
 		t.Fatalf("the floor stayed at %d after retention dropped segments", after.Floor)
 	}
-	past, err := l.Past(t.Context(), after.Floor)
+	past, err := l.Past(t.Context(), after.Floor, 599)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 599 - int(after.Floor); len(past.changed) != want {
-		t.Fatalf("at the floor %d, %d objects changed after; want %d", after.Floor, len(past.changed), want)
+	changed := 0
+	for i := range 400 {
+		if past.Changed(fmt.Sprintf("ns/b%d", i)) {
+			changed++
+		}
+	}
+	if want := 599 - int(after.Floor); changed != want {
+		t.Fatalf("at the floor %d, %d objects changed after; want %d", after.Floor, changed, want)
 	}
 	if err := l.close(); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"sort"
 	"time"
@@ -40,6 +41,8 @@ type view struct {
 	segs   []segment
 	blocks map[blockID][]byte // the blocks read last, up to viewBlocks
 	order  []blockID
+	// payload is the last block as read from disk, before it is decoded.
+	payload []byte
 }
 
 // blockID names a block of a view: its segment's place, and its place in the segment.
@@ -50,7 +53,7 @@ type blockID struct {
 
 // viewBlocks is how many decoded blocks a read keeps: the blocks of a page's objects, and of the
 // versions before them, are often the same.
-const viewBlocks = 32
+const viewBlocks = 16
 
 // view begins a read.
 func (l *Log) view() *view {
@@ -79,17 +82,21 @@ func (v *view) block(si int, blk uint32) ([]byte, error) {
 		return raw, nil
 	}
 	b := v.segs[si].blocks[blk]
-	payload := make([]byte, b.n)
-	if err := v.l.wal.ReadAt(b.pos, payload); err != nil {
+	v.payload = slices.Grow(v.payload[:0], b.n)[:b.n]
+	if err := v.l.wal.ReadAt(b.pos, v.payload); err != nil {
 		return nil, errors.Join(ErrMovedOn, err)
 	}
-	raw, err := v.l.codec.records(payload)
-	if err != nil {
-		return nil, err
-	}
+	// The block read longest ago makes way, and its memory takes this one's: what is read from
+	// a block is copied out (objectOf, versionOf) before viewBlocks more are read.
+	var dst []byte
 	if len(v.order) == viewBlocks {
+		dst = v.blocks[v.order[0]][:0]
 		delete(v.blocks, v.order[0])
 		v.order = v.order[1:]
+	}
+	raw, _, err := v.l.codec.records(v.payload, dst)
+	if err != nil {
+		return nil, err
 	}
 	v.blocks[id], v.order = raw, append(v.order, id)
 	return raw, nil
@@ -172,7 +179,7 @@ func versionOf(rec *record) Version {
 }
 
 // objectOf is an object of the JSON b, copied out of the block it lies in: an object that kept
-// its block would keep 16 KiB for a few hundred bytes.
+// its block would keep 32 KiB for a few hundred bytes.
 func objectOf(b []byte) *object.Object { return object.OfJSON(bytes.Clone(b), nil, nil) }
 
 // Change is one change the log holds, with the object before it.
@@ -191,7 +198,7 @@ func (l *Log) Changes(ctx context.Context, rev uint64, before bool, fn func(Chan
 	var p *Past
 	if before {
 		var err error
-		if p, err = v.past(ctx, rev); err != nil {
+		if p, err = v.past(ctx, rev, math.MaxUint64); err != nil {
 			return err
 		}
 	}
@@ -259,7 +266,9 @@ func (v *view) scan(ctx context.Context, rev uint64, fn func(at blockRecord, rec
 			if err != nil {
 				return err
 			}
-			r := reader{buf: raw}
+			// Copied: fn reads other blocks, and a block read long enough ago lends its memory
+			// to another.
+			r := reader{buf: bytes.Clone(raw)}
 			var rec record
 			for nth := 0; r.next(&rec); nth++ {
 				if rec.kind == kindGap || rec.rev <= rev {
@@ -329,81 +338,116 @@ func (v *view) latest(si int) []entry {
 }
 
 // Past is the history read at a past revision: which objects changed after it, known from the
-// index alone, and, one at a time, what each was then, read from disk only when asked.
+// index alone, and, one at a time, what each was then, read from disk only when asked. A key is
+// looked up when asked about: in each sealed segment after the revision by its sorted index, in
+// the segment written to by a map made once.
 type Past struct {
-	v       *view
-	rev     uint64
-	changed map[uint64]ref  // each key's hash changed after rev: its first change after it
-	held    map[uint64]bool // the keys Changed was asked about: the caller holds them now
+	v         *view
+	rev, upTo uint64
+	open      map[uint64]ref // the keys the segment written to changed after rev, up to upTo
+	memo      map[uint64]ref // the keys asked about
 }
 
-// ref is an index entry of segment si, and the entry of its key before it in the segment, if
-// any.
+// ref is what the index says of a key after the revision: whether it changed (ok), its first
+// change after it (entry e of segment si), the key's entry before that in the segment, if any,
+// and its last change's kind.
 type ref struct {
 	si      int
 	e       entry
 	prev    entry
 	hasPrev bool
+	last    entry
+	ok      bool
 }
 
-// Past reads the log at revision rev: exact only at or after the floor (see Floor).
-func (l *Log) Past(ctx context.Context, rev uint64) (*Past, error) { return l.view().past(ctx, rev) }
+// Past reads the log at revision rev as it stood at revision upTo: the changes after upTo are
+// left out, so that it agrees with a cache at upTo. Exact only at or after the floor (see Floor).
+func (l *Log) Past(ctx context.Context, rev, upTo uint64) (*Past, error) {
+	return l.view().past(ctx, rev, upTo)
+}
 
-func (v *view) past(ctx context.Context, rev uint64) (*Past, error) {
-	p := &Past{v: v, rev: rev, changed: map[uint64]ref{}, held: map[uint64]bool{}}
-	for si := range v.segs {
-		s := &v.segs[si]
-		if s.last <= rev {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		// A sealed segment's index is by key, then revision: a key's entry before another is
-		// the one before it in the index. The one written to is in the order written: its
-		// entries before rev are noted as the scan passes them. Either way a key's first entry
-		// after rev comes first.
-		var before map[uint64]entry
-		if !s.sealed {
-			before = map[uint64]entry{}
-		}
-		for i, e := range s.index {
-			if e.rev <= rev {
-				if before != nil {
-					before[e.key] = e
-				}
-				continue
-			}
-			if _, ok := p.changed[e.key]; ok {
-				continue
-			}
-			r := ref{si: si, e: e}
-			if before != nil {
+func (v *view) past(ctx context.Context, rev, upTo uint64) (*Past, error) {
+	p := &Past{v: v, rev: rev, upTo: upTo, memo: map[uint64]ref{}}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	n := len(v.segs)
+	if n == 0 || v.segs[n-1].sealed || !p.reaches(&v.segs[n-1]) {
+		return p, nil
+	}
+	// The segment written to is in the order written: its entries before rev are noted as
+	// the scan passes them; a key's first entry after rev comes first, its last last.
+	p.open = map[uint64]ref{}
+	before := map[uint64]entry{}
+	for _, e := range v.segs[n-1].index {
+		switch {
+		case e.rev <= rev:
+			before[e.key] = e
+		case e.rev > upTo:
+		default:
+			r, ok := p.open[e.key]
+			if !ok {
+				r = ref{si: n - 1, e: e, ok: true}
 				r.prev, r.hasPrev = before[e.key]
-			} else if i > 0 && s.index[i-1].key == e.key {
-				r.prev, r.hasPrev = s.index[i-1], true
 			}
-			p.changed[e.key] = r
+			r.last = e
+			p.open[e.key] = r
 		}
 	}
 	return p, nil
 }
 
-// Changed reports whether the object at key, which the caller holds now, changed after the
-// revision: if not, it was then as it is now.
-func (p *Past) Changed(key string) bool {
-	h := p.v.l.hash(key)
-	p.held[h] = true
-	_, ok := p.changed[h]
-	return ok
+// reaches reports whether s may hold a change after the revision, up to the bound.
+func (p *Past) reaches(s *segment) bool { return s.last > p.rev && s.first <= p.upTo }
+
+// lookup is what the index says of the key of hash h after the revision.
+func (p *Past) lookup(h uint64) ref {
+	if r, ok := p.memo[h]; ok {
+		return r
+	}
+	var r ref
+	for si := range p.v.segs {
+		s := &p.v.segs[si]
+		if !p.reaches(s) {
+			continue
+		}
+		if !s.sealed {
+			if o, ok := p.open[h]; ok {
+				if !r.ok {
+					r = o
+				}
+				r.last = o.last
+			}
+			continue
+		}
+		run := p.v.entries(si, h) // by revision
+		first := sort.Search(len(run), func(k int) bool { return run[k].rev > p.rev })
+		last := sort.Search(len(run), func(k int) bool { return run[k].rev > p.upTo }) - 1
+		if first > last {
+			continue // nothing between
+		}
+		if !r.ok {
+			r = ref{si: si, e: run[first], ok: true}
+			if first > 0 {
+				r.prev, r.hasPrev = run[first-1], true
+			}
+		}
+		r.last = run[last]
+	}
+	p.memo[h] = r
+	return r
 }
+
+// Changed reports whether the object at key changed after the revision: if not, it was then as
+// it is now.
+func (p *Past) Changed(key string) bool { return p.lookup(p.v.l.hash(key)).ok }
 
 // At is the object at key as it was at the revision, nil when it did not exist then, for a key
 // that changed after it; false when it did not change (Changed was a key of the same hash):
 // it was then as it is now.
 func (p *Past) At(key string) (*object.Object, bool, error) {
-	r, ok := p.changed[p.v.l.hash(key)]
-	if !ok {
+	r := p.lookup(p.v.l.hash(key))
+	if !r.ok {
 		return nil, false, nil
 	}
 	o, k, err := p.before(r)
@@ -413,10 +457,27 @@ func (p *Past) At(key string) (*object.Object, bool, error) {
 	return o, true, nil
 }
 
-// before is the object of r's key just before r, and its key.
+// before is the object of r's key just before r, and its key. It is read, where the index
+// knows it, from the key's record before r: a list's records lie in key order, and a page of
+// objects as a list found them reads a few blocks, not one an object. Else from the state before
+// it that r's record carries.
 func (p *Past) before(r ref) (*object.Object, string, error) {
+	if r.e.kind == kindAdded {
+		rec, err := p.v.record(r.si, r.e.blk, r.e.nth)
+		return nil, rec.key, err
+	}
+	if at, e, ok := p.earlier(r); ok {
+		prev, err := p.v.record(at, e.blk, e.nth)
+		if err != nil {
+			return nil, "", err
+		}
+		if prev.kind == kindDeleted {
+			return nil, prev.key, nil
+		}
+		return objectOf(prev.obj), prev.key, nil
+	}
 	rec, err := p.v.record(r.si, r.e.blk, r.e.nth)
-	if err != nil || r.e.kind == kindAdded {
+	if err != nil {
 		return nil, rec.key, err
 	}
 	if len(rec.prev) > 0 {
@@ -432,23 +493,64 @@ func (p *Past) before(r ref) (*object.Object, string, error) {
 	return objectOf(prev.obj), rec.key, nil
 }
 
-// Gone calls fn with every object that existed at the revision and that the caller does not
-// hold now (it did not ask Changed about it: deleted since, or of a namespace it did not read),
-// as it was then, in no order, until fn returns false.
+// earlier is the index entry of r's key just before r, and its segment, when it is of r's epoch
+// (see Log): then it is the key's state before r. A key's entries before r lie in r's segment or
+// in earlier ones, and none of theirs is after the revision (r is the key's first change after
+// it); epochs only grow, segment after segment.
+func (p *Past) earlier(r ref) (int, entry, bool) {
+	epoch := p.v.epoch(r.si, r.e)
+	if epoch == noEpoch {
+		return 0, entry{}, false
+	}
+	if r.hasPrev {
+		return r.si, r.prev, p.v.epoch(r.si, r.prev) == epoch
+	}
+	for si := r.si - 1; si >= 0; si-- {
+		s := &p.v.segs[si]
+		if len(s.blocks) == 0 || s.blocks[len(s.blocks)-1].epoch < epoch {
+			break
+		}
+		if es := p.v.entries(si, r.e.key); len(es) > 0 {
+			e := es[len(es)-1] // a sealed segment's, by revision
+			return si, e, p.v.epoch(si, e) == epoch
+		}
+	}
+	return 0, entry{}, false
+}
+
+// epoch is the epoch of e, an entry of segment si.
+func (v *view) epoch(si int, e entry) uint32 { return v.segs[si].blocks[e.blk].epoch }
+
+// Gone calls fn with every object that existed at the revision and whose last change is its
+// delete (up to the view's bound): the objects deleted since, as they were then, in no order,
+// until fn returns false. It reads the index's deletes after the revision, and from disk only
+// those objects.
 func (p *Past) Gone(ctx context.Context, fn func(*object.Object) bool) error {
-	for h, r := range p.changed {
-		if r.e.kind == kindAdded || p.held[h] {
-			continue // did not exist at the revision, or held
+	done := map[uint64]bool{} // a delete recorded twice (a watch resumed from before the history's end) is one
+	for si := range p.v.segs {
+		s := &p.v.segs[si]
+		if !p.reaches(s) {
+			continue
 		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		o, _, err := p.before(r)
-		if err != nil {
-			return err
-		}
-		if o != nil && !fn(o) {
-			return nil
+		for _, e := range s.index {
+			if e.kind != kindDeleted || e.rev <= p.rev || e.rev > p.upTo {
+				continue
+			}
+			r := p.lookup(e.key)
+			if r.e.kind == kindAdded || r.last.kind != kindDeleted || r.last.rev != e.rev || done[e.key] {
+				continue // did not exist at the revision, exists now, deleted again later, or sent
+			}
+			done[e.key] = true
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			o, _, err := p.before(r)
+			if err != nil {
+				return err
+			}
+			if o != nil && !fn(o) {
+				return nil
+			}
 		}
 	}
 	return nil

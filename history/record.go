@@ -4,17 +4,22 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/dynwatch/dynwatch/object"
 )
 
-// A block is one frame of a resource's log (see package wal): blockFormat, then its records
-// one after another, compressed together with zstd. A record is a kind, then its fields:
-// numbers as uvarints (times as varints), strings and byte strings each preceded by their
-// length.
-const blockFormat byte = 1
+// A block is one frame of a resource's log (see package wal): blockFormat, its epoch (a
+// uvarint; see Log), then its records one after another, compressed together with zstd. A
+// record is a kind, then its fields: numbers as uvarints (times as varints), strings and byte
+// strings each preceded by their length. A block of format 1, without an epoch, is read as of
+// an epoch of its own.
+const (
+	blockFormat   byte = 2
+	blockFormatV1 byte = 1
+)
 
 // The records' kinds.
 const (
@@ -28,6 +33,19 @@ const (
 	// kindGap is a revision before which the log may miss changes: a restart that could not
 	// resume its watch, a relist, a change dropped while the disk was full. Revision only.
 	kindGap
+)
+
+// The causes of a gap, which the log does not write: they decide how the gap moves its epochs.
+const (
+	// gapLost: changes before the gap were left out (dropped, or not written).
+	gapLost byte = iota
+	// gapListEnd: a list taken at the gap's revision ends, and what changed before it that the
+	// history missed the list's records say.
+	gapListEnd
+	// gapRelisted: a change a relist found follows the changes it missed.
+	gapRelisted
+	// gapRetention: retention drops what is before the gap; what it keeps is whole.
+	gapRetention
 )
 
 // flagListed marks a change a list found rather than a watch: its time is the list's, and it
@@ -46,6 +64,7 @@ type record struct {
 	managers []byte
 	obj      []byte
 	prev     []byte
+	cause    byte // of a gap: gapLost, gapListEnd, gapRelisted or gapRetention; not written
 }
 
 func appendString(buf []byte, s string) []byte {
@@ -151,9 +170,10 @@ type codec struct {
 }
 
 func newCodec() (*codec, error) {
-	// A window of 64 KiB holds a block (blockSize) and its largest record short of 48 KiB; the
-	// encoder's tables then take about 1 MB, where zstd's defaults take over 15.
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedDefault),
+	// A window of 64 KiB holds a block (blockSize) and its largest record short of 32 KiB; the
+	// encoder's tables then take about 1 MB, where zstd's defaults take over 15. The fastest
+	// level takes half the default's time for 2% more bytes (docs/benchmarks-history.md).
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedFastest),
 		zstd.WithWindowSize(64<<10), zstd.WithLowerEncoderMem(true))
 	if err != nil {
 		return nil, err
@@ -165,17 +185,32 @@ func newCodec() (*codec, error) {
 	return &codec{enc: enc, dec: dec}, nil
 }
 
-// block is the frame payload of records, raw: their encoding.
-func (c *codec) block(raw []byte) []byte {
-	return c.enc.EncodeAll(raw, []byte{blockFormat})
+// block is the frame payload of records, raw (their encoding), of epoch.
+func (c *codec) block(raw []byte, epoch uint32) []byte {
+	return c.enc.EncodeAll(raw, binary.AppendUvarint([]byte{blockFormat}, uint64(epoch)))
 }
 
-// records is a block's records, raw, from its frame payload.
-func (c *codec) records(payload []byte) ([]byte, error) {
-	if len(payload) == 0 || payload[0] != blockFormat {
-		return nil, errors.New("not a block of this format")
+// records is a block's records, raw, from its frame payload, appended to dst, and its epoch:
+// noEpoch for a block of format 1.
+func (c *codec) records(payload, dst []byte) ([]byte, uint32, error) {
+	if len(payload) == 0 {
+		return nil, 0, errors.New("an empty block")
 	}
-	return c.dec.DecodeAll(payload[1:], nil)
+	var epoch uint64
+	switch payload[0] {
+	case blockFormatV1:
+		payload = payload[1:]
+	case blockFormat:
+		e, n := binary.Uvarint(payload[1:])
+		if n <= 0 || e > math.MaxUint32 {
+			return nil, 0, errors.New("a block's epoch unreadable")
+		}
+		epoch, payload = e, payload[1+n:]
+	default:
+		return nil, 0, errors.New("not a block of a known format")
+	}
+	raw, err := c.dec.DecodeAll(payload, dst)
+	return raw, uint32(epoch), err
 }
 
 // kindOf is the record kind of an event type.

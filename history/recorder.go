@@ -221,9 +221,7 @@ func (r *Recorder) write(now time.Time) {
 		}
 		touched[l] = true
 		if o.synced {
-			if o.revision > l.heard {
-				l.add(record{kind: kindGap, rev: o.revision}, nil, now)
-			}
+			l.endList(o.revision, now)
 			continue
 		}
 		l.record(o.event, now)
@@ -231,7 +229,7 @@ func (r *Recorder) write(now time.Time) {
 	for gvr, rev := range gaps {
 		if l := r.log(gvr); l != nil {
 			l.lost.Add(1)
-			l.add(record{kind: kindGap, rev: rev}, nil, now)
+			l.add(record{kind: kindGap, rev: rev, cause: gapLost}, nil, now)
 			touched[l] = true
 		}
 	}
@@ -250,9 +248,14 @@ func (r *Recorder) log(gvr schema.GroupVersionResource) *Log {
 	l := r.logs[gvr]
 	r.logsMu.RUnlock()
 	if l != nil {
-		l.mu.Lock()
-		l.policy = p
-		l.mu.Unlock()
+		l.mu.RLock()
+		same := l.policy == p
+		l.mu.RUnlock()
+		if !same { // reloaded
+			l.mu.Lock()
+			l.policy = p
+			l.mu.Unlock()
+		}
 		return l
 	}
 	l, err := open(filepath.Join(r.o.Path, object.ResourceName(gvr)), gvr, p, r.codec, r.o.Logger)
@@ -289,7 +292,7 @@ func (l *Log) record(e object.Event, now time.Time) {
 	case !e.InOrder:
 		// A change a relist found: the changes before it were missed.
 		rec.flags = flagListed
-		defer l.add(record{kind: kindGap, rev: e.Revision}, nil, now)
+		defer l.add(record{kind: kindGap, rev: e.Revision, cause: gapRelisted}, nil, now)
 	}
 	if e.OldObject != nil {
 		prev = e.OldObject.JSON()

@@ -293,79 +293,84 @@ func (a *api) past(ctx context.Context, c *gin.Context, res *dynamicinformer.Res
 }
 
 // pastPage is the page of q after its cursor, in key order, of the objects in namespace as they
-// were at rev: what snap holds, each object changed since read from the history as it was then
-// (only those the page reaches), and what existed then and is gone since. It says no more than
-// whether more follow (no remainingItemCount: that would read every object changed since).
+// were at rev: what snap holds from the cursor on, each object changed since read from the
+// history as it was then, merged with what existed then and is deleted since. It reads the cache
+// only as far as the page reaches, as a list now does, and from disk only the objects of the
+// page changed since and those deleted since. It says no more than whether more follow (no
+// remainingItemCount: that would read every object changed since).
 func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot, namespace string, q *query, rev uint64) (page, error) {
-	p, err := l.Past(ctx, rev)
+	p, err := l.Past(ctx, rev, snap.Revision(namespace))
 	if err != nil {
 		return page{}, err
 	}
-	type candidate struct {
-		key     string
-		obj     *object.Object // now, or for one gone since, then
-		changed bool           // changed since rev: obj is now, what it was then is to be read
+	type gone struct {
+		key string
+		obj *object.Object
 	}
-	var held, gone []candidate
-	snap.Scan(namespace, dynamicinformer.Key{}, func(o *object.Object) bool {
-		k := object.KeyOf(o)
-		held = append(held, candidate{key: k, obj: o, changed: p.Changed(k)})
-		return true
-	})
-	if namespace != "" {
-		// The other namespaces' objects the cache holds are not gone: marked so, Gone reads
-		// from disk only the objects deleted since, not every one changed in any namespace.
-		snap.Scan("", dynamicinformer.Key{}, func(o *object.Object) bool {
-			if o.GetNamespace() != namespace {
-				p.Changed(object.KeyOf(o))
-			}
-			return true
-		})
-	}
+	var deleted []gone
 	if err := p.Gone(ctx, func(o *object.Object) bool {
-		if namespace == "" || o.GetNamespace() == namespace {
-			gone = append(gone, candidate{key: object.KeyOf(o), obj: o})
+		k := object.KeyOf(o)
+		if (namespace == "" || o.GetNamespace() == namespace) && (q.after == "" || object.CompareKeys(k, q.after) > 0) {
+			deleted = append(deleted, gone{key: k, obj: o})
 		}
 		return true
 	}); err != nil {
 		return page{}, err
 	}
-	// The snapshot's are in key order already: the few gone since are merged in.
-	slices.SortFunc(gone, func(a, b candidate) int { return object.CompareKeys(a.key, b.key) })
-	cands := make([]candidate, 0, len(held)+len(gone))
-	for len(held) > 0 || len(gone) > 0 {
-		if len(gone) == 0 || len(held) > 0 && object.CompareKeys(held[0].key, gone[0].key) < 0 {
-			cands, held = append(cands, held[0]), held[1:]
-		} else {
-			cands, gone = append(cands, gone[0]), gone[1:]
-		}
-	}
+	slices.SortFunc(deleted, func(a, b gone) int { return object.CompareKeys(a.key, b.key) })
 	var pg page
-	for i, c := range cands {
-		if i%checkEvery == 0 && ctx.Err() != nil {
-			return page{}, ctx.Err()
-		}
-		if q.after != "" && object.CompareKeys(c.key, q.after) <= 0 {
-			continue
-		}
-		obj := c.obj
-		if c.changed {
-			then, changed, err := p.At(c.key)
+	var failed error
+	// take adds obj, at key, to the page as it was at rev; false once the page is full.
+	take := func(key string, obj *object.Object, held bool) bool {
+		if held && p.Changed(key) {
+			then, changed, err := p.At(key)
 			if err != nil {
-				return page{}, err
+				failed = err
+				return false
 			}
 			if changed {
 				obj = then
 			}
 		}
 		if obj == nil || !q.matches(obj, namespace) {
-			continue
+			return true
 		}
 		if len(pg.items) == q.limit {
 			pg.last = object.KeyOf(pg.items[len(pg.items)-1])
-			break
+			return false
 		}
 		pg.items = append(pg.items, obj)
+		return true
+	}
+	var after dynamicinformer.Key
+	if q.after != "" {
+		after.Namespace, after.Name = object.SplitKey(q.after)
+	}
+	seen, full := 0, false
+	snap.Scan(namespace, after, func(o *object.Object) bool {
+		if seen++; seen%checkEvery == 0 && ctx.Err() != nil {
+			failed = ctx.Err()
+			return false
+		}
+		k := object.KeyOf(o)
+		for len(deleted) > 0 && object.CompareKeys(deleted[0].key, k) < 0 {
+			if !take(deleted[0].key, deleted[0].obj, false) {
+				full = true
+				return false
+			}
+			deleted = deleted[1:]
+		}
+		if !take(k, o, true) {
+			full = true
+			return false
+		}
+		return true
+	})
+	for !full && failed == nil && len(deleted) > 0 {
+		full, deleted = !take(deleted[0].key, deleted[0].obj, false), deleted[1:]
+	}
+	if failed != nil {
+		return page{}, failed
 	}
 	return pg, nil
 }

@@ -128,6 +128,11 @@ func runHistory(ctx context.Context, o options, b *bed, start time.Time) error {
 	if err != nil {
 		return err
 	}
+	if o.queryProfile != "" {
+		if err := profileRequests(ctx, on.metrics, o.queryProfile, target{c: c, url: collection + "&resourceVersionMatch=Exact&resourceVersion=" + fmt.Sprint(beforeRV)}); err != nil {
+			return err
+		}
+	}
 	revisionsOf := func(i int) string {
 		return on.url + "/api/v1/namespaces/" + namespace + "/" + o.resource + "/" + objectName(o.resource, (i*7919)%o.objects) + "/revisions"
 	}
@@ -173,6 +178,19 @@ func startHistory(ctx context.Context, o options, b *bed, on bool) (*dwProc, err
 		return nil, err
 	}
 	return launch(ctx, runner.Options{Binary: b.dwBin, Config: path, Kubeconfig: b.cluster.Kubeconfig, Env: o.env, Log: io.Discard})
+}
+
+// profileRequests writes dynwatch's CPU profile, from base, to path while t's request is made
+// over and over for 10 seconds.
+func profileRequests(ctx context.Context, base, path string, t target) error {
+	const seconds = 10
+	profiled := startProfile(ctx, base, seconds, path)
+	for end := time.Now().Add(seconds * time.Second); time.Now().Before(end); {
+		if _, _, err := timeRequests(ctx, 1, t, t); err != nil {
+			return err
+		}
+	}
+	return <-profiled
 }
 
 // listedAt is the resourceVersion of dynwatch's cache at api: that of a list of the bench

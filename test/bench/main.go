@@ -49,6 +49,7 @@ type options struct {
 	objects, updates, rate, queries          int
 	resource, jsonPath, profile, heapProfile string
 	queryTrace                               string // -query-trace: dynwatch's execution trace through a query row
+	queryProfile                             string // -query-profile: with -history, dynwatch's CPU profile while it answers lists at a past resourceVersion
 	allocProfile                             string // -alloc-profile: what dynwatch allocated during the storm
 	stormTrace                               string // -storm-trace: dynwatch's execution trace of the storm
 	json, chart, race                        bool
@@ -76,6 +77,7 @@ func main() {
 	flag.StringVar(&o.heapProfile, "heap-profile", "", "write dynwatch's heap profile, taken after the storm, to this file")
 	flag.StringVar(&o.allocProfile, "alloc-profile", "", "write what dynwatch allocated during the storm, as a heap profile, to this file (go tool pprof -sample_index=alloc_space)")
 	flag.StringVar(&o.stormTrace, "storm-trace", "", "write dynwatch's execution trace of the storm to this file (go tool trace; it slows the storm's rows)")
+	flag.StringVar(&o.queryProfile, "query-profile", "", "with -history: write dynwatch's CPU profile while it answers lists at a resourceVersion before the storm, after they are measured, to this file")
 	flag.StringVar(&o.queryTrace, "query-trace", "", "write dynwatch's execution trace while it answers the two-label page's requests to this file (go tool trace)")
 	flag.Func("env", "KEY=VALUE added to dynwatch's environment (GOGC=50, for one); may be repeated", func(v string) error {
 		o.env = append(o.env, v)
