@@ -109,11 +109,12 @@ func (v *view) record(si int, blk uint32, nth uint16) (record, error) {
 		return record{}, err
 	}
 	r := reader{buf: raw}
+	for range nth {
+		r.skip()
+	}
 	var rec record
-	for i := 0; r.next(&rec); i++ {
-		if i == int(nth) {
-			return rec, nil
-		}
+	if r.next(&rec) {
+		return rec, nil
 	}
 	if r.err != nil {
 		return record{}, r.err
@@ -367,7 +368,7 @@ func (l *Log) Past(ctx context.Context, rev, upTo uint64) (*Past, error) {
 }
 
 func (v *view) past(ctx context.Context, rev, upTo uint64) (*Past, error) {
-	p := &Past{v: v, rev: rev, upTo: upTo, memo: map[uint64]ref{}}
+	p := &Past{v: v, rev: rev, upTo: upTo, memo: make(map[uint64]ref, 1024)}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package history
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -139,6 +140,28 @@ func (r *reader) bytes() []byte {
 	b := r.buf[:n:n]
 	r.buf = r.buf[n:]
 	return b
+}
+
+// skip passes over the next record without decoding it.
+func (r *reader) skip() {
+	if r.err != nil || len(r.buf) == 0 {
+		r.err = cmp.Or(r.err, errShort)
+		return
+	}
+	kind := r.buf[0]
+	r.buf = r.buf[1:]
+	r.uvarint() // revision
+	switch kind {
+	case kindGap:
+	case kindAdded, kindModified, kindDeleted:
+		r.varint()  // time
+		r.uvarint() // flags
+		for range 5 { // key, uid, managers, object, the object before
+			r.bytes()
+		}
+	default:
+		r.err = fmt.Errorf("a record of unknown kind %d", kind)
+	}
 }
 
 // next reads the next record into rec; false at the end of the block or at an error (r.err).
