@@ -90,7 +90,7 @@ type Log struct {
 
 	// Owned by the writer.
 	raw     []byte            // the records of the block being filled
-	records int               // how many
+	noted   []noted           // what the index will keep of them
 	changes int               // how many of them are changes (not gaps)
 	seen    map[uint64]latest // the keys the segment written to holds, with those of raw
 	lastRev uint64            // the highest revision in raw
@@ -155,7 +155,7 @@ func (l *Log) replay(p wal.Pos, payload []byte) error {
 	r := reader{buf: raw}
 	var rec record
 	for nth := 0; r.next(&rec); nth++ {
-		l.note(s, &rec, uint32(len(s.blocks)), nth)
+		l.note(s, notedOf(l, &rec, nth), uint32(len(s.blocks)))
 		b.last = max(b.last, rec.rev)
 	}
 	if r.err != nil {
@@ -176,13 +176,31 @@ func (l *Log) segmentFor(id uint64) *segment {
 	return s
 }
 
-// note puts rec, the nth record of block blk of s, in s's index and bounds.
-func (l *Log) note(s *segment, rec *record, blk uint32, nth int) {
+// noted is what the index and a segment's bounds keep of a record: the nth of its block.
+type noted struct {
+	key    uint64
+	rev    uint64
+	time   int64
+	kind   byte
+	listed bool
+	nth    uint16
+}
+
+func notedOf(l *Log, rec *record, nth int) noted {
+	n := noted{rev: rec.rev, time: rec.time, kind: rec.kind, listed: rec.flags&flagListed != 0, nth: uint16(nth)}
+	if rec.kind != kindGap {
+		n.key = l.hash(rec.key)
+	}
+	return n
+}
+
+// note puts rec, a record of block blk of s, in s's index and bounds.
+func (l *Log) note(s *segment, rec noted, blk uint32) {
 	if rec.kind == kindGap {
 		l.floor = max(l.floor, rec.rev)
 		return
 	}
-	s.index = append(s.index, entry{key: l.hash(rec.key), rev: rec.rev, blk: blk, nth: uint16(nth), kind: rec.kind})
+	s.index = append(s.index, entry{key: rec.key, rev: rec.rev, blk: blk, nth: rec.nth, kind: rec.kind})
 	if s.first == 0 || rec.rev < s.first {
 		s.first = rec.rev
 	}
@@ -191,7 +209,7 @@ func (l *Log) note(s *segment, rec *record, blk uint32, nth int) {
 		s.start = rec.time
 	}
 	s.end = max(s.end, rec.time)
-	if rec.flags&flagListed == 0 {
+	if !rec.listed {
 		l.through = max(l.through, rec.rev)
 		if s.firstChange == 0 || rec.rev < s.firstChange {
 			s.firstChange = rec.rev
@@ -236,19 +254,19 @@ func (l *Log) add(rec record, prev []byte, now time.Time) {
 			return
 		}
 	}
+	n := notedOf(l, &rec, len(l.noted))
 	if rec.kind != kindGap {
 		l.blockEpoch = epoch
 		l.changes++
-		h := l.hash(rec.key)
-		if n, ok := l.seen[h]; !ok || n.epoch != epoch {
+		if s, ok := l.seen[n.key]; !ok || s.epoch != epoch {
 			rec.prev = prev
 		}
-		l.seen[h] = latest{rev: rec.rev, kind: rec.kind, epoch: epoch}
-		if rec.flags&flagListed == 0 {
+		l.seen[n.key] = latest{rev: rec.rev, kind: rec.kind, epoch: epoch}
+		if !n.listed {
 			l.heard = max(l.heard, rec.rev)
 		}
 	}
-	l.records++
+	l.noted = append(l.noted, n)
 	l.lastRev = max(l.lastRev, rec.rev)
 	l.raw = appendRecord(l.raw, &rec)
 }
@@ -320,19 +338,17 @@ func (l *Log) write() {
 		l.mu.Lock()
 		l.floor = max(l.floor, l.lastRev)
 		l.mu.Unlock()
-		l.lost.Add(uint64(l.records))
+		l.lost.Add(uint64(len(l.noted)))
 		l.broken = true
 		l.lose()
 		l.reset()
 		return
 	}
-	r := reader{buf: l.raw}
-	var rec record
 	l.mu.Lock()
 	s := l.segmentFor(p.File)
 	blk := uint32(len(s.blocks))
-	for nth := 0; r.next(&rec); nth++ {
-		l.note(s, &rec, blk, nth)
+	for _, n := range l.noted {
+		l.note(s, n, blk)
 	}
 	s.blocks = append(s.blocks, block{pos: p, n: len(payload), last: l.lastRev, epoch: l.blockEpoch})
 	s.bytes += int64(len(payload))
@@ -341,7 +357,7 @@ func (l *Log) write() {
 }
 
 func (l *Log) reset() {
-	l.raw, l.records, l.changes, l.lastRev = l.raw[:0], 0, 0, 0
+	l.raw, l.noted, l.changes, l.lastRev = l.raw[:0], l.noted[:0], 0, 0
 }
 
 // maybeRotate begins a new segment when the one written to holds an eighth of what the history

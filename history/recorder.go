@@ -210,12 +210,17 @@ func (r *Recorder) write(now time.Time) {
 	r.mu.Unlock()
 	defer r.written.Store(mark)
 	touched := map[*Log]bool{}
+	opened := map[schema.GroupVersionResource]*Log{} // looked up once a batch: nil keeps none
 	for _, o := range ops {
 		gvr := o.gvr
 		if !o.synced {
 			gvr = o.event.Resource
 		}
-		l := r.log(gvr)
+		l, ok := opened[gvr]
+		if !ok {
+			l = r.log(gvr)
+			opened[gvr] = l
+		}
 		if l == nil {
 			continue
 		}

@@ -47,8 +47,9 @@ const (
 // and five watches through dynwatch's query API: one resumed from a list's resourceVersion, one
 // that asks for initial events, one of a single object by field selector, one by a label selector
 // that the writes move objects into and out of, and one resumed from a resourceVersion some
-// seconds old; and two paged lists through it, one by the label selector, with a configmap created
-// between each two pages. Once every watch has received its last change, each must keep every
+// seconds old; and three paged lists through it, one by the label selector, with a configmap
+// created between each two pages, and one by the label selector at that older resourceVersion,
+// which dynwatch answers from the resource's history (on, with a state store). Once every watch has received its last change, each must keep every
 // promise package validate checks against the reference: Ordered, Unique, Atomic, Bookmarkable,
 // Reliable, Resumable, and the initial state at its bookmark; and each list's pages must share a
 // resourceVersion and hold the objects as the reference had them there. A webhook beside them,
@@ -123,7 +124,7 @@ func TestEachBuildBrokenForAValidatorFailsIt(t *testing.T) {
 
 // recordHistory runs dynwatch (as o says, on c) delivering a namespace's configmaps to a
 // webhook whose faults the seed chooses, churns them as the seed says, and records the
-// apiserver's own watch of them, five watches and two paged lists through dynwatch's query
+// apiserver's own watch of them, five watches and three paged lists through dynwatch's query
 // API, and the webhook's deliveries (see TestEveryWatchThroughTheQueryAPIKeepsTheApiserversHistory);
 // and, apart, each wait that ran out (a change that did not come, a watch that ended).
 func recordHistory(t *testing.T, c *testbed.Cluster, o runner.Options, seed uint64) (validate.Record, []error) {
@@ -134,11 +135,12 @@ func recordHistory(t *testing.T, c *testbed.Cluster, o runner.Options, seed uint
 	sinks := recordedSinks(t, c.Config, rc)
 	o.Config, o.Kubeconfig = filepath.Join(t.TempDir(), "config.yaml"), c.Kubeconfig
 	writeFile(t, o.Config, fmt.Sprintf(`
-resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+resources: [{version: v1, resource: configmaps, namespaces: [%s], history: {retain: 1h}}]
+state: {path: %q}
 %s
 api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}, watchHistory: 5000}
 metrics: {address: "127.0.0.1:0"}
-`, ns, sinks.config("1s")))
+`, ns, filepath.Join(t.TempDir(), "state"), sinks.config("1s")))
 	p := startReady(t, o)
 	api, _, _ := p.WaitListening(t.Context())
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
@@ -202,6 +204,12 @@ metrics: {address: "127.0.0.1:0"}
 	old := reference.events()
 	from := old[len(old)*2/3].Revision // some seconds ago
 	streams = append(streams, record(t, "resumed from an older revision", through, metav1.ListOptions{ResourceVersion: strconv.FormatUint(from, 10), AllowWatchBookmarks: true}))
+	// The same older revision listed, from the history: by label selector, for a list at a
+	// past resourceVersion counts no remainingItemCount (docs/history.md).
+	lists = append(lists, pagedList(t, "team=a at an older revision, from the history, in pages of 2", through, metav1.ListOptions{
+		Limit: 2, LabelSelector: "team=a", ResourceVersion: strconv.FormatUint(from, 10), ResourceVersionMatch: metav1.ResourceVersionMatchExact,
+	}, func() {}))
+	lists[2].Selects = teamA
 	<-churned
 	// One object certainly ends deleted: its last state is a deletion each sink must have. Once
 	// the reference has it, it has every change before.
@@ -478,7 +486,9 @@ func pagedList(t *testing.T, name string, res dynamic.ResourceInterface, opts me
 			return l
 		}
 		between()
-		opts.Continue = page.GetContinue()
+		// A later page is asked for by its continue token alone, which holds the list's
+		// resourceVersion.
+		opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = page.GetContinue(), "", ""
 	}
 }
 
