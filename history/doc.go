@@ -32,7 +32,8 @@
 //     is not asked: the query API answers 410 Expired. Retention writes the floor it leaves
 //     as a gap before it removes a segment.
 //   - Memory is the index (about 24 bytes a change), the block being filled and, while the disk
-//     stalls, at most maxQueued bytes of events waiting: past it, changes are left out, counted
+//     stalls, at most maxQueued bytes of changes waiting (an initial list's objects, the
+//     cache's own, are not counted): past it, changes are left out, counted
 //     (Stats.Lost) and the floor moved past them. Reads stream from disk a block at a time.
 //
 // Concurrency: OnEvent and ListSynced never block and do no I/O; Run's goroutine alone writes.

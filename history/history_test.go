@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -329,5 +330,39 @@ func TestRetentionDropsTheOldestSegmentsAndMovesTheFloorForGood(t *testing.T) {
 	t.Cleanup(func() { _ = l.close() })
 	if floor, _ := l.Floor(); floor != after.Floor {
 		t.Fatalf("read back, the floor is %d; want %d, where retention left it", floor, after.Floor)
+	}
+}
+
+// TestAnInitialListLargerThanTheQueueIsKeptWhole: the objects of an initial list, which the cache
+// holds anyway, are queued whatever their bytes, so that a large resource's history starts with
+// every object's state (only changes count against maxQueued); changes past it are left out, and
+// said so.
+func TestAnInitialListLargerThanTheQueueIsKeptWhole(t *testing.T) {
+	r, err := New(Options{Logger: slog.New(slog.DiscardHandler), Path: t.TempDir(), Policy: func(schema.GroupVersionResource) (config.History, bool) {
+		return config.History{Retain: time.Hour, MaxBytes: 1 << 30}, true
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 1<<20)
+	objects := maxQueued>>20 + 8 // more than the queue takes
+	for i := range objects {
+		r.OnEvent(object.Event{Type: object.Added, Object: cm(fmt.Sprintf("l%02d", i), uint64(100+i), big), InitialList: true, Revision: uint64(100 + i), Resource: configmaps, Observed: time.Now()})
+	}
+	r.ListSynced(configmaps, 0, 200)
+	for i := range objects { // changes past the queue are left out
+		r.OnEvent(object.Event{Type: object.Modified, Object: cm(fmt.Sprintf("l%02d", i), uint64(201+i), big), InOrder: true, Revision: uint64(201 + i), Resource: configmaps, Observed: time.Now()})
+	}
+	r.write(time.Now())
+	l, ok := r.Of(configmaps)
+	if !ok {
+		t.Fatal("no history of configmaps")
+	}
+	st := l.Stats()
+	if st.Versions < objects || st.Lost == 0 {
+		t.Fatalf("the history holds %d versions and lost %d; want the %d listed ones and some changes lost", st.Versions, st.Lost, objects)
+	}
+	if err := r.close(); err != nil {
+		t.Fatal(err)
 	}
 }
