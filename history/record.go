@@ -154,8 +154,8 @@ func (r *reader) skip() {
 	switch kind {
 	case kindGap:
 	case kindAdded, kindModified, kindDeleted:
-		r.varint()  // time
-		r.uvarint() // flags
+		r.varint()    // time
+		r.uvarint()   // flags
 		for range 5 { // key, uid, managers, object, the object before
 			r.bytes()
 		}
