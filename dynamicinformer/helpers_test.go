@@ -270,3 +270,12 @@ func keptPer(n int, fn func()) int64 {
 	runtime.ReadMemStats(&after)
 	return (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(n)
 }
+
+// watchConfigMaps starts a manager of ns's configmaps that hands its events to rec, and waits
+// until it is ready.
+func watchConfigMaps(t *testing.T, ns string, rec *recorder) started {
+	t.Helper()
+	m := startManager(t, cluster.Config, fmt.Sprintf("resources:\n  - {version: v1, resource: configmaps, namespaces: [%s]}\n", ns), rec)
+	waitReady(t, m)
+	return m
+}

@@ -211,11 +211,7 @@ func TestEventsCarryTheRightObjects(t *testing.T) {
 	ns := namespaces(t, 1)[0]
 	create(t, configMap(ns, "before", nil))
 	rec := &recorder{}
-	m := startManager(t, cluster.Config, fmt.Sprintf(`
-resources:
-  - {version: v1, resource: configmaps, namespaces: [%s]}
-`, ns), rec)
-	waitReady(t, m)
+	m := watchConfigMaps(t, ns, rec)
 	cs := kubernetes.NewForConfigOrDie(cluster.Config).CoreV1().ConfigMaps(ns)
 	cm := configMap(ns, "cm", nil)
 	cm.Data = map[string]string{"v": "1"}
@@ -302,11 +298,7 @@ func TestTheInitialListIsHandedOverInKeyOrder(t *testing.T) {
 		create(t, configMap(ns, fmt.Sprintf("cm-%02d", (i*37)%60), nil)) // created out of order
 	}
 	rec := &recorder{}
-	m := startManager(t, cluster.Config, fmt.Sprintf(`
-resources:
-  - {version: v1, resource: configmaps, namespaces: [%s]}
-`, ns), rec)
-	waitReady(t, m)
+	watchConfigMaps(t, ns, rec)
 	rec.mu.Lock()
 	var listed []string
 	for _, e := range rec.events {
