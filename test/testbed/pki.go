@@ -37,7 +37,13 @@ func (ca *clientCA) issue(dir, user string, groups []string) (string, string, er
 	if err != nil {
 		return "", "", err
 	}
-	return writePair(dir, "client-"+user, certPEM, keyPEM)
+	// A directory of its own for each pair: tests issue the same user's certificate in
+	// parallel, and a pair written over another while a client loads it mismatches.
+	own, err := os.MkdirTemp(dir, "client-"+user+"-")
+	if err != nil {
+		return "", "", err
+	}
+	return writePair(own, "client-"+user, certPEM, keyPEM)
 }
 
 // NewCert creates a key and a certificate for subject, valid for a day: a CA when parent is

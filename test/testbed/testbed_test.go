@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"bytes"
 	"net/http"
 	"os"
 	"strings"
@@ -130,5 +131,39 @@ func TestAProxyCutEndsItsConnectionsAndRefusesNewOnesUntilRestored(t *testing.T)
 	p.Restore()
 	if _, err := cs.CoreV1().Namespaces().Get(t.Context(), "default", metav1.GetOptions{}); err != nil {
 		t.Errorf("a request through the restored proxy: %v", err)
+	}
+}
+
+// Tests issue one user's certificate in parallel (every fixture of the secured dynwatch has
+// erin): a pair issued later must not be written over one a client already loads.
+func TestAClientCertificateIssuedAgainLeavesTheFirstPairWhole(t *testing.T) {
+	first, firstKey, err := cluster.ClientCert("erin", "readers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, secondKey, err := cluster.ClientCert("erin", "readers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after, err := os.ReadFile(first); err != nil || !bytes.Equal(after, before) {
+		t.Fatalf("the first certificate changed when the user's was issued again (err %v)", err)
+	}
+	for _, pair := range [][2]string{{first, firstKey}, {second, secondKey}} {
+		cfg := rest.CopyConfig(cluster.Config)
+		cfg.BearerToken, cfg.BearerTokenFile = "", ""
+		cfg.CertFile, cfg.KeyFile = pair[0], pair[1]
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Authenticated as erin, who has no rights here: forbidden, not unauthorized.
+		_, err = cs.CoreV1().ConfigMaps("default").List(t.Context(), metav1.ListOptions{})
+		if !apierrors.IsForbidden(err) {
+			t.Fatalf("%s: listing as erin: %v, want forbidden", pair[0], err)
+		}
 	}
 }
