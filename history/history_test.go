@@ -1,14 +1,19 @@
 package history
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tidwall/gjson"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -127,10 +132,17 @@ func TestAHistoryAnswersTheStateAtEveryRevisionItHolds(t *testing.T) {
 // held (states[upTo]), answers states[rev].
 func checkPast(t *testing.T, l *Log, states map[uint64]map[string]uint64, rev, upTo uint64) {
 	t.Helper()
-	past, err := l.Past(t.Context(), rev, upTo)
-	if err != nil {
+	if err := pastAgrees(t.Context(), l, states, rev, upTo); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func pastAgrees(ctx context.Context, l *Log, states map[uint64]map[string]uint64, rev, upTo uint64) error {
+	past, err := l.Past(ctx, rev, upTo)
+	if err != nil {
+		return err
+	}
+	defer past.Close()
 	got := map[string]uint64{}
 	for k, v := range states[upTo] {
 		if !past.Changed(k) {
@@ -139,24 +151,68 @@ func checkPast(t *testing.T, l *Log, states map[uint64]map[string]uint64, rev, u
 		}
 		o, changed, err := past.At(k)
 		if err != nil || !changed {
-			t.Fatalf("at %d (up to %d), %s changed but its state then: %v, %v", rev, upTo, k, changed, err)
+			return fmt.Errorf("at %d (up to %d), %s changed but its state then: %v, %v", rev, upTo, k, changed, err)
 		}
 		if o != nil {
 			got[k] = object.Revision(o.GetResourceVersion())
 		}
 	}
-	if err := past.Gone(t.Context(), func(o *object.Object) bool {
+	var both []string
+	if err := past.Gone(ctx, func(o *object.Object) bool {
 		k := object.KeyOf(o)
 		if _, ok := got[k]; ok {
-			t.Errorf("at %d (up to %d), %s is both held and gone", rev, upTo, k)
+			both = append(both, k)
 		}
 		got[k] = object.Revision(o.GetResourceVersion())
 		return true
 	}); err != nil {
-		t.Fatal(err)
+		return err
+	}
+	if len(both) > 0 {
+		return fmt.Errorf("at %d (up to %d), %v are both held and gone", rev, upTo, both)
 	}
 	if want := states[rev]; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("at %d (up to %d):\n got %v\nwant %v", rev, upTo, got, want)
+		return fmt.Errorf("at %d (up to %d):\n got %v\nwant %v", rev, upTo, got, want)
+	}
+	return nil
+}
+
+// TestReadsAtOnceShareDecodedBlocksAndEachAgrees reads the history at many revisions from
+// several goroutines at once while it is written to: they share the blocks the cache holds,
+// which is bounded, and each answers the state at its revision.
+func TestReadsAtOnceShareDecodedBlocksAndEachAgrees(t *testing.T) {
+	l := openLog(t, t.TempDir(), 16<<10)
+	t.Cleanup(func() { _ = l.close() })
+	states, last := churn(l, 40, 12)
+	var g errgroup.Group
+	for w := range 4 {
+		g.Go(func() error {
+			for rev := uint64(101 + w); rev <= last; rev += 13 {
+				if err := pastAgrees(t.Context(), l, states, rev, last); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { // a writer beside them: changes of other objects, after last
+		for i := range 500 {
+			o := cm(fmt.Sprintf("z%d", i), last+1+uint64(i), "z")
+			l.record(object.Event{Type: object.Added, Object: o, Revision: last + 1 + uint64(i), InOrder: true, Resource: configmaps, Observed: time.Now()}, time.Now())
+			if i%50 == 0 {
+				l.flush()
+			}
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	c := l.codec.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lru.Len() == 0 || c.bytes > c.max {
+		t.Fatalf("the cache holds %d blocks in %d bytes; want some, within %d", c.lru.Len(), c.bytes, c.max)
 	}
 }
 
@@ -214,6 +270,7 @@ func TestTheStateBeforeAChangeIsReadFromTheRecordBeforeItOnlyWithNothingLeftOutB
 					if err != nil {
 						t.Fatal(err)
 					}
+					defer past.Close()
 					o, changed, err := past.At("ns/a")
 					if err != nil || !changed || o == nil {
 						t.Fatalf("at %d, ns/a: %v, %v, %v", c.at, o, changed, err)
@@ -314,6 +371,7 @@ func TestRetentionDropsTheOldestSegmentsAndMovesTheFloorForGood(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer past.Close()
 	changed := 0
 	for i := range 400 {
 		if past.Changed(fmt.Sprintf("ns/b%d", i)) {
@@ -364,5 +422,53 @@ func TestAnInitialListLargerThanTheQueueIsKeptWhole(t *testing.T) {
 	}
 	if err := r.close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSearchKeyFindsWhatHalvingFinds compares the interpolation search of a sealed index with
+// sort.Search, over uniform hashes (what it is made for), runs of one key, and skewed keys.
+func TestSearchKeyFindsWhatHalvingFinds(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	uniform := func(n int) []uint64 {
+		ks := make([]uint64, n)
+		for i := range ks {
+			ks[i] = rnd.Uint64()
+		}
+		return ks
+	}
+	skewed := func(n int) []uint64 {
+		ks := make([]uint64, n)
+		for i := range ks {
+			ks[i] = uint64(i * i) // dense at the start, sparse at the end
+		}
+		ks[n-1] = math.MaxUint64
+		return ks
+	}
+	runs := func(n int) []uint64 {
+		ks := make([]uint64, n)
+		for i := range ks {
+			ks[i] = uint64(i/50) * (math.MaxUint64 / 64)
+		}
+		return ks
+	}
+	for name, ks := range map[string][]uint64{"uniform": uniform(5000), "skewed": skewed(3000), "runs": runs(2000), "few": uniform(7), "none": nil} {
+		slices.Sort(ks)
+		index := make([]entry, len(ks))
+		for i, k := range ks {
+			index[i] = entry{key: k}
+		}
+		probes := append(slices.Clone(ks), 0, 1, math.MaxUint64, math.MaxUint64-1)
+		for range 2000 {
+			probes = append(probes, rnd.Uint64())
+		}
+		for _, k := range ks {
+			probes = append(probes, k+1, k-1)
+		}
+		for _, h := range probes {
+			want := sort.Search(len(index), func(i int) bool { return index[i].key >= h })
+			if got := searchKey(index, h); got != want {
+				t.Fatalf("%s: searchKey(%d) = %d, sort.Search %d", name, h, got, want)
+			}
+		}
 	}
 }

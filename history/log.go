@@ -40,8 +40,22 @@ type segment struct {
 	blocks      []block
 	// index is every change the segment holds: in the order written while it is the one
 	// written to, sorted by key and revision once sealed.
-	index  []entry
-	sealed bool
+	index []entry
+	// chain finds a key's entries in the index while the segment is written to; nil once sealed.
+	chain *chain
+	// deletes are the index's deletes, once sealed: what a read of the objects deleted since a
+	// revision looks at, not every change.
+	deletes []entry
+	sealed  bool
+}
+
+// chain links the index entries of each key of a segment written to, newest first: heads[h] is
+// the place in the index of the newest entry of hash h, links[i] that of the one before entry i
+// of its key (-1: none). The writer adds to it under the Log's lock; a read takes a head, and
+// the links then written, under it, and walks them after: a link once written never changes.
+type chain struct {
+	heads map[uint64]int32
+	links []int32
 }
 
 // block is where a block lies, the highest revision it holds, and its epoch.
@@ -201,6 +215,15 @@ func (l *Log) note(s *segment, rec noted, blk uint32) {
 		return
 	}
 	s.index = append(s.index, entry{key: rec.key, rev: rec.rev, blk: blk, nth: rec.nth, kind: rec.kind})
+	if s.chain == nil {
+		s.chain = &chain{heads: map[uint64]int32{}}
+	}
+	prev, ok := s.chain.heads[rec.key]
+	if !ok {
+		prev = -1
+	}
+	s.chain.links = append(s.chain.links, prev)
+	s.chain.heads[rec.key] = int32(len(s.index) - 1)
 	if s.first == 0 || rec.rev < s.first {
 		s.first = rec.rev
 	}
@@ -225,7 +248,40 @@ func (l *Log) seal(s *segment) {
 	slices.SortStableFunc(index, func(a, b entry) int {
 		return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.rev, b.rev))
 	})
-	s.index, s.sealed = index, true
+	var deletes []entry
+	for _, e := range index {
+		if e.kind == kindDeleted {
+			deletes = append(deletes, e)
+		}
+	}
+	s.index, s.deletes, s.chain, s.sealed = index, deletes, nil, true
+}
+
+// searchKey is the place of the first entry of index, sorted by key, whose key is h or more. The
+// keys are hashes, uniform: a guess from where h lies between the ends takes a few probes
+// where halving takes a probe a doubling of the index.
+func searchKey(index []entry, h uint64) int {
+	lo, hi := 0, len(index) // the answer is in [lo, hi]: keys before lo are less, from hi on not
+	for range 4 {
+		if hi-lo <= 16 {
+			break
+		}
+		a, b := index[lo].key, index[hi-1].key
+		if h <= a {
+			return lo
+		}
+		if h > b {
+			return hi
+		}
+		m := lo + int(float64(h-a)/float64(b-a)*float64(hi-1-lo))
+		m = min(max(m, lo), hi-1)
+		if index[m].key < h {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo + sort.Search(hi-lo, func(i int) bool { return index[lo+i].key >= h })
 }
 
 // add puts a record in the block being filled, writing the block first when it is full or of
@@ -401,7 +457,10 @@ func (l *Log) newest(key string) (latest, bool) {
 		if !s.sealed {
 			continue // its keys are all in seen
 		}
-		hi := sort.Search(len(s.index), func(i int) bool { return s.index[i].key > h })
+		hi := searchKey(s.index, h)
+		for hi < len(s.index) && s.index[hi].key == h {
+			hi++
+		}
 		if hi > 0 && s.index[hi-1].key == h {
 			e := s.index[hi-1]
 			return latest{rev: e.rev, kind: e.kind}, true
@@ -483,5 +542,6 @@ func (l *Log) Stats() Stats {
 // close writes what is buffered, and closes the log.
 func (l *Log) close() error {
 	l.flush()
+	l.codec.cache.forget(l)
 	return l.wal.Close()
 }

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"sort"
+	"sync"
 	"time"
 
 	"github.com/dynwatch/dynwatch/object"
@@ -35,14 +35,25 @@ type Version struct {
 }
 
 // view is what one read sees of a log: its segments as they were when the read began, and the
-// last block it read.
+// last blocks it read. A view of a few objects' versions (cached) shares the blocks it decodes
+// with other reads, through the codec's cache; one that reads its way through the log (a watch
+// replayed) decodes into buffers of its own, pooled: release gives them back when it is done.
 type view struct {
 	l      *Log
 	segs   []segment
-	blocks map[blockID][]byte // the blocks read last, up to viewBlocks
+	cached bool
+	blocks map[blockID]*decoded // the blocks read last, up to viewBlocks
 	order  []blockID
 	// payload is the last block as read from disk, before it is decoded.
-	payload []byte
+	payload *[]byte
+}
+
+// decoded is a block's records, raw, and where each begins.
+type decoded struct {
+	raw  *[]byte
+	offs []uint32
+	// pooled is set for a buffer of a view's own, from buffers.
+	pooled bool
 }
 
 // blockID names a block of a view: its segment's place, and its place in the segment.
@@ -55,15 +66,41 @@ type blockID struct {
 // versions before them, are often the same.
 const viewBlocks = 16
 
-// view begins a read.
-func (l *Log) view() *view {
+// buffers are the pool of a view's buffers: blocks, raw and as read. A buffer that grew past
+// maxPooled (a block of one large object) is left to the collector.
+var buffers = sync.Pool{New: func() any { b := make([]byte, 0, blockSize+blockSize/4); return &b }}
+
+const maxPooled = 4 * blockSize
+
+func putBuffer(b *[]byte) {
+	if cap(*b) <= maxPooled {
+		*b = (*b)[:0]
+		buffers.Put(b)
+	}
+}
+
+// view begins a read; a cached one shares the blocks it decodes.
+func (l *Log) view(cached bool) *view {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	v := &view{l: l, segs: make([]segment, len(l.segs)), blocks: map[blockID][]byte{}}
+	v := &view{l: l, segs: make([]segment, len(l.segs)), cached: cached, blocks: make(map[blockID]*decoded, viewBlocks)}
 	for i, s := range l.segs {
 		v.segs[i] = *s
 	}
 	return v
+}
+
+// release gives the view's buffers back: what was read from them must not be used after.
+func (v *view) release() {
+	for _, d := range v.blocks {
+		if d.pooled {
+			putBuffer(d.raw)
+		}
+	}
+	if v.payload != nil {
+		putBuffer(v.payload)
+	}
+	v.blocks, v.order, v.payload = nil, nil, nil
 }
 
 // Floor is the revision from which the log holds every change, and Through the highest one of
@@ -75,66 +112,109 @@ func (l *Log) Floor() (floor, through uint64) {
 	return l.floor, l.through
 }
 
-// block is the raw records of block blk of segment si.
-func (v *view) block(si int, blk uint32) ([]byte, error) {
+// block is block blk of segment si, decoded.
+func (v *view) block(si int, blk uint32) (*decoded, error) {
 	id := blockID{si, blk}
-	if raw, ok := v.blocks[id]; ok {
-		return raw, nil
+	if d, ok := v.blocks[id]; ok {
+		return d, nil
 	}
-	b := v.segs[si].blocks[blk]
-	v.payload = slices.Grow(v.payload[:0], b.n)[:b.n]
-	if err := v.l.wal.ReadAt(b.pos, v.payload); err != nil {
-		return nil, errors.Join(ErrMovedOn, err)
-	}
-	// The block read longest ago makes way, and its memory takes this one's: what is read from
-	// a block is copied out (objectOf, versionOf) before viewBlocks more are read.
-	var dst []byte
+	// The block read longest ago makes way, and a buffer of the view's own takes this one's:
+	// what is read from a block is copied out (objectOf, Past.object) before viewBlocks more
+	// are read.
+	var spare *decoded
 	if len(v.order) == viewBlocks {
-		dst = v.blocks[v.order[0]][:0]
+		spare = v.blocks[v.order[0]]
 		delete(v.blocks, v.order[0])
 		v.order = v.order[1:]
 	}
-	raw, _, err := v.l.codec.records(v.payload, dst)
+	key := cacheKey{log: v.l, seg: v.segs[si].id, blk: blk}
+	if v.cached {
+		if d, ok := v.l.codec.cache.get(key); ok {
+			v.blocks[id], v.order = d, append(v.order, id)
+			return d, nil
+		}
+	}
+	b := v.segs[si].blocks[blk]
+	if v.payload == nil {
+		v.payload = buffers.Get().(*[]byte)
+	}
+	*v.payload = slices.Grow((*v.payload)[:0], b.n)[:b.n]
+	if err := v.l.wal.ReadAt(b.pos, *v.payload); err != nil {
+		return nil, errors.Join(ErrMovedOn, err)
+	}
+	d := spare
+	switch {
+	case v.cached:
+		d = &decoded{raw: new([]byte)} // the cache's: a read may hold it after it is evicted
+	case d == nil:
+		d = &decoded{raw: buffers.Get().(*[]byte), pooled: true}
+	}
+	raw, _, err := v.l.codec.records(*v.payload, (*d.raw)[:0])
+	*d.raw, d.offs = raw, d.offs[:0]
+	if err == nil {
+		// Where each record begins, found once.
+		r := reader{buf: raw}
+		for len(r.buf) > 0 && r.err == nil {
+			d.offs = append(d.offs, uint32(len(raw)-len(r.buf)))
+			r.skip()
+		}
+		err = r.err
+	}
 	if err != nil {
+		if d.pooled {
+			putBuffer(d.raw)
+		}
 		return nil, err
 	}
-	v.blocks[id], v.order = raw, append(v.order, id)
-	return raw, nil
+	if v.cached {
+		v.l.codec.cache.add(key, d)
+	}
+	v.blocks[id], v.order = d, append(v.order, id)
+	return d, nil
 }
 
 // record is the nth record of block blk of segment si.
 func (v *view) record(si int, blk uint32, nth uint16) (record, error) {
-	raw, err := v.block(si, blk)
+	d, err := v.block(si, blk)
 	if err != nil {
 		return record{}, err
 	}
-	r := reader{buf: raw}
-	for range nth {
-		r.skip()
+	if int(nth) >= len(d.offs) {
+		return record{}, errors.New("an index entry past its block's records")
 	}
+	r := reader{buf: (*d.raw)[d.offs[nth]:]}
 	var rec record
 	if r.next(&rec) {
 		return rec, nil
 	}
-	if r.err != nil {
-		return record{}, r.err
-	}
-	return record{}, errors.New("an index entry past its block's records")
+	return record{}, cmp.Or(r.err, errShort)
 }
 
-// entries are the index entries of key's hash in segment si, oldest first.
+// entries are the index entries of key's hash in segment si, oldest first: in the order written
+// in the segment written to (from its chain), by revision in a sealed one.
 func (v *view) entries(si int, h uint64) []entry {
 	s := &v.segs[si]
 	if !s.sealed {
+		if s.chain == nil {
+			return nil
+		}
+		v.l.mu.RLock()
+		i, ok := s.chain.heads[h]
+		links := s.chain.links
+		v.l.mu.RUnlock()
+		if !ok {
+			return nil
+		}
 		var out []entry
-		for _, e := range s.index {
-			if e.key == h {
-				out = append(out, e)
+		for ; i >= 0; i = links[i] {
+			if int(i) < len(s.index) { // else written after the view began
+				out = append(out, s.index[i])
 			}
 		}
+		slices.Reverse(out)
 		return out
 	}
-	lo := sort.Search(len(s.index), func(i int) bool { return s.index[i].key >= h })
+	lo := searchKey(s.index, h)
 	hi := lo
 	for hi < len(s.index) && s.index[hi].key == h {
 		hi++
@@ -145,7 +225,8 @@ func (v *view) entries(si int, h uint64) []entry {
 // Revisions calls fn with every retained version of the object at key (namespace/name),
 // newest first, until fn returns false.
 func (l *Log) Revisions(ctx context.Context, key string, fn func(Version) bool) error {
-	v, h := l.view(), l.hash(key)
+	v, h := l.view(true), l.hash(key)
+	defer v.release()
 	var last uint64 // a version recorded twice (a watch resumed from before the history's end) is one
 	for si := len(v.segs) - 1; si >= 0; si-- {
 		es := v.entries(si, h)
@@ -195,7 +276,8 @@ type Change struct {
 // watch sent (not those a list found), until fn returns false; with before, each carries
 // the object before it. In order, and exact, for a resource watched in one stream.
 func (l *Log) Changes(ctx context.Context, rev uint64, before bool, fn func(Change) bool) error {
-	v := l.view()
+	v := l.view(false)
+	defer v.release()
 	var p *Past
 	if before {
 		var err error
@@ -263,13 +345,13 @@ func (v *view) scan(ctx context.Context, rev uint64, fn func(at blockRecord, rec
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			raw, err := v.block(si, uint32(blk))
+			d, err := v.block(si, uint32(blk))
 			if err != nil {
 				return err
 			}
 			// Copied: fn reads other blocks, and a block read long enough ago lends its memory
 			// to another.
-			r := reader{buf: bytes.Clone(raw)}
+			r := reader{buf: bytes.Clone(*d.raw)}
 			var rec record
 			for nth := 0; r.next(&rec); nth++ {
 				if rec.kind == kindGap || rec.rev <= rev {
@@ -290,7 +372,8 @@ func (v *view) scan(ctx context.Context, rev uint64, fn func(at blockRecord, rec
 // Deleted calls fn with the last version of every object whose last retained change is its
 // delete, until fn returns false; in no order.
 func (l *Log) Deleted(ctx context.Context, fn func(Version) bool) error {
-	v := l.view()
+	v := l.view(false)
+	defer v.release()
 	decided := map[uint64]bool{}
 	for si := len(v.segs) - 1; si >= 0; si-- {
 		for _, e := range v.latest(si) {
@@ -340,62 +423,98 @@ func (v *view) latest(si int) []entry {
 
 // Past is the history read at a past revision: which objects changed after it, known from the
 // index alone, and, one at a time, what each was then, read from disk only when asked. A key is
-// looked up when asked about: in each sealed segment after the revision by its sorted index, in
-// the segment written to by a map made once.
+// looked up when asked about, segment after segment from the revision on, until one holds a
+// change of it: in a sealed segment by its sorted index, in the one written to by its chain.
+//
+// The objects a Past hands out (At, Gone) lie in its buffers, which Close gives back for other
+// reads: they must not be used after Close.
 type Past struct {
 	v         *view
 	rev, upTo uint64
-	open      map[uint64]ref // the keys the segment written to changed after rev, up to upTo
 	memo      map[uint64]ref // the keys asked about
+	// arena holds the objects handed out; nil for a Past whose objects are the caller's own.
+	arena *arena
 }
 
 // ref is what the index says of a key after the revision: whether it changed (ok), its first
-// change after it (entry e of segment si), the key's entry before that in the segment, if any,
-// and its last change's kind.
+// change after it (entry e of segment si), and the key's entry before that in the segment, if
+// any.
 type ref struct {
 	si      int
 	e       entry
 	prev    entry
 	hasPrev bool
-	last    entry
 	ok      bool
 }
 
 // Past reads the log at revision rev as it stood at revision upTo: the changes after upTo are
 // left out, so that it agrees with a cache at upTo. Exact only at or after the floor (see Floor).
+// Close it when done with it and its objects.
 func (l *Log) Past(ctx context.Context, rev, upTo uint64) (*Past, error) {
-	return l.view().past(ctx, rev, upTo)
+	p, err := l.view(true).past(ctx, rev, upTo)
+	if err != nil {
+		return nil, err
+	}
+	p.arena = &arena{}
+	return p, nil
 }
 
 func (v *view) past(ctx context.Context, rev, upTo uint64) (*Past, error) {
-	p := &Past{v: v, rev: rev, upTo: upTo, memo: make(map[uint64]ref, 1024)}
 	if err := ctx.Err(); err != nil {
+		v.release()
 		return nil, err
 	}
-	n := len(v.segs)
-	if n == 0 || v.segs[n-1].sealed || !p.reaches(&v.segs[n-1]) {
-		return p, nil
+	return &Past{v: v, rev: rev, upTo: upTo, memo: make(map[uint64]ref, 1024)}, nil
+}
+
+// Close gives back the buffers of p and of the objects it handed out.
+func (p *Past) Close() {
+	p.v.release()
+	if p.arena != nil {
+		p.arena.free()
 	}
-	// The segment written to is in the order written: its entries before rev are noted as
-	// the scan passes them; a key's first entry after rev comes first, its last last.
-	p.open = map[uint64]ref{}
-	before := map[uint64]entry{}
-	for _, e := range v.segs[n-1].index {
-		switch {
-		case e.rev <= rev:
-			before[e.key] = e
-		case e.rev > upTo:
-		default:
-			r, ok := p.open[e.key]
-			if !ok {
-				r = ref{si: n - 1, e: e, ok: true}
-				r.prev, r.hasPrev = before[e.key]
-			}
-			r.last = e
-			p.open[e.key] = r
-		}
+}
+
+// object is an object of the JSON b, copied out of the block it lies in: to p's arena, or for
+// a Past without one, the caller's own.
+func (p *Past) object(b []byte) *object.Object {
+	if p.arena == nil {
+		return objectOf(b)
 	}
-	return p, nil
+	return object.OfJSON(p.arena.copy(b), nil, nil)
+}
+
+// arena holds copies of what a Past hands out, in chunks from a pool that free gives back.
+type arena struct {
+	chunks []*[]byte
+	cur    []byte
+}
+
+// arenaChunk is the size of an arena's chunks; a copy of more than a quarter of it is the
+// collector's.
+const arenaChunk = 256 << 10
+
+var arenaChunks = sync.Pool{New: func() any { b := make([]byte, 0, arenaChunk); return &b }}
+
+// copy is a copy of b in the arena, full (an append to it copies).
+func (a *arena) copy(b []byte) []byte {
+	if len(b) > arenaChunk/4 {
+		return bytes.Clone(b)
+	}
+	if cap(a.cur)-len(a.cur) < len(b) {
+		c := arenaChunks.Get().(*[]byte)
+		a.chunks, a.cur = append(a.chunks, c), (*c)[:0]
+	}
+	n := len(a.cur)
+	a.cur = append(a.cur, b...)
+	return a.cur[n:len(a.cur):len(a.cur)]
+}
+
+func (a *arena) free() {
+	for _, c := range a.chunks {
+		arenaChunks.Put(c)
+	}
+	a.chunks, a.cur = nil, nil
 }
 
 // reaches reports whether s may hold a change after the revision, up to the bound.
@@ -408,35 +527,50 @@ func (p *Past) lookup(h uint64) ref {
 	}
 	var r ref
 	for si := range p.v.segs {
-		s := &p.v.segs[si]
-		if !p.reaches(s) {
-			continue
-		}
-		if !s.sealed {
-			if o, ok := p.open[h]; ok {
-				if !r.ok {
-					r = o
-				}
-				r.last = o.last
-			}
-			continue
-		}
-		run := p.v.entries(si, h) // by revision
-		first := sort.Search(len(run), func(k int) bool { return run[k].rev > p.rev })
-		last := sort.Search(len(run), func(k int) bool { return run[k].rev > p.upTo }) - 1
-		if first > last {
-			continue // nothing between
-		}
-		if !r.ok {
-			r = ref{si: si, e: run[first], ok: true}
-			if first > 0 {
-				r.prev, r.hasPrev = run[first-1], true
+		if p.reaches(&p.v.segs[si]) {
+			if r = p.first(si, h); r.ok {
+				break
 			}
 		}
-		r.last = run[last]
 	}
 	p.memo[h] = r
 	return r
+}
+
+// first is the first change after the revision, up to the bound, of the key of hash h in
+// segment si, with the key's entry before it there.
+func (p *Past) first(si int, h uint64) ref {
+	var before entry
+	var hasBefore bool
+	for _, e := range p.v.entries(si, h) {
+		switch {
+		case e.rev <= p.rev:
+			before, hasBefore = e, true
+		case e.rev <= p.upTo:
+			return ref{si: si, e: e, prev: before, hasPrev: hasBefore, ok: true}
+		}
+	}
+	return ref{}
+}
+
+// last is the last change after the revision, up to the bound, of the key of hash h.
+func (p *Past) last(h uint64) (entry, bool) {
+	for si := len(p.v.segs) - 1; si >= 0; si-- {
+		if !p.reaches(&p.v.segs[si]) {
+			continue
+		}
+		var last entry
+		var ok bool
+		for _, e := range p.v.entries(si, h) {
+			if e.rev > p.rev && e.rev <= p.upTo {
+				last, ok = e, true
+			}
+		}
+		if ok {
+			return last, true
+		}
+	}
+	return entry{}, false
 }
 
 // Changed reports whether the object at key changed after the revision: if not, it was then as
@@ -475,14 +609,14 @@ func (p *Past) before(r ref) (*object.Object, string, error) {
 		if prev.kind == kindDeleted {
 			return nil, prev.key, nil
 		}
-		return objectOf(prev.obj), prev.key, nil
+		return p.object(prev.obj), prev.key, nil
 	}
 	rec, err := p.v.record(r.si, r.e.blk, r.e.nth)
 	if err != nil {
 		return nil, rec.key, err
 	}
 	if len(rec.prev) > 0 {
-		return objectOf(rec.prev), rec.key, nil
+		return p.object(rec.prev), rec.key, nil
 	}
 	if !r.hasPrev {
 		return nil, rec.key, nil // not known: the record should have carried it
@@ -491,7 +625,7 @@ func (p *Past) before(r ref) (*object.Object, string, error) {
 	if err != nil || prev.kind == kindDeleted || prev.key != rec.key {
 		return nil, rec.key, err
 	}
-	return objectOf(prev.obj), rec.key, nil
+	return p.object(prev.obj), rec.key, nil
 }
 
 // earlier is the index entry of r's key just before r, and its segment, when it is of r's epoch
@@ -527,21 +661,25 @@ func (v *view) epoch(si int, e entry) uint32 { return v.segs[si].blocks[e.blk].e
 // until fn returns false. It reads the index's deletes after the revision, and from disk only
 // those objects.
 func (p *Past) Gone(ctx context.Context, fn func(*object.Object) bool) error {
-	done := map[uint64]bool{} // a delete recorded twice (a watch resumed from before the history's end) is one
+	done := map[uint64]bool{} // each key is looked at once: its last change decides
 	for si := range p.v.segs {
 		s := &p.v.segs[si]
 		if !p.reaches(s) {
 			continue
 		}
-		for _, e := range s.index {
-			if e.kind != kindDeleted || e.rev <= p.rev || e.rev > p.upTo {
+		es := s.deletes
+		if !s.sealed {
+			es = s.index
+		}
+		for _, e := range es {
+			if e.kind != kindDeleted || e.rev <= p.rev || e.rev > p.upTo || done[e.key] {
 				continue
 			}
-			r := p.lookup(e.key)
-			if r.e.kind == kindAdded || r.last.kind != kindDeleted || r.last.rev != e.rev || done[e.key] {
-				continue // did not exist at the revision, exists now, deleted again later, or sent
-			}
 			done[e.key] = true
+			r := p.lookup(e.key)
+			if last, _ := p.last(e.key); r.e.kind == kindAdded || last.kind != kindDeleted {
+				continue // did not exist at the revision, or exists now
+			}
 			if err := ctx.Err(); err != nil {
 				return err
 			}

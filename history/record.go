@@ -190,6 +190,8 @@ func (r *reader) next(rec *record) bool {
 type codec struct {
 	enc *zstd.Encoder
 	dec *zstd.Decoder
+	// cache holds blocks decoded for reads.
+	cache *blockCache
 }
 
 func newCodec() (*codec, error) {
@@ -205,7 +207,7 @@ func newCodec() (*codec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &codec{enc: enc, dec: dec}, nil
+	return &codec{enc: enc, dec: dec, cache: newBlockCache(cacheBytes)}, nil
 }
 
 // block is the frame payload of records, raw (their encoding), of epoch.

@@ -278,11 +278,12 @@ func (a *api) past(ctx context.Context, c *gin.Context, res *dynamicinformer.Res
 		}
 		return
 	}
-	pg, err := pastPage(ctx, l, snap, t.namespace, q, rev)
+	pg, done, err := pastPage(ctx, l, snap, t.namespace, q, rev)
 	if err != nil {
 		a.historyFailed(c, err)
 		return
 	}
+	defer done() // the page's objects lie in the history's buffers until written
 	listRV := strconv.FormatUint(rev, 10)
 	if pg.last != "" {
 		b, _ := json.Marshal(continueToken{RV: listRV, After: pg.last, Past: true})
@@ -297,12 +298,18 @@ func (a *api) past(ctx context.Context, c *gin.Context, res *dynamicinformer.Res
 // history as it was then, merged with what existed then and is deleted since. It reads the cache
 // only as far as the page reaches, as a list now does, and from disk only the objects of the
 // page changed since and those deleted since. It says no more than whether more follow (no
-// remainingItemCount: that would read every object changed since).
-func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot, namespace string, q *query, rev uint64) (page, error) {
+// remainingItemCount: that would read every object changed since). The page's objects are valid
+// until done is called.
+func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot, namespace string, q *query, rev uint64) (pg page, done func(), err error) {
 	p, err := l.Past(ctx, rev, snap.Revision(namespace))
 	if err != nil {
-		return page{}, err
+		return page{}, nil, err
 	}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
 	type gone struct {
 		key string
 		obj *object.Object
@@ -315,10 +322,9 @@ func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot
 		}
 		return true
 	}); err != nil {
-		return page{}, err
+		return page{}, nil, err
 	}
 	slices.SortFunc(deleted, func(a, b gone) int { return object.CompareKeys(a.key, b.key) })
-	var pg page
 	var failed error
 	// take adds obj, at key, to the page as it was at rev; false once the page is full.
 	take := func(key string, obj *object.Object, held bool) bool {
@@ -370,9 +376,9 @@ func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot
 		full, deleted = !take(deleted[0].key, deleted[0].obj, false), deleted[1:]
 	}
 	if failed != nil {
-		return page{}, failed
+		return page{}, nil, failed
 	}
-	return pg, nil
+	return pg, p.Close, nil
 }
 
 // settled is a snapshot of res's cache and its history holding the same changes: every change
