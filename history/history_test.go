@@ -151,7 +151,7 @@ func pastAgrees(ctx context.Context, l *Log, states map[uint64]map[string]uint64
 		}
 		o, changed, err := past.At(k)
 		if err != nil || !changed {
-			return fmt.Errorf("at %d (up to %d), %s changed but its state then: %v, %v", rev, upTo, k, changed, err)
+			return fmt.Errorf("at %d (up to %d), %s changed but its state then: %v, %w", rev, upTo, k, changed, err)
 		}
 		if o != nil {
 			got[k] = object.Revision(o.GetResourceVersion())

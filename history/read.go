@@ -464,8 +464,15 @@ func (v *view) past(ctx context.Context, rev, upTo uint64) (*Past, error) {
 		v.release()
 		return nil, err
 	}
-	return &Past{v: v, rev: rev, upTo: upTo, memo: make(map[uint64]ref, 1024)}, nil
+	memo, _ := memos.Get().(map[uint64]ref)
+	if memo == nil {
+		memo = make(map[uint64]ref, 1024)
+	}
+	return &Past{v: v, rev: rev, upTo: upTo, memo: memo}, nil
 }
+
+// memos are the pool of a Past's memo maps: a page looks up hundreds of keys.
+var memos sync.Pool
 
 // Close gives back the buffers of p and of the objects it handed out.
 func (p *Past) Close() {
@@ -473,6 +480,11 @@ func (p *Past) Close() {
 	if p.arena != nil {
 		p.arena.free()
 	}
+	if len(p.memo) <= 1<<14 { // a map of a read that looked up many more keys is left to go
+		clear(p.memo)
+		memos.Put(p.memo)
+	}
+	p.memo = nil
 }
 
 // object is an object of the JSON b, copied out of the block it lies in: to p's arena, or for

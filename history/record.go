@@ -212,7 +212,10 @@ func newCodec() (*codec, error) {
 
 // block is the frame payload of records, raw (their encoding), of epoch.
 func (c *codec) block(raw []byte, epoch uint32) []byte {
-	return c.enc.EncodeAll(raw, binary.AppendUvarint([]byte{blockFormat}, uint64(epoch)))
+	// Sized for what a block of objects compresses to (about 45%, docs/benchmarks-history.md):
+	// the encoder, in low memory mode, would otherwise grow it from a few bytes, a dozen times.
+	dst := make([]byte, 0, binary.MaxVarintLen32+1+len(raw)*3/5)
+	return c.enc.EncodeAll(raw, binary.AppendUvarint(append(dst, blockFormat), uint64(epoch)))
 }
 
 // records is a block's records, raw, from its frame payload, appended to dst, and its epoch:

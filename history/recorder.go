@@ -21,6 +21,10 @@ import (
 // initial list's are not counted: 100,000 listed configmaps are 210 MB of the cache's own.
 const maxQueued = 32 << 20
 
+// maxSpare bounds the queue kept for the next batch once written: a batch of a few seconds of
+// changes, not an initial list's.
+const maxSpare = 4096
+
 // linger is how long the writer gathers events before writing them: what a read of the
 // history may lag behind the cache.
 const linger = 200 * time.Millisecond
@@ -47,6 +51,7 @@ type Recorder struct {
 
 	mu     sync.Mutex // the queue
 	queue  []op
+	spare  []op // the queue written last, emptied, for the next
 	queued int64
 	gaps   map[schema.GroupVersionResource]uint64 // the highest revision of an event dropped while the queue was full
 	// enqueued counts what was handed over (queued or dropped), and written how much of it the
@@ -212,9 +217,23 @@ func (r *Recorder) Run(ctx context.Context) error {
 func (r *Recorder) write(now time.Time) {
 	r.mu.Lock()
 	ops, gaps, mark := r.queue, r.gaps, r.enqueued
-	r.queue, r.queued, r.gaps = nil, 0, map[schema.GroupVersionResource]uint64{}
+	r.queue, r.spare, r.queued = r.spare, nil, 0
+	if len(gaps) > 0 {
+		r.gaps = map[schema.GroupVersionResource]uint64{}
+	} else {
+		gaps = nil // r.gaps stays, the queue's
+	}
 	r.mu.Unlock()
 	defer r.written.Store(mark)
+	defer func() {
+		if cap(ops) > maxSpare {
+			return // an initial list's: let it go
+		}
+		clear(ops) // the events' objects
+		r.mu.Lock()
+		r.spare = ops[:0]
+		r.mu.Unlock()
+	}()
 	touched := map[*Log]bool{}
 	opened := map[schema.GroupVersionResource]*Log{} // looked up once a batch: nil keeps none
 	for _, o := range ops {

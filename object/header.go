@@ -43,14 +43,40 @@ type headerFields struct {
 	values                                [][]string // per indexer, in the store's order: sorted, without repeats
 }
 
-// appendStrings appends h's strings to buf in the order of a header's spans.
-func (h *headerFields) appendStrings(buf []string) []string {
-	buf = append(buf, h.namespace, h.name, h.uid, h.resourceVersion)
-	buf = append(buf, h.labels...)
+// strings is how many strings h has.
+func (h *headerFields) strings() int {
+	n := 4 + len(h.labels)
 	for _, vs := range h.values {
-		buf = append(buf, vs...)
+		n += len(vs)
 	}
-	return buf
+	return n
+}
+
+// at is h's ith string in the order of a header's spans. Read one at a time, not gathered in a
+// slice: strings put in a slice that may grow on the heap would take h's labels there with them
+// (OfJSON gathers them on its stack).
+func (h *headerFields) at(i int) string {
+	switch i {
+	case 0:
+		return h.namespace
+	case 1:
+		return h.name
+	case 2:
+		return h.uid
+	case 3:
+		return h.resourceVersion
+	}
+	if i -= 4; i < len(h.labels) {
+		return h.labels[i]
+	}
+	i -= len(h.labels)
+	for _, vs := range h.values {
+		if i < len(vs) {
+			return vs[i]
+		}
+		i -= len(vs)
+	}
+	return ""
 }
 
 // packHeader packs h for an object whose JSON is json: each string the JSON holds verbatim
@@ -58,11 +84,11 @@ func (h *headerFields) appendStrings(buf []string) []string {
 // copied into the header, so that nothing the decoder built stays alive.
 func packHeader(json []byte, h *headerFields) header {
 	doc := docOf(json)
-	var buf [32]string
-	strs := h.appendStrings(buf[:0])
+	n := h.strings()
 	var offBuf [32]int
 	offs, extra := offBuf[:0], 0
-	for _, s := range strs {
+	for i := range n {
+		s := h.at(i)
 		off := 0
 		if s != "" {
 			if off = offsetIn(doc, s); off < 0 {
@@ -72,7 +98,7 @@ func packHeader(json []byte, h *headerFields) header {
 		offs = append(offs, off)
 	}
 	spansAt := 8 + 4*len(h.values)
-	extraAt := spansAt + 8*len(strs)
+	extraAt := spansAt + 8*n
 	b := make(header, extraAt, extraAt+extra)
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], uint32(len(h.labels)/2))
@@ -82,8 +108,8 @@ func packHeader(json []byte, h *headerFields) header {
 		end += len(vs)
 		le.PutUint32(b[8+4*i:], uint32(end))
 	}
-	for i, s := range strs {
-		off := offs[i]
+	for i := range n {
+		s, off := h.at(i), offs[i]
 		if off < 0 { // kept in the header
 			off = inExtra | (len(b) - extraAt)
 			b = append(b, s...)

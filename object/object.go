@@ -70,14 +70,17 @@ func NewIndexed(u *unstructured.Unstructured, ix []Indexer, managers []byte, scr
 	h := headerFields{namespace: u.GetNamespace(), name: u.GetName(), uid: string(u.GetUID()), resourceVersion: u.GetResourceVersion()}
 	if m, _, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", "labels"); m != nil {
 		labels, _ := m.(map[string]any)
-		keys := make([]string, 0, len(labels))
+		// On the stack for an object's few labels: the header keeps them as spans of its JSON.
+		var keyBuf [16]string
+		var labelBuf [32]string
+		keys := keyBuf[:0]
 		for k, v := range labels {
 			if _, ok := v.(string); ok {
 				keys = append(keys, k)
 			}
 		}
 		slices.Sort(keys)
-		h.labels = make(LabelPairs, 0, 2*len(keys))
+		h.labels = labelBuf[:0]
 		for _, k := range keys {
 			h.labels = append(h.labels, k, labels[k].(string))
 		}
@@ -112,6 +115,9 @@ func FromJSON(b []byte) (*Object, error) {
 func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
 	var h headerFields
 	var meta gjson.Result
+	// An object's few labels are gathered on the stack: the header keeps them as spans of b.
+	var pairBuf [16][2]string
+	var labelBuf [32]string
 	gjson.Parse(docOf(b)).ForEach(func(k, v gjson.Result) bool {
 		if k.Str == "metadata" {
 			meta = v
@@ -130,7 +136,7 @@ func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
 		case "resourceVersion":
 			h.resourceVersion = v.Str
 		case "labels":
-			var pairs [][2]string
+			pairs := pairBuf[:0]
 			v.ForEach(func(k, v gjson.Result) bool {
 				if v.Type == gjson.String {
 					pairs = append(pairs, [2]string{k.Str, v.Str})
@@ -138,7 +144,7 @@ func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
 				return true
 			})
 			slices.SortFunc(pairs, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
-			h.labels = make(LabelPairs, 0, 2*len(pairs))
+			h.labels = labelBuf[:0]
 			for _, p := range pairs {
 				h.labels = append(h.labels, p[0], p[1])
 			}
@@ -147,8 +153,9 @@ func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
 	})
 	if len(ix) > 0 {
 		h.values = make([][]string, len(ix))
+		labels := slices.Clone(h.labels) // the indexers' own: the gathered ones stay on the stack
 		for i, x := range ix {
-			h.values[i] = x.FromJSON(meta, b, h.labels)
+			h.values[i] = x.FromJSON(meta, b, labels)
 		}
 	}
 	return &Object{json: b, hdr: packHeader(b, &h), managers: managers}

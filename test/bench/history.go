@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,12 +64,20 @@ func runHistory(ctx context.Context, o options, b *bed, start time.Time) error {
 		return fmt.Errorf("history on: no resourceVersion before the storm")
 	}
 	cpuOff0, cpuOn0 := cpuSeconds(off.pid), cpuSeconds(on.pid)
+	// With -profile, both are profiled through the storm: the one with history on to the file,
+	// the other beside it (-off before the extension), to be compared.
+	offProfile := ""
+	if o.profile != "" {
+		ext := filepath.Ext(o.profile)
+		offProfile = strings.TrimSuffix(o.profile, ext) + "-off" + ext
+	}
 	profiled := startProfile(ctx, on.metrics, max(1, o.updates/o.rate), o.profile)
+	profiledOff := startProfile(ctx, off.metrics, max(1, o.updates/o.rate), offProfile)
 	written, err := storm(ctx, b.cs, o)
 	if err != nil {
 		return err
 	}
-	if err := <-profiled; err != nil {
+	if err := errors.Join(<-profiled, <-profiledOff); err != nil {
 		return err
 	}
 	last := written[len(written)-1].rv
@@ -122,6 +133,16 @@ func runHistory(ctx context.Context, o options, b *bed, start time.Time) error {
 	}
 	collection := on.url + "/api/v1/namespaces/" + namespace + "/" + o.resource + fmt.Sprintf("?limit=%d", historyPage)
 	c := &http.Client{}
+	// Every page of the whole list once, first: the blocks they read are decoded for the first
+	// time (the cache of decoded blocks is empty). Then the first page again and again.
+	coldPast, err := timePages(ctx, c, collection+"&resourceVersionMatch=Exact&resourceVersion="+fmt.Sprint(beforeRV), collection)
+	if err != nil {
+		return err
+	}
+	coldNow, err := timePages(ctx, c, collection, collection)
+	if err != nil {
+		return err
+	}
 	past, now, err := timeRequests(ctx, o.queries,
 		target{c: c, url: collection + "&resourceVersionMatch=Exact&resourceVersion=" + fmt.Sprint(beforeRV)},
 		target{c: c, url: collection})
@@ -141,6 +162,9 @@ func runHistory(ctx context.Context, o options, b *bed, start time.Time) error {
 		return err
 	}
 	mb := func(b uint64) float64 { return float64(b) / (1 << 20) }
+	if m := residentMemory(on.pid); m.now > 0 {
+		logf("history on: resident memory after the queries %.1f MB (anonymous %.1f), before them %.1f", mb(m.now), mb(m.anon), mb(mOn.now))
+	}
 	always := func(float64) bool { return true }
 	rows := []result{
 		row("CPU per update, history on against off", "µs", cpuOn, cpuOff, "off", "≤ 1.1x", func(r float64) bool { return r <= 1.1 }),
@@ -152,6 +176,8 @@ func runHistory(ctx context.Context, o options, b *bed, start time.Time) error {
 		row("history disk per retained version, against the object's JSON", "bytes", perVersion, float64(objJSON), "object", "≤ 0.5x", func(r float64) bool { return r <= 0.5 }),
 		row(fmt.Sprintf("list of %d at a resourceVersion before the storm (Exact) p99, against now", historyPage), "ms", pct(past, 99), pct(now, 99), "now", "≤ 2x", func(r float64) bool { return r <= 2 }),
 		row(fmt.Sprintf("list of %d at a resourceVersion before the storm (Exact) p50, against now", historyPage), "ms", pct(past, 50), pct(now, 50), "now", "", always),
+		row(fmt.Sprintf("each page of %d of the whole list once, before the storm (cold) p99, against now", historyPage), "ms", pct(coldPast, 99), pct(coldNow, 99), "now", "", always),
+		row(fmt.Sprintf("each page of %d of the whole list once, before the storm (cold) p50, against now", historyPage), "ms", pct(coldPast, 50), pct(coldNow, 50), "now", "", always),
 		row("one object's revisions p99, against a get of it", "ms", pct(revs, 99), pct(gets, 99), "get", "≤ 10 ms", func(float64) bool { return pct(revs, 99) <= 10 }),
 	}
 	title := fmt.Sprintf("history: %d %s, %d updates at %d/s, %d versions retained; %s; %s", o.objects, o.resource, len(written), o.rate, h.Versions, machine(), time.Since(start).Round(time.Second))
@@ -181,16 +207,63 @@ func startHistory(ctx context.Context, o options, b *bed, on bool) (*dwProc, err
 }
 
 // profileRequests writes dynwatch's CPU profile, from base, to path while t's request is made
-// over and over for 10 seconds.
+// over and over for 10 seconds, and what it allocated meanwhile beside it (-allocs before the
+// extension). It says how many requests were made.
 func profileRequests(ctx context.Context, base, path string, t target) error {
 	const seconds = 10
+	ext := filepath.Ext(path)
 	profiled := startProfile(ctx, base, seconds, path)
-	for end := time.Now().Add(seconds * time.Second); time.Now().Before(end); {
+	allocs := startAllocProfile(ctx, base, seconds, strings.TrimSuffix(path, ext)+"-allocs"+ext)
+	n := 0
+	for end := time.Now().Add(seconds * time.Second); time.Now().Before(end); n++ {
 		if _, _, err := timeRequests(ctx, 1, t, t); err != nil {
 			return err
 		}
 	}
-	return <-profiled
+	logf("profiled %d requests of %s", 2*n, t.url)
+	return errors.Join(<-profiled, <-allocs)
+}
+
+// timePages lists page by page to the end, first then collection with each continue token, and
+// returns each page's latency, sorted.
+func timePages(ctx context.Context, c *http.Client, first, collection string) ([]time.Duration, error) {
+	var out []time.Duration
+	next := ""
+	for {
+		u := first
+		if next != "" {
+			u = collection + "&continue=" + next
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		req.Header.Set("Accept", "application/json")
+		t0 := time.Now()
+		resp, err := c.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		took := time.Since(t0)
+		var l struct {
+			Metadata struct {
+				Continue string `json:"continue"`
+			} `json:"metadata"`
+		}
+		if err == nil {
+			err = json.Unmarshal(body, &l)
+		}
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = errors.New(resp.Status)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("GET %s: %w", u, err)
+		}
+		out = append(out, took)
+		if next = l.Metadata.Continue; next == "" {
+			slices.Sort(out)
+			return out, nil
+		}
+	}
 }
 
 // listedAt is the resourceVersion of dynwatch's cache at api: that of a list of the bench
