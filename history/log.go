@@ -300,6 +300,7 @@ func (l *Log) add(rec record, prev []byte, now time.Time) {
 	if len(l.raw) == 0 {
 		// A block lies in one segment: the segment is chosen before its first record, which
 		// is encoded knowing whether the segment holds its key.
+		broken := l.broken
 		l.maybeRotate(now)
 		if l.broken {
 			l.mu.Lock()
@@ -308,6 +309,14 @@ func (l *Log) add(rec record, prev []byte, now time.Time) {
 			l.lost.Add(1)
 			l.lose()
 			return
+		}
+		if broken {
+			// The first block after changes left out (the disk was full) begins with their
+			// floor, as a gap: a start reads it back, and does not answer for them.
+			l.mu.RLock()
+			floor := l.floor
+			l.mu.RUnlock()
+			l.add(record{kind: kindGap, rev: floor, cause: gapLost}, nil, now)
 		}
 	}
 	n := notedOf(l, &rec, len(l.noted))

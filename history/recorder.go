@@ -63,6 +63,10 @@ type Recorder struct {
 
 	logsMu sync.RWMutex
 	logs   map[schema.GroupVersionResource]*Log
+	// openMu serialises opening a history (by the writer, or by a read before the writer has
+	// come to it): a log's files are opened once. closed is set, under it, once they are closed.
+	openMu sync.Mutex
+	closed bool
 }
 
 // op is an event, or a list's end (synced set): revision then says how far the list reached.
@@ -116,8 +120,14 @@ func (r *Recorder) OnEvent(e object.Event) {
 	r.signal()
 }
 
-// ListStarted implements dynamicinformer.ListObserver.
-func (r *Recorder) ListStarted(schema.GroupVersionResource, uint64, []string) {}
+// ListStarted implements dynamicinformer.ListObserver: the resource's history is opened now
+// (reading its index back takes a while for a large one), in the background, so that /status
+// reports it from the start, before its first change.
+func (r *Recorder) ListStarted(gvr schema.GroupVersionResource, _ uint64, _ []string) {
+	if p, ok := r.o.Policy(gvr); ok && p.Enabled() {
+		go r.open(gvr, p)
+	}
+}
 
 // ListSynced implements dynamicinformer.ListObserver: a history that does not reach the
 // revision the list was taken at misses what changed meanwhile, and says so (a gap).
@@ -167,15 +177,21 @@ func (r *Recorder) Sync(ctx context.Context, mark uint64) error {
 	return nil
 }
 
-// Of is gvr's history, if it keeps one and it has been opened.
+// Of is gvr's history, if it keeps one: opened if need be, so that a read just after a start,
+// before any change or list's end of the resource was written, reads what the history holds.
 func (r *Recorder) Of(gvr schema.GroupVersionResource) (*Log, bool) {
-	if p, ok := r.o.Policy(gvr); !ok || !p.Enabled() {
+	p, ok := r.o.Policy(gvr)
+	if !ok || !p.Enabled() {
 		return nil, false
 	}
 	r.logsMu.RLock()
-	defer r.logsMu.RUnlock()
 	l, ok := r.logs[gvr]
-	return l, ok
+	r.logsMu.RUnlock()
+	if ok {
+		return l, true
+	}
+	l = r.open(gvr, p)
+	return l, l != nil
 }
 
 // Stats are every open history's.
@@ -288,6 +304,19 @@ func (r *Recorder) log(gvr schema.GroupVersionResource) *Log {
 		}
 		return l
 	}
+	return r.open(gvr, p)
+}
+
+// open opens gvr's history, unless it is open already or the Recorder is closed.
+func (r *Recorder) open(gvr schema.GroupVersionResource, p config.History) *Log {
+	r.openMu.Lock()
+	defer r.openMu.Unlock()
+	r.logsMu.RLock()
+	l := r.logs[gvr]
+	r.logsMu.RUnlock()
+	if l != nil || r.closed {
+		return l
+	}
 	l, err := open(filepath.Join(r.o.Path, object.ResourceName(gvr)), gvr, p, r.codec, r.o.Logger)
 	if err != nil {
 		r.o.Logger.Error("history: could not open; the resource's changes are not kept", "resource", object.ResourceName(gvr), "err", err)
@@ -343,6 +372,9 @@ func (r *Recorder) retain(now time.Time) {
 }
 
 func (r *Recorder) close() error {
+	r.openMu.Lock()
+	defer r.openMu.Unlock()
+	r.closed = true
 	r.logsMu.Lock()
 	defer r.logsMu.Unlock()
 	var err error

@@ -142,6 +142,11 @@ type faultFile struct {
 	f *faults
 }
 
+// PassthroughFd says no: a loopback file offers the kernel its descriptor, and a kernel that
+// takes it (FUSE passthrough, Linux 6.9 on) reads and writes the backing file itself, past
+// every fault here.
+func (x *faultFile) PassthroughFd() (int, bool) { return 0, false }
+
 func (x *faultFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	if x.f.full.Load() {
 		return 0, syscall.ENOSPC
