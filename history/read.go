@@ -480,7 +480,7 @@ func (p *Past) Close() {
 	if p.arena != nil {
 		p.arena.free()
 	}
-	if len(p.memo) <= 1<<14 { // a map of a read that looked up many more keys is left to go
+	if p.memo != nil && len(p.memo) <= 1<<14 { // a map of a read that looked up many more keys is left to go
 		clear(p.memo)
 		memos.Put(p.memo)
 	}
