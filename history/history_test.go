@@ -145,11 +145,11 @@ func pastAgrees(ctx context.Context, l *Log, states map[uint64]map[string]uint64
 	defer past.Close()
 	got := map[string]uint64{}
 	for k, v := range states[upTo] {
-		if !past.Changed(k) {
+		if !past.Changed(object.SplitKey(k)) {
 			got[k] = v
 			continue
 		}
-		o, changed, err := past.At(k)
+		o, changed, err := past.At(object.SplitKey(k))
 		if err != nil || !changed {
 			return fmt.Errorf("at %d (up to %d), %s changed but its state then: %v, %w", rev, upTo, k, changed, err)
 		}
@@ -271,7 +271,7 @@ func TestTheStateBeforeAChangeIsReadFromTheRecordBeforeItOnlyWithNothingLeftOutB
 						t.Fatal(err)
 					}
 					defer past.Close()
-					o, changed, err := past.At("ns/a")
+					o, changed, err := past.At("ns", "a")
 					if err != nil || !changed || o == nil {
 						t.Fatalf("at %d, ns/a: %v, %v, %v", c.at, o, changed, err)
 					}
@@ -374,7 +374,7 @@ func TestRetentionDropsTheOldestSegmentsAndMovesTheFloorForGood(t *testing.T) {
 	defer past.Close()
 	changed := 0
 	for i := range 400 {
-		if past.Changed(fmt.Sprintf("ns/b%d", i)) {
+		if past.Changed("ns", fmt.Sprintf("b%d", i)) {
 			changed++
 		}
 	}
@@ -470,5 +470,56 @@ func TestSearchKeyFindsWhatHalvingFinds(t *testing.T) {
 				t.Fatalf("%s: searchKey(%d) = %d, sort.Search %d", name, h, got, want)
 			}
 		}
+	}
+}
+
+// TestAHistorySyncsOnceASecondAndWhatAQuietOneLeftWithinASecond writes a batch every linger
+// through a Recorder, on a clock of the test's: the first batch is synced, those of the next
+// second only written (readable, not synced), the first batch a second after the last sync
+// synced; a batch written after that is synced by the writer's tick a second after the sync
+// before it, with no batch after it.
+func TestAHistorySyncsOnceASecondAndWhatAQuietOneLeftWithinASecond(t *testing.T) {
+	r, err := New(Options{Logger: slog.New(slog.DiscardHandler), Path: t.TempDir(), Policy: func(schema.GroupVersionResource) (config.History, bool) {
+		return config.History{Retain: time.Hour, MaxBytes: 1 << 30}, true
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	t0 := time.Now()
+	rev := uint64(100)
+	batch := func(at time.Duration) *Log {
+		rev++
+		r.OnEvent(object.Event{Type: object.Added, Object: cm(fmt.Sprintf("c%d", rev), rev, "v"), InOrder: true, Revision: rev, Resource: configmaps, Observed: t0.Add(at)})
+		r.write(t0.Add(at))
+		l, ok := r.Of(configmaps)
+		if !ok {
+			t.Fatal("no history of configmaps")
+		}
+		return l
+	}
+	l := batch(0)
+	if l.wal.Unsynced() {
+		t.Fatal("the first batch was not synced")
+	}
+	for at := linger; at < syncEvery; at += linger {
+		if l = batch(at); !l.wal.Unsynced() {
+			t.Fatalf("the batch %v after the last sync was synced; want it only written", at)
+		}
+	}
+	if l = batch(syncEvery); l.wal.Unsynced() {
+		t.Fatalf("the batch %v after the last sync was not synced", syncEvery)
+	}
+	l = batch(syncEvery + linger)
+	r.sync(t0.Add(2*syncEvery - time.Millisecond))
+	if !l.wal.Unsynced() {
+		t.Fatal("a tick before a second since the last sync synced")
+	}
+	r.sync(t0.Add(2 * syncEvery))
+	if l.wal.Unsynced() {
+		t.Fatal("a tick a second after the last sync left a batch written before it unsynced")
+	}
+	if st := l.Stats(); st.Versions != int(rev-100) {
+		t.Fatalf("the history holds %d versions; want %d", st.Versions, rev-100)
 	}
 }

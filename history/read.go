@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"iter"
 	"math"
 	"slices"
 	"sync"
@@ -182,7 +183,7 @@ func (v *view) record(si int, blk uint32, nth uint16) (record, error) {
 	if int(nth) >= len(d.offs) {
 		return record{}, errors.New("an index entry past its block's records")
 	}
-	r := reader{buf: (*d.raw)[d.offs[nth]:]}
+	r := reader{buf: (*d.raw)[d.offs[nth]:], inPlace: v.cached} // a cached block is never written again
 	var rec record
 	if r.next(&rec) {
 		return rec, nil
@@ -195,22 +196,7 @@ func (v *view) record(si int, blk uint32, nth uint16) (record, error) {
 func (v *view) entries(si int, h uint64) []entry {
 	s := &v.segs[si]
 	if !s.sealed {
-		if s.chain == nil {
-			return nil
-		}
-		v.l.mu.RLock()
-		i, ok := s.chain.heads[h]
-		links := s.chain.links
-		v.l.mu.RUnlock()
-		if !ok {
-			return nil
-		}
-		var out []entry
-		for ; i >= 0; i = links[i] {
-			if int(i) < len(s.index) { // else written after the view began
-				out = append(out, s.index[i])
-			}
-		}
+		out := slices.Collect(v.chained(si, h))
 		slices.Reverse(out)
 		return out
 	}
@@ -220,6 +206,28 @@ func (v *view) entries(si int, h uint64) []entry {
 		hi++
 	}
 	return s.index[lo:hi]
+}
+
+// chained are the index entries of key's hash in segment si, written to, newest first.
+func (v *view) chained(si int, h uint64) iter.Seq[entry] {
+	return func(yield func(entry) bool) {
+		s := &v.segs[si]
+		if s.chain == nil {
+			return
+		}
+		v.l.mu.RLock()
+		i, ok := s.chain.heads[h]
+		links := s.chain.links
+		v.l.mu.RUnlock()
+		if !ok {
+			return
+		}
+		for ; i >= 0; i = links[i] {
+			if int(i) < len(s.index) && !yield(s.index[i]) { // else written after the view began
+				return
+			}
+		}
+	}
 }
 
 // Revisions calls fn with every retained version of the object at key (namespace/name),
@@ -320,7 +328,7 @@ type blockRecord struct {
 func (v *view) objectBefore(p *Past, sent map[string]blockRecord, key string) (*object.Object, error) {
 	at, ok := sent[key]
 	if !ok {
-		o, _, err := p.At(key)
+		o, _, err := p.At(object.SplitKey(key))
 		return o, err
 	}
 	prev, err := v.record(at.si, at.blk, at.nth)
@@ -426,14 +434,13 @@ func (v *view) latest(si int) []entry {
 // looked up when asked about, segment after segment from the revision on, until one holds a
 // change of it: in a sealed segment by its sorted index, in the one written to by its chain.
 //
-// The objects a Past hands out (At, Gone) lie in its buffers, which Close gives back for other
-// reads: they must not be used after Close.
+// The objects a Past of Log.Past hands out (At, Gone) lie in the blocks it read, and in a slab
+// of its own that Close gives back for other reads: they must not be used after Close.
 type Past struct {
 	v         *view
 	rev, upTo uint64
 	memo      map[uint64]ref // the keys asked about
-	// arena holds the objects handed out; nil for a Past whose objects are the caller's own.
-	arena *arena
+	slab      *object.Slab   // a cached view's objects
 }
 
 // ref is what the index says of a key after the revision: whether it changed (ok), its first
@@ -455,9 +462,12 @@ func (l *Log) Past(ctx context.Context, rev, upTo uint64) (*Past, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.arena = &arena{}
+	p.slab = slabs.Get().(*object.Slab)
 	return p, nil
 }
+
+// slabs are the pool of Pasts' slabs: a page holds hundreds of objects.
+var slabs = sync.Pool{New: func() any { return new(object.Slab) }}
 
 func (v *view) past(ctx context.Context, rev, upTo uint64) (*Past, error) {
 	if err := ctx.Err(); err != nil {
@@ -474,11 +484,13 @@ func (v *view) past(ctx context.Context, rev, upTo uint64) (*Past, error) {
 // memos are the pool of a Past's memo maps: a page looks up hundreds of keys.
 var memos sync.Pool
 
-// Close gives back the buffers of p and of the objects it handed out.
+// Close gives back p's buffers, and those of the objects it handed out.
 func (p *Past) Close() {
 	p.v.release()
-	if p.arena != nil {
-		p.arena.free()
+	if p.slab != nil {
+		p.slab.Reset()
+		slabs.Put(p.slab)
+		p.slab = nil
 	}
 	if p.memo != nil && len(p.memo) <= 1<<14 { // a map of a read that looked up many more keys is left to go
 		clear(p.memo)
@@ -487,46 +499,15 @@ func (p *Past) Close() {
 	p.memo = nil
 }
 
-// object is an object of the JSON b, copied out of the block it lies in: to p's arena, or for
-// a Past without one, the caller's own.
+// object is an object of the JSON b, read from a block of p's view. A cached view's blocks are
+// the cache's, never written again (see view.block): the object lies in its block, not copied
+// (a page of objects reads a few dozen blocks, which the cache holds anyway), and in p's slab.
+// Else b lies in a buffer of the view's own, given back on release: the object is a copy.
 func (p *Past) object(b []byte) *object.Object {
-	if p.arena == nil {
-		return objectOf(b)
+	if p.slab != nil {
+		return p.slab.OfJSON(b[:len(b):len(b)])
 	}
-	return object.OfJSON(p.arena.copy(b), nil, nil)
-}
-
-// arena holds copies of what a Past hands out, in chunks from a pool that free gives back.
-type arena struct {
-	chunks []*[]byte
-	cur    []byte
-}
-
-// arenaChunk is the size of an arena's chunks; a copy of more than a quarter of it is the
-// collector's.
-const arenaChunk = 256 << 10
-
-var arenaChunks = sync.Pool{New: func() any { b := make([]byte, 0, arenaChunk); return &b }}
-
-// copy is a copy of b in the arena, full (an append to it copies).
-func (a *arena) copy(b []byte) []byte {
-	if len(b) > arenaChunk/4 {
-		return bytes.Clone(b)
-	}
-	if cap(a.cur)-len(a.cur) < len(b) {
-		c := arenaChunks.Get().(*[]byte)
-		a.chunks, a.cur = append(a.chunks, c), (*c)[:0]
-	}
-	n := len(a.cur)
-	a.cur = append(a.cur, b...)
-	return a.cur[n:len(a.cur):len(a.cur)]
-}
-
-func (a *arena) free() {
-	for _, c := range a.chunks {
-		arenaChunks.Put(c)
-	}
-	a.chunks, a.cur = nil, nil
+	return objectOf(b)
 }
 
 // reaches reports whether s may hold a change after the revision, up to the bound.
@@ -552,6 +533,20 @@ func (p *Past) lookup(h uint64) ref {
 // first is the first change after the revision, up to the bound, of the key of hash h in
 // segment si, with the key's entry before it there.
 func (p *Past) first(si int, h uint64) ref {
+	if !p.v.segs[si].sealed {
+		// Newest first, from the chain: the last change after the revision met is the first,
+		// and the entry met next at or before the revision, the one before it.
+		var r ref
+		for e := range p.v.chained(si, h) {
+			switch {
+			case e.rev > p.rev && e.rev <= p.upTo:
+				r = ref{si: si, e: e, ok: true}
+			case e.rev <= p.rev && r.ok && !r.hasPrev:
+				r.prev, r.hasPrev = e, true
+			}
+		}
+		return r
+	}
 	var before entry
 	var hasBefore bool
 	for _, e := range p.v.entries(si, h) {
@@ -571,6 +566,14 @@ func (p *Past) last(h uint64) (entry, bool) {
 		if !p.reaches(&p.v.segs[si]) {
 			continue
 		}
+		if !p.v.segs[si].sealed {
+			for e := range p.v.chained(si, h) { // newest first
+				if e.rev > p.rev && e.rev <= p.upTo {
+					return e, true
+				}
+			}
+			continue
+		}
 		var last entry
 		var ok bool
 		for _, e := range p.v.entries(si, h) {
@@ -585,20 +588,22 @@ func (p *Past) last(h uint64) (entry, bool) {
 	return entry{}, false
 }
 
-// Changed reports whether the object at key changed after the revision: if not, it was then as
-// it is now.
-func (p *Past) Changed(key string) bool { return p.lookup(p.v.l.hash(key)).ok }
+// Changed reports whether the object namespace/name changed after the revision: if not, it was
+// then as it is now.
+func (p *Past) Changed(namespace, name string) bool {
+	return p.lookup(p.v.l.hashOf(namespace, name)).ok
+}
 
-// At is the object at key as it was at the revision, nil when it did not exist then, for a key
-// that changed after it; false when it did not change (Changed was a key of the same hash):
-// it was then as it is now.
-func (p *Past) At(key string) (*object.Object, bool, error) {
-	r := p.lookup(p.v.l.hash(key))
+// At is the object namespace/name as it was at the revision, nil when it did not exist then,
+// for an object that changed after it; false when it did not change (Changed was of a key of
+// the same hash): it was then as it is now.
+func (p *Past) At(namespace, name string) (*object.Object, bool, error) {
+	r := p.lookup(p.v.l.hashOf(namespace, name))
 	if !r.ok {
 		return nil, false, nil
 	}
 	o, k, err := p.before(r)
-	if err != nil || k != key {
+	if err != nil || !object.IsKeyOf(k, namespace, name) {
 		return nil, false, err
 	}
 	return o, true, nil
@@ -679,11 +684,7 @@ func (p *Past) Gone(ctx context.Context, fn func(*object.Object) bool) error {
 		if !p.reaches(s) {
 			continue
 		}
-		es := s.deletes
-		if !s.sealed {
-			es = s.index
-		}
-		for _, e := range es {
+		for _, e := range s.deletes {
 			if e.kind != kindDeleted || e.rev <= p.rev || e.rev > p.upTo || done[e.key] {
 				continue
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -100,6 +101,9 @@ var errShort = errors.New("a record cut short")
 type reader struct {
 	buf []byte
 	err error
+	// inPlace reads each record's key in place, not copied: for a buffer never written again
+	// (a cached block), whose records are read briefly.
+	inPlace bool
 }
 
 func (r *reader) uvarint() uint64 {
@@ -177,8 +181,12 @@ func (r *reader) next(rec *record) bool {
 	case kindAdded, kindModified, kindDeleted:
 		rec.time = r.varint()
 		rec.flags = r.uvarint()
-		rec.key = string(r.bytes())
-		rec.uid = string(r.bytes())
+		if k := r.bytes(); r.inPlace && len(k) > 0 {
+			rec.key = unsafe.String(&k[0], len(k))
+		} else {
+			rec.key = string(k)
+		}
+		r.bytes() // the uid: written for what may come to need it, read by nothing yet
 		rec.managers, rec.obj, rec.prev = r.bytes(), r.bytes(), r.bytes()
 	default:
 		r.err = fmt.Errorf("a record of unknown kind %d", rec.kind)

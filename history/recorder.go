@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,6 +211,8 @@ func (r *Recorder) Stats() []Stats {
 func (r *Recorder) Run(ctx context.Context) error {
 	retain := time.NewTicker(retainEvery)
 	defer retain.Stop()
+	sync := time.NewTicker(syncEvery)
+	defer sync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -216,6 +220,9 @@ func (r *Recorder) Run(ctx context.Context) error {
 			return r.close()
 		case <-retain.C:
 			r.retain(time.Now())
+			continue
+		case <-sync.C:
+			r.sync(time.Now())
 			continue
 		case <-r.wake:
 		}
@@ -280,7 +287,19 @@ func (r *Recorder) write(now time.Time) {
 		}
 	}
 	for l := range touched {
-		l.flush()
+		l.flushBatch(now)
+	}
+}
+
+// sync syncs what each history wrote and has not synced for syncEvery.
+func (r *Recorder) sync(now time.Time) {
+	r.logsMu.RLock()
+	logs := slices.Collect(maps.Values(r.logs))
+	r.logsMu.RUnlock()
+	for _, l := range logs { // outside the lock, which a reader opening a log takes: a sync may wait on the disk
+		if now.Sub(l.syncedAt) >= syncEvery {
+			l.sync(now)
+		}
 	}
 }
 

@@ -311,25 +311,27 @@ func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot
 		}
 	}()
 	type gone struct {
-		key string
-		obj *object.Object
+		namespace, name string
+		obj             *object.Object
 	}
 	var deleted []gone
+	afterNS, afterName := object.SplitKey(q.after)
 	if err := p.Gone(ctx, func(o *object.Object) bool {
-		k := object.KeyOf(o)
-		if (namespace == "" || o.GetNamespace() == namespace) && (q.after == "" || object.CompareKeys(k, q.after) > 0) {
-			deleted = append(deleted, gone{key: k, obj: o})
+		ns, name := o.GetNamespace(), o.GetName()
+		if (namespace == "" || ns == namespace) && (q.after == "" || object.Compare(ns, name, afterNS, afterName) > 0) {
+			deleted = append(deleted, gone{namespace: ns, name: name, obj: o})
 		}
 		return true
 	}); err != nil {
 		return page{}, nil, err
 	}
-	slices.SortFunc(deleted, func(a, b gone) int { return object.CompareKeys(a.key, b.key) })
+	slices.SortFunc(deleted, func(a, b gone) int { return object.Compare(a.namespace, a.name, b.namespace, b.name) })
 	var failed error
-	// take adds obj, at key, to the page as it was at rev; false once the page is full.
-	take := func(key string, obj *object.Object, held bool) bool {
-		if held && p.Changed(key) {
-			then, changed, err := p.At(key)
+	// take adds obj, namespace/name, to the page as it was at rev; false once the page is full.
+	// The key is not built: a page takes hundreds.
+	take := func(ns, name string, obj *object.Object, held bool) bool {
+		if held && p.Changed(ns, name) {
+			then, changed, err := p.At(ns, name)
 			if err != nil {
 				failed = err
 				return false
@@ -350,7 +352,7 @@ func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot
 	}
 	var after dynamicinformer.Key
 	if q.after != "" {
-		after.Namespace, after.Name = object.SplitKey(q.after)
+		after.Namespace, after.Name = afterNS, afterName
 	}
 	seen, full := 0, false
 	snap.Scan(namespace, after, func(o *object.Object) bool {
@@ -358,22 +360,22 @@ func pastPage(ctx context.Context, l *history.Log, snap dynamicinformer.Snapshot
 			failed = ctx.Err()
 			return false
 		}
-		k := object.KeyOf(o)
-		for len(deleted) > 0 && object.CompareKeys(deleted[0].key, k) < 0 {
-			if !take(deleted[0].key, deleted[0].obj, false) {
+		ns, name := o.GetNamespace(), o.GetName()
+		for len(deleted) > 0 && object.Compare(deleted[0].namespace, deleted[0].name, ns, name) < 0 {
+			if !take(deleted[0].namespace, deleted[0].name, deleted[0].obj, false) {
 				full = true
 				return false
 			}
 			deleted = deleted[1:]
 		}
-		if !take(k, o, true) {
+		if !take(ns, name, o, true) {
 			full = true
 			return false
 		}
 		return true
 	})
 	for !full && failed == nil && len(deleted) > 0 {
-		full, deleted = !take(deleted[0].key, deleted[0].obj, false), deleted[1:]
+		full, deleted = !take(deleted[0].namespace, deleted[0].name, deleted[0].obj, false), deleted[1:]
 	}
 	if failed != nil {
 		return page{}, nil, failed

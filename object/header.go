@@ -81,8 +81,9 @@ func (h *headerFields) at(i int) string {
 
 // packHeader packs h for an object whose JSON is json: each string the JSON holds verbatim
 // (read from it in place, or found in it) is kept as its place in the JSON, the others are
-// copied into the header, so that nothing the decoder built stays alive.
-func packHeader(json []byte, h *headerFields) header {
+// copied into the header, so that nothing the decoder built stays alive. The header is new, or
+// for a Slab, the slab's.
+func packHeader(json []byte, h *headerFields, s *Slab) header {
 	doc := docOf(json)
 	n := h.strings()
 	var offBuf [32]int
@@ -99,7 +100,12 @@ func packHeader(json []byte, h *headerFields) header {
 	}
 	spansAt := 8 + 4*len(h.values)
 	extraAt := spansAt + 8*n
-	b := make(header, extraAt, extraAt+extra)
+	var b header
+	if s != nil {
+		b = s.header(extraAt, extraAt+extra)
+	} else {
+		b = make(header, extraAt, extraAt+extra)
+	}
 	le := binary.LittleEndian
 	le.PutUint32(b[0:], uint32(len(h.labels)/2))
 	le.PutUint32(b[4:], uint32(len(h.values)))

@@ -27,6 +27,15 @@ type Named interface {
 // KeyOf is o's key in the cache.
 func KeyOf(o Named) string { return Key(o.GetNamespace(), o.GetName()) }
 
+// IsKeyOf reports whether key is the key of namespace and name, without building it.
+func IsKeyOf(key, namespace, name string) bool {
+	if namespace == "" {
+		return key == name
+	}
+	return len(key) == len(namespace)+1+len(name) && key[len(namespace)] == '/' &&
+		strings.HasPrefix(key, namespace) && strings.HasSuffix(key, name)
+}
+
 // SplitKey is the namespace ("" for a cluster-scoped object) and name of a key.
 func SplitKey(key string) (namespace, name string) {
 	if ns, n, ok := strings.Cut(key, "/"); ok {

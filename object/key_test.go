@@ -68,6 +68,19 @@ func TestKeysAreClientGosAndSplitBack(t *testing.T) {
 	}
 }
 
+// TestIsKeyOfIsTheKeyCompared checks IsKeyOf against Key compared, for keys that share a
+// namespace, a name, a length or a place of the slash with the namespace and name asked about.
+func TestIsKeyOfIsTheKeyCompared(t *testing.T) {
+	keys := []string{"ns/cm", "ns/cm2", "ns/c", "n/scm", "nscm", "ns/cm/", "ns-cm", "/nscm", "cm", "ns/", "/cm", ""}
+	for _, key := range keys {
+		for _, n := range []struct{ namespace, name string }{{"ns", "cm"}, {"", "cm"}, {"", "ns/cm"}, {"n", "s/cm"}, {"ns", ""}, {"", ""}} {
+			if got, want := IsKeyOf(key, n.namespace, n.name), key == Key(n.namespace, n.name); got != want {
+				t.Errorf("IsKeyOf(%q, %q, %q) = %v; want %v", key, n.namespace, n.name, got, want)
+			}
+		}
+	}
+}
+
 // TestListOrderIsTheApiserversAndTheSameForKeysAndObjects: cluster-scoped first, then by
 // namespace, then name. Compared as whole strings, "a-b/a" would sort before "a/x" ('-' is
 // less than '/'), which is why keys are split first.

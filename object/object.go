@@ -91,7 +91,7 @@ func NewIndexed(u *unstructured.Unstructured, ix []Indexer, managers []byte, scr
 			h.values[i] = x.Values(u)
 		}
 	}
-	o.hdr = packHeader(o.json, &h)
+	o.hdr = packHeader(o.json, &h, nil)
 	return o
 }
 
@@ -113,6 +113,13 @@ func FromJSON(b []byte) (*Object, error) {
 // managedFields managers (see ManagersOf; nil for none); b and managers are kept, and must not
 // be modified after. Its header's strings are read from b in place.
 func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
+	o := &Object{}
+	o.ofJSON(b, ix, managers, nil)
+	return o
+}
+
+// ofJSON makes o the Object of b (see OfJSON), its header from s when not nil.
+func (o *Object) ofJSON(b []byte, ix []Indexer, managers []byte, s *Slab) {
 	var h headerFields
 	var meta gjson.Result
 	// An object's few labels are gathered on the stack: the header keeps them as spans of b.
@@ -158,7 +165,7 @@ func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
 			h.values[i] = x.FromJSON(meta, b, labels)
 		}
 	}
-	return &Object{json: b, hdr: packHeader(b, &h), managers: managers}
+	o.json, o.hdr, o.managers = b, packHeader(b, &h, s), managers
 }
 
 // JSON is the object's JSON. It is shared: callers must not modify it.
