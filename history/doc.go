@@ -23,9 +23,9 @@
 // Guarantees:
 //   - A change is readable once its block is written, at most linger after the informer
 //     handed it over (at once for a reader that waits: Barrier, Sync). The blocks of a batch
-//     are written as they fill, and synced at most syncEvery after: a crash of the machine
-//     loses at most those not yet synced, and the history says so at the next start, as a gap
-//     at the list's revision if the watch cannot resume past it.
+//     are written as they fill, and synced by the writer's next tick (every syncEvery): a
+//     crash of the machine loses at most those not yet synced, and the history says so at the
+//     next start, as a gap at the list's revision if the watch cannot resume past it.
 //   - Between the floor and the last change written, the history is exact: Past(rev) tells
 //     which objects changed after rev from the index alone and reads each one's state at rev
 //     on demand, and Changes(rev) gives every change after it, in order. Before the floor it

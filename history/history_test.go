@@ -473,12 +473,10 @@ func TestSearchKeyFindsWhatHalvingFinds(t *testing.T) {
 	}
 }
 
-// TestAHistorySyncsOnceASecondAndWhatAQuietOneLeftWithinASecond writes a batch every linger
-// through a Recorder, on a clock of the test's: the first batch is synced, those of the next
-// second only written (readable, not synced), the first batch a second after the last sync
-// synced; a batch written after that is synced by the writer's tick a second after the sync
-// before it, with no batch after it.
-func TestAHistorySyncsOnceASecondAndWhatAQuietOneLeftWithinASecond(t *testing.T) {
+// TestAHistoryBatchIsReadableAtOnceAndSyncedByTheWritersNextTick writes batches through a
+// Recorder: each is readable once written (its versions counted, its objects read at a past
+// revision) and not synced; the writer's tick syncs every one of them.
+func TestAHistoryBatchIsReadableAtOnceAndSyncedByTheWritersNextTick(t *testing.T) {
 	r, err := New(Options{Logger: slog.New(slog.DiscardHandler), Path: t.TempDir(), Policy: func(schema.GroupVersionResource) (config.History, bool) {
 		return config.History{Retain: time.Hour, MaxBytes: 1 << 30}, true
 	}})
@@ -486,40 +484,33 @@ func TestAHistorySyncsOnceASecondAndWhatAQuietOneLeftWithinASecond(t *testing.T)
 		t.Fatal(err)
 	}
 	defer r.close()
-	t0 := time.Now()
 	rev := uint64(100)
-	batch := func(at time.Duration) *Log {
+	var l *Log
+	for batch := range 5 {
 		rev++
-		r.OnEvent(object.Event{Type: object.Added, Object: cm(fmt.Sprintf("c%d", rev), rev, "v"), InOrder: true, Revision: rev, Resource: configmaps, Observed: t0.Add(at)})
-		r.write(t0.Add(at))
-		l, ok := r.Of(configmaps)
-		if !ok {
+		r.OnEvent(object.Event{Type: object.Added, Object: cm(fmt.Sprintf("c%d", rev), rev, "v"), InOrder: true, Revision: rev, Resource: configmaps, Observed: time.Now()})
+		r.write(time.Now())
+		var ok bool
+		if l, ok = r.Of(configmaps); !ok {
 			t.Fatal("no history of configmaps")
 		}
-		return l
-	}
-	l := batch(0)
-	if l.wal.Unsynced() {
-		t.Fatal("the first batch was not synced")
-	}
-	for at := linger; at < syncEvery; at += linger {
-		if l = batch(at); !l.wal.Unsynced() {
-			t.Fatalf("the batch %v after the last sync was synced; want it only written", at)
+		if !l.wal.Unsynced() {
+			t.Fatalf("batch %d was synced as it was written; want it synced by the tick", batch)
+		}
+		if st := l.Stats(); st.Versions != batch+1 {
+			t.Fatalf("after batch %d the history holds %d versions; want %d", batch, st.Versions, batch+1)
 		}
 	}
-	if l = batch(syncEvery); l.wal.Unsynced() {
-		t.Fatalf("the batch %v after the last sync was not synced", syncEvery)
+	past, err := l.Past(t.Context(), 101, rev)
+	if err != nil {
+		t.Fatal(err)
 	}
-	l = batch(syncEvery + linger)
-	r.sync(t0.Add(2*syncEvery - time.Millisecond))
-	if !l.wal.Unsynced() {
-		t.Fatal("a tick before a second since the last sync synced")
+	if o, changed, err := past.At("ns", fmt.Sprintf("c%d", rev)); err != nil || !changed || o != nil {
+		t.Fatalf("at 101, ns/c%d (added after): %v, %v, %v; want nil, true, nil", rev, o, changed, err)
 	}
-	r.sync(t0.Add(2 * syncEvery))
+	past.Close()
+	r.sync()
 	if l.wal.Unsynced() {
-		t.Fatal("a tick a second after the last sync left a batch written before it unsynced")
-	}
-	if st := l.Stats(); st.Versions != int(rev-100) {
-		t.Fatalf("the history holds %d versions; want %d", st.Versions, rev-100)
+		t.Fatal("the writer's tick left the batches unsynced")
 	}
 }

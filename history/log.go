@@ -117,13 +117,11 @@ type Log struct {
 	// broken is set when a block could not be written: the segment written to no longer holds
 	// every change of its keys, so a new one must be begun before anything more is written.
 	broken bool
-	// syncedAt is when the log last synced what it wrote.
-	syncedAt time.Time
 }
 
-// syncEvery is how often a log syncs the blocks it wrote. A sync a batch (linger) cost the
-// writer a fifth of its CPU: a crash of the machine (not of the process, whose writes the
-// kernel holds) loses at most the last second's, and the next start says so (a gap at its
+// syncEvery is how often the writer syncs the blocks the logs wrote. A sync a batch (linger)
+// cost the writer a fifth of its CPU: a crash of the machine (not of the process, whose writes
+// the kernel holds) loses at most the last second's, and the next start says so (a gap at its
 // list's revision, as for any change the history did not hear).
 const syncEvery = time.Second
 
@@ -405,25 +403,14 @@ func (l *Log) endList(rev uint64, now time.Time) {
 // flush writes the block being filled, if any, and syncs what was written.
 func (l *Log) flush() {
 	l.write()
-	l.sync(time.Now())
-}
-
-// flushBatch writes the block being filled, if any, and syncs what was written when syncEvery
-// has passed since the last sync: a batch's blocks are readable at once, and durable within
-// syncEvery (the writer's ticker syncs what a quiet log left).
-func (l *Log) flushBatch(now time.Time) {
-	l.write()
-	if now.Sub(l.syncedAt) >= syncEvery {
-		l.sync(now)
-	}
+	l.sync()
 }
 
 // sync syncs what was written, if anything.
-func (l *Log) sync(now time.Time) {
+func (l *Log) sync() {
 	if !l.wal.Unsynced() {
 		return
 	}
-	l.syncedAt = now
 	if err := l.wal.Sync(); err != nil {
 		// The blocks are written, and read; the log writes them again before anything else.
 		l.log.Warn("history: could not sync; written again with the next blocks", "resource", object.ResourceName(l.gvr), "err", err)

@@ -504,7 +504,7 @@ func (p *Past) Close() {
 // (a page of objects reads a few dozen blocks, which the cache holds anyway), and in p's slab.
 // Else b lies in a buffer of the view's own, given back on release: the object is a copy.
 func (p *Past) object(b []byte) *object.Object {
-	if p.slab != nil {
+	if p.slab != nil && p.v.cached {
 		return p.slab.OfJSON(b[:len(b):len(b)])
 	}
 	return objectOf(b)

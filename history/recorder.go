@@ -222,7 +222,7 @@ func (r *Recorder) Run(ctx context.Context) error {
 			r.retain(time.Now())
 			continue
 		case <-sync.C:
-			r.sync(time.Now())
+			r.sync()
 			continue
 		case <-r.wake:
 		}
@@ -287,19 +287,17 @@ func (r *Recorder) write(now time.Time) {
 		}
 	}
 	for l := range touched {
-		l.flushBatch(now)
+		l.write() // readable now; synced by the next tick (syncEvery)
 	}
 }
 
-// sync syncs what each history wrote and has not synced for syncEvery.
-func (r *Recorder) sync(now time.Time) {
+// sync syncs what each history wrote since the last tick.
+func (r *Recorder) sync() {
 	r.logsMu.RLock()
 	logs := slices.Collect(maps.Values(r.logs))
 	r.logsMu.RUnlock()
 	for _, l := range logs { // outside the lock, which a reader opening a log takes: a sync may wait on the disk
-		if now.Sub(l.syncedAt) >= syncEvery {
-			l.sync(now)
-		}
+		l.sync()
 	}
 }
 
