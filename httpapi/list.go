@@ -9,6 +9,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	"k8s.io/apimachinery/pkg/apis/meta/internalversion/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -16,6 +17,17 @@ import (
 
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 )
+
+// checkOptions checks the list options of a list or a watch as the apiserver does (422 Invalid):
+// resourceVersionMatch with a resourceVersion, sendInitialEvents only on a watch and with
+// resourceVersionMatch NotOlderThan.
+func checkOptions(opts internalversion.ListOptions, watch bool) *apierrors.StatusError {
+	opts.Watch = watch
+	if errs := validation.ValidateListOptions(&opts, true); len(errs) > 0 {
+		return apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs)
+	}
+	return nil
+}
 
 // list answers a list: a page of the objects the query selects from a snapshot of the cache, the
 // objects written from the bytes the cache keeps (responder.list), with a continue token for
@@ -26,8 +38,8 @@ func (a *api) list(c *gin.Context, res *dynamicinformer.Resource, t target, q *q
 	// Every page reads the first page's snapshot, at its resourceVersion: it holds every change
 	// up to it and none after.
 	gvr, _, _ := res.API()
-	if errs := validation.ValidateListOptions(&q.options, true); len(errs) > 0 {
-		writeStatus(c.Writer, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs))
+	if serr := checkOptions(q.options, false); serr != nil {
+		writeStatus(c.Writer, serr)
 		return
 	}
 	if rev, past := a.pastRevision(res, t, q); past {

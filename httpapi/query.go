@@ -40,8 +40,8 @@ type query struct {
 	past       bool   // continue: the list is of the history, at listRV (see api.past)
 
 	resourceVersion uint64
-	// options are the list options as given, which a list validates as the apiserver does
-	// (see listOptions).
+	// options are the list options as given, which a list and a watch check as the apiserver
+	// does (see checkOptions).
 	options             internalversion.ListOptions
 	sendInitialEvents   bool
 	allowWatchBookmarks bool

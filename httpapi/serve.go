@@ -85,6 +85,12 @@ func streaming(w http.ResponseWriter, d time.Duration) {
 // serveWatch serves a watch as a stream of JSON lines or, when the request asks for a
 // websocket, over one (see overWebSocket), as the apiserver's watch handler does.
 func (a *api) serveWatch(c *gin.Context, res *dynamicinformer.Resource, t target, q *query, out responder) {
+	// The options a watch may take, checked as the apiserver checks them before it watches:
+	// resourceVersionMatch only NotOlderThan, and only with sendInitialEvents, which needs it.
+	if serr := checkOptions(q.options, true); serr != nil {
+		writeStatus(c.Writer, serr)
+		return
+	}
 	if !wsstream.IsWebSocketRequest(c.Request) {
 		a.watch(c, res, t, q, out)
 		return

@@ -430,7 +430,7 @@ webhooks: [{name: r, url: %s}]`, ns, rc.URL))
 
 // TestAListAtAResourceVersionIsAnsweredAsTheApiserverAnswersIt: resourceVersionMatch and
 // resourceVersion on a list, side by side with the apiserver: the same refusal (422 Invalid)
-// of options the apiserver refuses, the same items at the cache's own resourceVersion with
+// of options the apiserver refuses (on a watch too), the same items at the cache's own resourceVersion with
 // Exact, and the same 504 for a resourceVersion not reached within 3 s. At an older
 // resourceVersion with Exact the apiserver answers from etcd and dynwatch, which keeps no past
 // state, 410 Expired: never the present in its place.
@@ -495,6 +495,9 @@ func TestAListAtAResourceVersionIsAnsweredAsTheApiserverAnswersIt(t *testing.T) 
 		{"an unknown match", "resourceVersionMatch=Newest&resourceVersion=1"},
 		{"sendInitialEvents on a list", "sendInitialEvents=true"},
 		{"NotOlderThan a resourceVersion not reached", "resourceVersionMatch=NotOlderThan&resourceVersion=" + future},
+		{"a watch with Exact", "watch=1&timeoutSeconds=1&resourceVersionMatch=Exact&resourceVersion=" + now},
+		{"a watch with NotOlderThan and no sendInitialEvents", "watch=1&timeoutSeconds=1&resourceVersionMatch=NotOlderThan&resourceVersion=" + now},
+		{"a watch with sendInitialEvents and no resourceVersionMatch", "watch=1&timeoutSeconds=1&sendInitialEvents=true"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			want, got := ask(apiserver, cluster.Config.Host, c.query), ask(http.DefaultClient, api, c.query)
