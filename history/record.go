@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
@@ -219,10 +220,10 @@ func newCodec() (*codec, error) {
 }
 
 // block is the frame payload of records, raw (their encoding), of epoch.
-func (c *codec) block(raw []byte, epoch uint32) []byte {
+func (c *codec) block(dst, raw []byte, epoch uint32) []byte {
 	// Sized for what a block of objects compresses to (about 45%, docs/benchmarks-history.md):
 	// the encoder, in low memory mode, would otherwise grow it from a few bytes, a dozen times.
-	dst := make([]byte, 0, binary.MaxVarintLen32+1+len(raw)*3/5)
+	dst = slices.Grow(dst[:0], binary.MaxVarintLen32+1+len(raw)*3/5)
 	return c.enc.EncodeAll(raw, binary.AppendUvarint(append(dst, blockFormat), uint64(epoch)))
 }
 
