@@ -662,6 +662,11 @@ func (p *Past) earlier(r ref) (int, entry, bool) {
 		if len(s.blocks) == 0 || s.blocks[len(s.blocks)-1].epoch < epoch {
 			break
 		}
+		if s.first > p.rev && s.last <= p.upTo {
+			// Every change it holds is after the revision, up to the bound: lookup looked
+			// here before it found r, and found none of the key's.
+			continue
+		}
 		if es := p.v.entries(si, r.e.key); len(es) > 0 {
 			e := es[len(es)-1] // a sealed segment's, by revision
 			return si, e, p.v.epoch(si, e) == epoch
