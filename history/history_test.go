@@ -483,7 +483,11 @@ func TestAHistoryBatchIsReadableAtOnceAndSyncedByTheWritersNextTick(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.close()
+	defer func() {
+		if err := r.close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	rev := uint64(100)
 	var l *Log
 	for batch := range 5 {
