@@ -8,7 +8,9 @@
 // JSON reader only) and holds no state.
 //
 // Concurrency: an Object is immutable once made, and safe to share between goroutines; nothing
-// may modify what its methods return.
+// may modify what its methods return. The exception is an Object of a Slab (slab.go: objects
+// for a moment, their structs and headers in pooled chunks), valid until the slab is Reset; a
+// Slab is its one user's.
 //
 // Vocabulary: a key is namespace/name, or name for a cluster-scoped object, as client-go's
 // MetaNamespaceKeyFunc makes it. List order is the apiserver's (etcd's key order): by
