@@ -60,8 +60,10 @@ const newcomerAfter = 10 * time.Second
 // another arrives for the first time 10 s into the flood, another tenant's webhook receives
 // updates and the replica holds its Lease: every valid request succeeds, the newcomer's first
 // within 2 s, with a p99 under 250 ms; the Lease is renewed every retry period (never more
-// than a second late); the other tenant's updates arrive with a p99 under 250 ms; and the
-// TokenReviews that reach the apiserver stay within the review client's rate.
+// than a second late); the other tenant's updates arrive with a p99 under 250 ms; the
+// TokenReviews that reach the apiserver stay within the review client's rate; and each refusal
+// waits its Retry-After, so that the flood's 400 requests at once are refused at most 400
+// times a second.
 //
 // It runs alone (no t.Parallel), so that every review the apiserver counts is this test's.
 func TestARandomTokenFloodStallsNoOneElse(t *testing.T) {
@@ -258,6 +260,12 @@ func (f *flood) check(t *testing.T, reviewed string) {
 		t.Errorf("bob, new %s into the flood, had his first 200 %s after asking; want at most 2s", newcomerAfter, first.Round(time.Millisecond))
 	default:
 		t.Logf("bob, new %s into the flood, had his first 200 %s after asking", newcomerAfter, first.Round(time.Millisecond))
+	}
+	// Each refusal waits its Retry-After (1 s) before it is answered: each of the flood's
+	// requests at once, sent again when answered, is refused at most once a second.
+	if limit := floodRequests * (int64(f.elapsed/time.Second) + 1); f.flooded.Busy > limit {
+		t.Errorf("%d of the flood's requests were answered 429 in %s; each of its %d at once at most once a second is %d: refusals were answered without waiting their Retry-After",
+			f.flooded.Busy, f.elapsed.Round(time.Millisecond), floodRequests, limit)
 	}
 	if n, limit := after[reviewed]-f.reviews[reviewed], reviewsQPS*f.elapsed.Seconds()+reviewsBurst; n > limit {
 		t.Errorf("%d %s reached the apiserver in %s; their client allows at most %d", int(n), reviewed, f.elapsed.Round(time.Second), int(limit))
