@@ -126,6 +126,7 @@ func (w *Sink) setDefaults() {
 
 func (js *JetStream) setDefaults() {
 	js.Sink.setDefaults()
+	js.Durability.setDefaults()
 	if js.SubjectPrefix == "" {
 		js.SubjectPrefix = DefaultSubjectPrefix
 	}
@@ -133,6 +134,7 @@ func (js *JetStream) setDefaults() {
 
 func (k *Kafka) setDefaults() {
 	k.Sink.setDefaults()
+	k.Durability.setDefaults()
 	if k.Compression == "" {
 		k.Compression = CompressionNone
 	}

@@ -34,6 +34,9 @@ type JetStream struct {
 	// AllowPasswordWithoutTLS permits userFile and passwordFile with servers other than
 	// loopback over a connection without TLS, where anyone on the path can read them.
 	AllowPasswordWithoutTLS bool `mapstructure:"allowPasswordWithoutTLS"`
+	// Durability is what the stream is checked for before its acknowledgement is taken as
+	// durable: file storage, replicas and every server syncing each write.
+	Durability Durability `mapstructure:"durability"`
 
 	// Parsed by Load.
 	TLSConfig *tls.Config `mapstructure:"-" json:"-"` // nil: no TLS unless a server's URL is tls://
@@ -114,6 +117,7 @@ func (js *JetStream) validate(path string, resources []Resource, env *cel.Env, p
 	if js.Stream != "" && !streamName.MatchString(js.Stream) {
 		p.add(path+".stream", "must be letters, digits, - and _, got %q", js.Stream)
 	}
+	js.Durability.validate(path+".durability", true, p)
 	js.FilesDigest = digestFiles(js.SecretFiles()...)
 }
 

@@ -35,6 +35,9 @@ type Kafka struct {
 	// AllowPasswordWithoutTLS permits SASL PLAIN, which sends the password as it is, to brokers
 	// other than loopback without TLS.
 	AllowPasswordWithoutTLS bool `mapstructure:"allowPasswordWithoutTLS"`
+	// Durability is what the topic is checked for before an acknowledgement is taken as
+	// durable: its replication factor and min.insync.replicas.
+	Durability Durability `mapstructure:"durability"`
 
 	// Parsed by Load.
 	TLSConfig *tls.Config `mapstructure:"-" json:"-"` // nil: no TLS
@@ -140,6 +143,7 @@ func (k *Kafka) validate(path string, resources []Resource, env *cel.Env, p *pro
 	if !*k.Idempotent {
 		p.add(path+".idempotent", "must be true: without it a retried write can be stored twice or out of order")
 	}
+	k.Durability.validate(path+".durability", false, p)
 	k.FilesDigest = digestFiles(k.SecretFiles()...)
 }
 

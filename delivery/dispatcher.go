@@ -122,6 +122,9 @@ type SinkStatus struct {
 	// Disabled is set while the sink sends nothing because its destination answered 410 Gone,
 	// until its configuration changes.
 	Disabled *disabled `json:"disabled,omitempty"`
+	// Durable is a stream sink's destination as its last durability check found it; absent for
+	// a webhook, and before the first check (a replica that does not lead checks nothing).
+	Durable *Durability `json:"durable,omitempty"`
 }
 
 // Status is every sink's state, in configuration order.
@@ -129,7 +132,8 @@ func (d *Dispatcher) Status() []SinkStatus {
 	sinks := d.current()
 	out := make([]SinkStatus, len(sinks))
 	for i, s := range sinks {
-		out[i] = SinkStatus{Name: s.name, Disabled: s.cur.Load().gone.Load()}
+		st := s.cur.Load()
+		out[i] = SinkStatus{Name: s.name, Disabled: st.gone.Load(), Durable: st.durable.Load()}
 	}
 	return out
 }

@@ -16,7 +16,7 @@ type metrics struct {
 	deadLetters, deadLetterFailures *prometheus.CounterVec
 	requestDuration, age            *prometheus.HistogramVec
 	initialState, answers           *prometheus.CounterVec
-	replaying, disabled             *prometheus.GaugeVec
+	replaying, disabled, durable    *prometheus.GaugeVec
 	queueLength, outboxLength       *prometheus.Desc
 	journal                         *journal.Journal
 
@@ -29,6 +29,7 @@ type sinkMetrics struct {
 	enqueued, delivered, superseded, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
 	deadLetters                                                                                        map[string]prometheus.Counter
 	answers                                                                                            *prometheus.CounterVec // curried by sink
+	durable                                                                                            *prometheus.GaugeVec   // curried by sink
 	requestDuration, age                                                                               prometheus.Observer
 	initialState                                                                                       prometheus.Counter
 	replaying, disabled                                                                                prometheus.Gauge
@@ -62,6 +63,9 @@ func newMetrics(j *journal.Journal) *metrics {
 		disabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dynwatch_webhook_disabled", Help: "1 while a sink is disabled because its destination answered 410 Gone, until its configuration changes; else 0.",
 		}, []string{"sink"}),
+		durable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dynwatch_sink_durable", Help: "A stream sink's destination as its last durability check found it, one series per status set to 1: True (an acknowledged event has durability.minReplicas copies and survives the loss of power on every server at once), False or Unknown.",
+		}, []string{"sink", "status"}),
 		queueLength:  prometheus.NewDesc("dynwatch_webhook_queue_length", "Events queued or being delivered, per sink.", []string{"sink"}, nil),
 		outboxLength: prometheus.NewDesc("dynwatch_webhook_outbox_length", "Events in a sink's durable outbox: neither delivered nor dead-lettered. 0 without a state store.", []string{"sink"}, nil),
 		journal:      j,
@@ -94,6 +98,7 @@ func (m *metrics) forSink(sink string, q *Queue, webhook bool) sinkMetrics {
 		replaying:          m.replaying.WithLabelValues(sink),
 		disabled:           m.disabled.WithLabelValues(sink),
 		answers:            m.answers.MustCurryWith(prometheus.Labels{"sink": sink}),
+		durable:            m.durable.MustCurryWith(prometheus.Labels{"sink": sink}),
 	}
 	for _, r := range reasons {
 		sm.deadLetters[r] = m.deadLetters.WithLabelValues(sink, r)
@@ -115,7 +120,7 @@ func (m *metrics) removeSink(sink string) {
 	m.mu.Unlock()
 	for _, c := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
-		m.initialState, m.replaying, m.disabled, m.answers,
+		m.initialState, m.replaying, m.disabled, m.answers, m.durable,
 	} {
 		c.DeletePartialMatch(prometheus.Labels{"sink": sink})
 	}
@@ -123,7 +128,7 @@ func (m *metrics) removeSink(sink string) {
 
 func (m *metrics) vectors() []prometheus.Collector {
 	return []prometheus.Collector{m.enqueued, m.delivered, m.attempts, m.retries, m.filterErrors, m.deadLetters, m.deadLetterFailures, m.requestDuration, m.age,
-		m.initialState, m.replaying, m.disabled, m.answers}
+		m.initialState, m.replaying, m.disabled, m.answers, m.durable}
 }
 
 // Describe implements prometheus.Collector.

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -58,6 +59,9 @@ type settings struct {
 	// nothing more is sent under these settings, and every delivery is dead-lettered. New
 	// settings (a changed configuration) send again.
 	gone atomic.Pointer[disabled]
+	// durable is the destination's durability as last checked (DurabilityChecker), nil before
+	// the first check or for a transport that has none.
+	durable atomic.Pointer[Durability]
 }
 
 // disabled is why and since when a sink sends nothing.
@@ -170,8 +174,14 @@ func (s *Sink) startWorkers(ctx, finish context.Context) {
 	defer s.run.Unlock()
 	ctx, s.cancel = context.WithCancel(ctx)
 	finish, s.cut = context.WithCancel(finish)
-	for range s.cfg().Workers {
+	st := s.cur.Load()
+	for range st.cfg.Workers {
 		s.workers.Go(func() { s.work(ctx, finish) })
+	}
+	if c, ok := st.transport.(DurabilityChecker); ok {
+		if want := durabilityOf(st.src); want != nil {
+			s.workers.Go(func() { s.watchDurability(ctx, st, c, want) })
+		}
 	}
 }
 
@@ -205,6 +215,7 @@ func (s *Sink) reconfigure(ctx, finish context.Context, st *settings) {
 	old := s.cur.Swap(st)
 	old.transport.Close()
 	s.m.disabled.Set(0)
+	s.m.durable.DeletePartialMatch(prometheus.Labels{}) // the sink's, as the new settings check it again
 	s.queue.SetCapacity(st.cfg.QueueSize)
 	s.dead.setTarget(st.src)
 	if ctx != nil {
@@ -342,6 +353,9 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 		}
 	}
 	d.Attempts++
+	if err := st.refuseUndurable(); err != nil {
+		return err // no attempt is made, and none counted
+	}
 	// Each retry under an id of its own, for the test that shows validate.StableIDs failing
 	// on a broken build (a failpoint: see test/runner.BuildWithFailpoints).
 	// gofail: var newIDOnRetry struct{}

@@ -335,14 +335,16 @@ func (t *Transport) keyed() string {
 }
 
 // msgID is d's message id, which the stream deduplicates publishes by (across all its
-// subjects): the event id, after the cluster's id and a '/' with cluster.inKeys, so that two
-// dynwatch installs naming different clusters never drop each other's messages as duplicates,
-// even where they watch the same objects.
+// subjects): the subject prefix, '/', the cluster's id and '/' with cluster.inKeys, then the
+// event id. So two dynwatch installs naming different clusters never drop each other's
+// messages as duplicates, even where they watch the same objects; nor do two sinks of one
+// install publishing the same event into one stream under different prefixes (each sink's
+// events carry the same ids).
 func (t *Transport) msgID(d *delivery.Delivery) string {
 	if c := t.keyed(); c != "" {
-		return c + "/" + d.ID
+		return t.cfg.SubjectPrefix + "/" + c + "/" + d.ID
 	}
-	return d.ID
+	return t.cfg.SubjectPrefix + "/" + d.ID
 }
 
 // Subject is the subject a delivery is published to: prefix, then the cluster's id unless it

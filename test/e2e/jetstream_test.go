@@ -143,8 +143,8 @@ func checkStream(t *testing.T, s jetstream.Stream, u *updater) []storedMessage {
 	last := map[string]storedMessage{}
 	ids := map[string]uint64{}
 	for _, m := range msgs {
-		if m.id == "" || m.id != id+"/"+m.ceID {
-			t.Errorf("message %d: Nats-Msg-Id %q, ce-id %q: want the event id in both, after the cluster's id %s in Nats-Msg-Id", m.seq, m.id, m.ceID, id)
+		if m.id == "" || m.id != "dw/"+id+"/"+m.ceID {
+			t.Errorf("message %d: Nats-Msg-Id %q, ce-id %q: want the event id in both, after the subject prefix dw and the cluster's id %s in Nats-Msg-Id", m.seq, m.id, m.ceID, id)
 		}
 		if first, dup := ids[m.ceID]; dup {
 			t.Errorf("event %s is stored twice, at %d and %d: the stream's duplicate window should have dropped the second", m.ceID, first, m.seq)
@@ -311,4 +311,44 @@ metrics: {address: "127.0.0.1:0"}
 	createSmallAndLarge(t, ns)
 	onlyLargeDeadLettered(t, filepath.Join(dir, "small.jsonl"))
 	waitDeadLetters(t, filepath.Join(dir, "missing.jsonl"), 30*time.Second, `"reason":"retries_exhausted"`, "stream MISSING does not exist")
+}
+
+// TestTwoSinksPublishingIntoOneStreamUnderTwoPrefixesEachStoreEveryEvent: two JetStream sinks
+// of one dynwatch publish the same events into one stream, each under its own subject prefix.
+// The stream deduplicates by Nats-Msg-Id across all its subjects, and the two sinks' events
+// carry the same ids: with the event id (and the cluster's) alone as Nats-Msg-Id, whichever
+// sink published an event second had it acknowledged as a duplicate and never stored.
+func TestTwoSinksPublishingIntoOneStreamUnderTwoPrefixesEachStoreEveryEvent(t *testing.T) {
+	t.Parallel()
+	ns := namespace(t)
+	nc := startNATS(t, 1)
+	s := createStream(t, nc.URLs(), jetstream.StreamConfig{Name: "BOTH", Subjects: []string{"one.>", "two.>"}})
+	p := start(t, cluster.Kubeconfig, fmt.Sprintf(`resources: [{version: v1, resource: configmaps, namespaces: [%s]}]
+jetstream:
+- {name: one, servers: [%[2]s], subjectPrefix: one, stream: BOTH}
+- {name: two, servers: [%[2]s], subjectPrefix: two, stream: BOTH}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}
+`, ns, nc.URLs()[0]))
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	createConfigMaps(t, ns, n)
+	stored := func() map[string]int {
+		out := map[string]int{}
+		for _, m := range readStream(t, s) {
+			if strings.Contains(m.subject, ".c-") {
+				prefix, _, _ := strings.Cut(m.subject, ".")
+				out[prefix]++
+			}
+		}
+		return out
+	}
+	testbed.Eventually(t, time.Minute, func() error {
+		if got := stored(); got["one"] != n || got["two"] != n {
+			return fmt.Errorf("stored %v of the %d configmaps' ADDED under each prefix", got, n)
+		}
+		return nil
+	})
 }

@@ -26,6 +26,7 @@ type NATS struct {
 type natsServer struct {
 	name                    string
 	client, cluster, health int
+	syncAlways              bool // jetstream.sync_interval: always, from the server's next start
 	proc                    *process
 }
 
@@ -70,6 +71,13 @@ func (c *NATS) config(i int) string {
 	if len(c.servers) > 1 {
 		cluster = fmt.Sprintf("cluster {\n  name: testbed\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n", s.cluster, strings.Join(routes, ", "))
 	}
+	c.mu.Lock()
+	always := s.syncAlways
+	c.mu.Unlock()
+	sync := ""
+	if always {
+		sync = "  sync_interval: always\n"
+	}
 	return fmt.Sprintf(`server_name: %s
 listen: 127.0.0.1:%d
 http: 127.0.0.1:%d
@@ -77,8 +85,8 @@ jetstream {
   store_dir: %q
   max_memory_store: 64MB
   max_file_store: 1GB
-}
-%s`, s.name, s.client, s.health, filepath.Join(c.dir, s.name), cluster)
+%s}
+%s`, s.name, s.client, s.health, filepath.Join(c.dir, s.name), sync, cluster)
 }
 
 func (c *NATS) start(i int) error {
@@ -138,6 +146,23 @@ func (c *NATS) PIDs() []int {
 		if s.proc != nil && s.proc.exited() == nil {
 			out = append(out, s.proc.cmd.Process.Pid)
 		}
+	}
+	return out
+}
+
+// SyncAlways sets whether server i syncs every write to disk before it acknowledges it
+// (jetstream.sync_interval: always) from its next start; by default it syncs every 2 minutes.
+func (c *NATS) SyncAlways(i int, always bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.servers[i].syncAlways = always
+}
+
+// MonitorURLs are the servers' monitoring endpoints, http://127.0.0.1:port (/varz, /healthz).
+func (c *NATS) MonitorURLs() []string {
+	var out []string
+	for _, s := range c.servers {
+		out = append(out, fmt.Sprintf("http://127.0.0.1:%d", s.health))
 	}
 	return out
 }
