@@ -3,8 +3,10 @@ package delivery
 import (
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"cel.dev/cel-go/cel"
+	"github.com/tidwall/gjson"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/object"
@@ -44,24 +46,17 @@ func (s *Sink) Selects(e object.Event) (bool, error) {
 	return c.FilterErrors != config.FilterErrorsDrop, fmt.Errorf("filter: %w", err)
 }
 
-// evaluate runs a filter on e, its objects decoded from the JSON the cache keeps.
+// evaluate runs a filter on e, its objects read lazily from the JSON the cache keeps (see
+// lazyjson.go): only what the expression names is decoded.
 func evaluate(p cel.Program, e object.Event) (bool, error) {
-	obj, err := e.Object.Decode()
-	if err != nil {
-		return false, err
-	}
 	vars := map[string]any{
 		"type":      string(e.Type),
-		"object":    obj.Object,
+		"object":    newJSONMap(parse(e.Object.JSON())),
 		"oldObject": nil,
 		"resource":  map[string]string{"group": e.Resource.Group, "version": e.Resource.Version, "resource": e.Resource.Resource},
 	}
 	if e.OldObject != nil {
-		old, err := e.OldObject.Decode()
-		if err != nil {
-			return false, err
-		}
-		vars["oldObject"] = old.Object
+		vars["oldObject"] = newJSONMap(parse(e.OldObject.JSON()))
 	}
 	out, _, err := p.Eval(vars)
 	if err != nil {
@@ -73,3 +68,7 @@ func evaluate(p cel.Program, e object.Event) (bool, error) {
 	}
 	return ok, nil
 }
+
+// parse is the JSON b, read in place: a cached object's JSON is never written again, and
+// nothing the filter makes of it outlives the evaluation but its bool.
+func parse(b []byte) gjson.Result { return gjson.Parse(unsafe.String(unsafe.SliceData(b), len(b))) }

@@ -1,0 +1,125 @@
+package delivery
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"cel.dev/cel-go/cel"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/object"
+)
+
+// evaluateDecoded is how a filter ran before it read the JSON lazily: on both objects decoded
+// whole into maps. What a filter decides must not depend on which way it reads.
+func evaluateDecoded(p cel.Program, e object.Event) (bool, error) {
+	obj, err := e.Object.Decode()
+	if err != nil {
+		return false, err
+	}
+	vars := map[string]any{"type": string(e.Type), "object": obj.Object, "oldObject": nil,
+		"resource": map[string]string{"group": e.Resource.Group, "version": e.Resource.Version, "resource": e.Resource.Resource}}
+	if e.OldObject != nil {
+		old, err := e.OldObject.Decode()
+		if err != nil {
+			return false, err
+		}
+		vars["oldObject"] = old.Object
+	}
+	out, _, err := p.Eval(vars)
+	if err != nil {
+		return false, err
+	}
+	ok, isBool := out.Value().(bool)
+	if !isBool {
+		return false, fmt.Errorf("the filter returned %s, not a bool", out.Type().TypeName())
+	}
+	return ok, nil
+}
+
+// TestAFilterDecidesOnTheJSONAsOnTheDecodedObject: every kind of expression a filter may hold
+// (keys, presence, missing keys and indexes, sizes, membership, iteration, macros, equality of
+// maps and lists, numbers of both kinds, types, null) decides the same, with the same error,
+// on the JSON read lazily as on the objects decoded whole, for a configmap and a pod, as a
+// MODIFIED (oldObject set) and an ADDED (oldObject null) event.
+func TestAFilterDecidesOnTheJSONAsOnTheDecodedObject(t *testing.T) {
+	filters := []string{
+		`object.metadata.labels["app"] == "web"`,
+		`has(object.data) && has(object.metadata.annotations)`,
+		`has(object.spec) || !has(object.metadata.finalizers)`,
+		`has(object.spec.containers) && !has(object.spec.hostNetwork)`,
+		`object.metadata.labels.missing == "x"`,
+		`object.metadata.nope.x == 1`,
+		`size(object.metadata.labels) == 3 && object.metadata.labels.size() > 0`,
+		`"app" in object.metadata.labels && !("nope" in object.metadata.labels)`,
+		`object.kind == "Pod" && object.spec.containers[0].name == "c0"`,
+		`object.kind == "Pod" && object.spec.containers[9].name == "x"`,
+		`object.kind == "Pod" && object.spec.containers.exists(c, c.image.startsWith("registry.example"))`,
+		`object.kind == "Pod" && object.spec.containers.all(c, size(c.env) == 10)`,
+		`object.kind == "Pod" && object.spec.containers.map(c, c.name) == ["c0", "c1", "c2"]`,
+		`object.kind == "Pod" && "c1" in object.spec.containers.map(c, c.name)`,
+		`object.kind == "Pod" && object.status.containerStatuses[0].restartCount == 0`,
+		`object.kind == "Pod" && object.status.containerStatuses[0].restartCount < 1.5`,
+		`object.kind == "Pod" && object.spec.containers[1].ports[0].containerPort == 8081`,
+		`object.kind == "Pod" && object.spec.containers[0].ports == [{"containerPort": 8080, "protocol": "TCP"}]`,
+		`object.kind == "Pod" && object.status.containerStatuses[0].ready`,
+		`object.metadata.labels == oldObject.metadata.labels`,
+		`object == oldObject`,
+		`type(object.metadata) == map && type(object.metadata.name) == string`,
+		`oldObject == null || object.metadata.resourceVersion != oldObject.metadata.resourceVersion`,
+		`object.metadata.labels.filter(k, k.startsWith("app")).size() >= 1`,
+		`object.metadata.name + "x" == "cm-00001x"`,
+		`object.metadata.labels["tier"] in ["web", "db"]`,
+		`object.metadata.labels.all(k, object.metadata.labels[k] != "")`,
+		`object.metadata.annotations`,
+		`has(object.metadata.ownerReferences) && object.metadata.ownerReferences[0].kind == "ReplicaSet"`,
+		`type == "MODIFIED" && resource.resource == "configmaps"`,
+	}
+	var yaml strings.Builder
+	yaml.WriteString("resources: [{version: v1, resource: configmaps}]\nwebhooks:\n")
+	for i, f := range filters {
+		fmt.Fprintf(&yaml, "  - {name: f%d, url: \"http://127.0.0.1:1/\", filter: '%s'}\n", i, strings.ReplaceAll(f, "'", "''"))
+	}
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(yaml.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []object.Event
+	for _, u := range []*unstructured.Unstructured{benchConfigMap(), benchPod()} {
+		old := u.DeepCopy()
+		u.SetResourceVersion("2")
+		old.SetResourceVersion("1")
+		res := schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
+		events = append(events,
+			object.Event{Type: object.Modified, Resource: res, Object: object.New(u), OldObject: object.New(old)},
+			object.Event{Type: object.Added, Resource: res, Object: object.New(u)})
+	}
+	decided := map[string]int{}
+	for i, sc := range cfg.Sinks() {
+		p := sc.Shared().Program
+		for _, e := range events {
+			lazy, lazyErr := evaluate(p, e)
+			whole, wholeErr := evaluateDecoded(p, e)
+			what := fmt.Sprintf("%s on a %s %s", filters[i], e.Object.GetName(), e.Type)
+			if lazy != whole || fmt.Sprint(lazyErr) != fmt.Sprint(wholeErr) {
+				t.Errorf("%s: read lazily %t, %v; decoded whole %t, %v", what, lazy, lazyErr, whole, wholeErr)
+			}
+			decided[fmt.Sprint(lazy, lazyErr != nil)]++
+		}
+	}
+	// The filters are chosen so that each outcome occurs: a test of true alone could not fail.
+	for _, outcome := range []string{"true false", "false false", "false true"} {
+		if decided[outcome] == 0 {
+			t.Errorf("no filter decided %q (decided: %v)", outcome, decided)
+		}
+	}
+}
