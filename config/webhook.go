@@ -15,7 +15,7 @@ import (
 	"slices"
 	"strings"
 
-	"cel.dev/cel-go/cel"
+	"github.com/google/cel-go/cel"
 	"golang.org/x/net/http/httpguts"
 )
 

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"unsafe"
 
-	"cel.dev/cel-go/cel"
+	"github.com/google/cel-go/cel"
 	"github.com/tidwall/gjson"
 
 	"github.com/dynwatch/dynwatch/config"

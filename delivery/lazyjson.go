@@ -4,9 +4,9 @@ import (
 	"reflect"
 	"strconv"
 
-	"cel.dev/cel-go/common/types"
-	"cel.dev/cel-go/common/types/ref"
-	"cel.dev/cel-go/common/types/traits"
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/common/types/traits"
 	"github.com/tidwall/gjson"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 )
@@ -169,7 +169,7 @@ func (l *jsonList) whole() ref.Val {
 
 // Get implements traits.Indexer: an element by its index.
 func (l *jsonList) Get(index ref.Val) ref.Val {
-	i, err := types.GetOrError(index)
+	i, err := types.IndexOrError(index)
 	if err != nil {
 		return types.ValOrErr(index, "%v", err)
 	}

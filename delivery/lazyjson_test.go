@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"cel.dev/cel-go/cel"
+	"github.com/google/cel-go/cel"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
