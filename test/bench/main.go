@@ -53,6 +53,7 @@ type options struct {
 	allocProfile                             string // -alloc-profile: what dynwatch allocated during the storm
 	stormTrace                               string // -storm-trace: dynwatch's execution trace of the storm
 	json, chart, race                        bool
+	filtered                                 bool // -filtered: a second webhook with a CEL filter
 	small                                    bool // configmaps of about 1 KB, created without server-side apply
 	alone, baselines                         bool // -alone: each watcher alone, no storm; -baselines=false: no B0 or B1
 	env                                      []string
@@ -84,6 +85,7 @@ func main() {
 		return nil
 	})
 	flag.BoolVar(&o.json, "json-only", false, "run the apiserver without CBOR (its CBORServingAndStorage feature gate off), so that dynwatch reads JSON as B0 does")
+	flag.BoolVar(&o.filtered, "filtered", false, "give dynwatch a second webhook, to a receiver of its own, whose CEL filter reads one label and the data: "+filteredSink)
 	flag.BoolVar(&o.chart, "chart", false, "run dynwatch with the chart's default configuration: the resource cluster-wide, one indexer, no webhook; the storm's updates are received from a watch of its API")
 	flag.BoolVar(&o.small, "small", false, "with -resource configmaps: configmaps of about 1 KB, created without server-side apply (the million-object run)")
 	flag.BoolVar(&o.alone, "alone", false, "measure memory with each watcher alone, B0, B1 and dynwatch one after the other, each stopped once measured, then dynwatch's queries; no storm (for runs in which B0 and B1 held beside dynwatch would not fit in memory)")
@@ -121,6 +123,10 @@ func main() {
 	}
 	if o.chart && (o.initialState || o.sinks) {
 		fmt.Fprintln(os.Stderr, "bench: -chart configures no sink, which -initial-state and -sinks measure")
+		os.Exit(2)
+	}
+	if o.filtered && (o.chart || modes > 0 || o.alone) {
+		fmt.Fprintln(os.Stderr, "bench: -filtered adds a webhook to the storm's: give it without -chart, -alone, -initial-state, -metadata-only, -sinks and -history")
 		os.Exit(2)
 	}
 	if o.alone && (modes > 0 || o.chart) {
@@ -442,14 +448,23 @@ func measureBaseline(ctx context.Context, name, bin, kubeconfig, resource string
 	return measureSynced(ctx, name, p, p.url)
 }
 
+// filteredSink is the filter of -filtered's second webhook: one label and whether the object
+// has data (every configmap of the bench has both; no pod has data).
+const filteredSink = `has(object.metadata.labels.tier) && has(object.data)`
+
 // startMeasuredDynwatch starts dynwatch with one webhook to recv (with -chart: none, as the
-// chart configures), waits until its initial-list deliveries have reached recv (with -chart:
+// chart configures; with -filtered, a second one, filtered, to a receiver of its own), waits until its initial-list deliveries have reached recv (with -chart:
 // until its state store has stopped committing the initial list), and measures it.
 func startMeasuredDynwatch(ctx context.Context, o options, b *bed, recv *receiver) (*dwProc, measured, error) {
 	var webhooks []string
 	if !o.chart {
 		// The default queue: what it cannot hold waits in the outbox.
 		webhooks = append(webhooks, fmt.Sprintf("{name: bench, url: %s, workers: 4}", recv.serve()))
+	}
+	if o.filtered {
+		other := newReceiver()
+		context.AfterFunc(ctx, other.close)
+		webhooks = append(webhooks, fmt.Sprintf("{name: filtered, url: %s, workers: 4, filter: '%s'}", other.serve(), filteredSink))
 	}
 	dw, err := startDynwatch(ctx, b.dwBin, b.cluster, o, sinkSet{webhooks: webhooks})
 	if err != nil {
@@ -1007,6 +1022,9 @@ func machine() string {
 // title is the default run's first line.
 func title(o options, objBytes int, took time.Duration) string {
 	config := "3 indexers, one webhook"
+	if o.filtered {
+		config = "3 indexers, one webhook and a second with the filter " + filteredSink
+	}
 	if o.chart {
 		config = "the chart's default config: cluster-wide, 1 indexer, no webhook"
 	}
