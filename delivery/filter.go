@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types/ref"
 	"github.com/tidwall/gjson"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -58,7 +59,11 @@ func evaluate(p cel.Program, e object.Event) (bool, error) {
 	if e.OldObject != nil {
 		vars["oldObject"] = newJSONMap(parse(e.OldObject.JSON()))
 	}
-	out, _, err := p.Eval(vars)
+	return decision(p.Eval(vars))
+}
+
+// decision is what a filter's result decides: its bool, or an error.
+func decision(out ref.Val, _ *cel.EvalDetails, err error) (bool, error) {
 	if err != nil {
 		return false, err
 	}

@@ -42,7 +42,7 @@ func jsonValue(r gjson.Result) ref.Val {
 		return types.Double(f)
 	case gjson.JSON:
 		if r.IsArray() {
-			return &jsonList{raw: r, size: -1}
+			return &jsonList{lazy{raw: r, typ: types.ListType, size: -1}}
 		}
 		return newJSONMap(r)
 	}
@@ -58,24 +58,58 @@ func decoded(raw gjson.Result) ref.Val {
 	return types.DefaultTypeAdapter.NativeToValue(v)
 }
 
-// jsonMap is a JSON object as a CEL map of strings to values.
-type jsonMap struct {
+// lazy is what a JSON object and a JSON array share: the bytes, their count once made, and
+// the value decoded whole once needed.
+type lazy struct {
 	raw  gjson.Result
-	size int     // its members, once counted; -1 before
-	full ref.Val // decoded whole, once needed
+	typ  *types.Type // types.MapType or types.ListType
+	size int         // members or elements, once counted; -1 before
+	full ref.Val     // decoded whole, once needed
 }
 
-// newJSONMap is the JSON object r.
-func newJSONMap(r gjson.Result) *jsonMap { return &jsonMap{raw: r, size: -1} }
+func (z *lazy) whole() ref.Val {
+	if z.full == nil {
+		z.full = decoded(z.raw)
+	}
+	return z.full
+}
+
+// Size implements traits.Sizer. CEL's cost tracking asks it of every map or list an operator
+// is given, so it is counted once.
+func (z *lazy) Size() ref.Val {
+	if z.size < 0 {
+		z.size = 0
+		z.raw.ForEach(func(_, _ gjson.Result) bool { z.size++; return true })
+	}
+	return types.Int(z.size)
+}
+
+func (z *lazy) ConvertToNative(t reflect.Type) (any, error) { return z.whole().ConvertToNative(t) }
+
+func (z *lazy) Equal(other ref.Val) ref.Val { return z.whole().Equal(other) }
+
+func (z *lazy) Value() any { return z.whole().Value() }
+
+func (z *lazy) Type() ref.Type { return z.typ }
+
+// convert is self (whose lazy z is) converted to t.
+func (z *lazy) convert(self ref.Val, t ref.Type) ref.Val {
+	switch t {
+	case z.typ:
+		return self
+	case types.TypeType:
+		return z.typ
+	}
+	return z.whole().ConvertToType(t)
+}
+
+// jsonMap is a JSON object as a CEL map of strings to values.
+type jsonMap struct{ lazy }
 
 var _ traits.Mapper = (*jsonMap)(nil)
 
-func (m *jsonMap) whole() ref.Val {
-	if m.full == nil {
-		m.full = decoded(m.raw)
-	}
-	return m.full
-}
+// newJSONMap is the JSON object r.
+func newJSONMap(r gjson.Result) *jsonMap { return &jsonMap{lazy{raw: r, typ: types.MapType, size: -1}} }
 
 // Find implements traits.Mapper: a member's value by its key, a string.
 func (m *jsonMap) Find(key ref.Val) (ref.Val, bool) {
@@ -115,57 +149,14 @@ func (m *jsonMap) Contains(key ref.Val) ref.Val {
 	return types.Bool(found)
 }
 
-// Size implements traits.Sizer. CEL's cost tracking asks it of every map an operator is given,
-// so it is counted once.
-func (m *jsonMap) Size() ref.Val {
-	if m.size < 0 {
-		m.size = count(m.raw)
-	}
-	return types.Int(m.size)
-}
-
-// count is how many members or elements r has.
-func count(r gjson.Result) int {
-	n := 0
-	r.ForEach(func(_, _ gjson.Result) bool { n++; return true })
-	return n
-}
-
 func (m *jsonMap) Iterator() traits.Iterator { return m.whole().(traits.Mapper).Iterator() }
 
-func (m *jsonMap) ConvertToNative(t reflect.Type) (any, error) { return m.whole().ConvertToNative(t) }
-
-func (m *jsonMap) ConvertToType(t ref.Type) ref.Val {
-	switch t {
-	case types.MapType:
-		return m
-	case types.TypeType:
-		return types.MapType
-	}
-	return m.whole().ConvertToType(t)
-}
-
-func (m *jsonMap) Equal(other ref.Val) ref.Val { return m.whole().Equal(other) }
-
-func (m *jsonMap) Type() ref.Type { return types.MapType }
-
-func (m *jsonMap) Value() any { return m.whole().Value() }
+func (m *jsonMap) ConvertToType(t ref.Type) ref.Val { return m.convert(m, t) }
 
 // jsonList is a JSON array as a CEL list.
-type jsonList struct {
-	raw  gjson.Result
-	size int     // its elements, once counted; -1 before
-	full ref.Val // decoded whole, once needed
-}
+type jsonList struct{ lazy }
 
 var _ traits.Lister = (*jsonList)(nil)
-
-func (l *jsonList) whole() ref.Val {
-	if l.full == nil {
-		l.full = decoded(l.raw)
-	}
-	return l.full
-}
 
 // Get implements traits.Indexer: an element by its index.
 func (l *jsonList) Get(index ref.Val) ref.Val {
@@ -189,36 +180,10 @@ func (l *jsonList) Get(index ref.Val) ref.Val {
 	return found
 }
 
-// Size implements traits.Sizer, counted once, as a map's.
-func (l *jsonList) Size() ref.Val {
-	if l.size < 0 {
-		l.size = count(l.raw)
-	}
-	return types.Int(l.size)
-}
-
 func (l *jsonList) Contains(v ref.Val) ref.Val { return l.whole().(traits.Lister).Contains(v) }
 
 func (l *jsonList) Add(other ref.Val) ref.Val { return l.whole().(traits.Lister).Add(other) }
 
 func (l *jsonList) Iterator() traits.Iterator { return l.whole().(traits.Lister).Iterator() }
 
-func (l *jsonList) ConvertToNative(t reflect.Type) (any, error) {
-	return l.whole().ConvertToNative(t)
-}
-
-func (l *jsonList) ConvertToType(t ref.Type) ref.Val {
-	switch t {
-	case types.ListType:
-		return l
-	case types.TypeType:
-		return types.ListType
-	}
-	return l.whole().ConvertToType(t)
-}
-
-func (l *jsonList) Equal(other ref.Val) ref.Val { return l.whole().Equal(other) }
-
-func (l *jsonList) Type() ref.Type { return types.ListType }
-
-func (l *jsonList) Value() any { return l.whole().Value() }
+func (l *jsonList) ConvertToType(t ref.Type) ref.Val { return l.convert(l, t) }

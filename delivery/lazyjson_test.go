@@ -31,15 +31,7 @@ func evaluateDecoded(p cel.Program, e object.Event) (bool, error) {
 		}
 		vars["oldObject"] = old.Object
 	}
-	out, _, err := p.Eval(vars)
-	if err != nil {
-		return false, err
-	}
-	ok, isBool := out.Value().(bool)
-	if !isBool {
-		return false, fmt.Errorf("the filter returned %s, not a bool", out.Type().TypeName())
-	}
-	return ok, nil
+	return decision(p.Eval(vars))
 }
 
 // TestAFilterDecidesOnTheJSONAsOnTheDecodedObject: every kind of expression a filter may hold
