@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/google/cel-go/cel"
+	"cel.dev/cel-go/cel"
 )
 
 // Kafka is one Kafka sink: each event is produced to a topic as a record keyed by its object's

@@ -10,7 +10,7 @@ import (
 
 	"net/url"
 
-	"github.com/google/cel-go/cel"
+	"cel.dev/cel-go/cel"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"

@@ -15,7 +15,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/cel-go/cel"
+	"cel.dev/cel-go/cel"
 	"golang.org/x/net/http/httpguts"
 )
 

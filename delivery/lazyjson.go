@@ -4,9 +4,9 @@ import (
 	"reflect"
 	"strconv"
 
-	"github.com/google/cel-go/common/types"
-	"github.com/google/cel-go/common/types/ref"
-	"github.com/google/cel-go/common/types/traits"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/common/types/traits"
 	"github.com/tidwall/gjson"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 )
@@ -19,6 +19,11 @@ import (
 // an int when its literal is one, else a double); a map or a list is read lazily for a key, an
 // index, a size or a membership test, and decoded whole, once, for anything else (iteration,
 // equality, conversion), then handled by CEL's own map and list.
+//
+// A map or a list is scanned for its first lookup only: its second indexes it whole, once, and
+// every later lookup is a map access that returns the same value each time. A scan per lookup
+// made `object.data[k]`, inside an iteration over the keys, cost a scan of every key for each:
+// a filter CEL's cost limit bounds in operations ran for minutes on a configmap of 40,000 keys.
 
 // jsonValue is r as a CEL value.
 func jsonValue(r gjson.Result) ref.Val {
@@ -42,7 +47,7 @@ func jsonValue(r gjson.Result) ref.Val {
 		return types.Double(f)
 	case gjson.JSON:
 		if r.IsArray() {
-			return &jsonList{lazy{raw: r, typ: types.ListType, size: -1}}
+			return &jsonList{lazy: lazy{raw: r, typ: types.ListType, size: -1}}
 		}
 		return newJSONMap(r)
 	}
@@ -61,10 +66,11 @@ func decoded(raw gjson.Result) ref.Val {
 // lazy is what a JSON object and a JSON array share: the bytes, their count once made, and
 // the value decoded whole once needed.
 type lazy struct {
-	raw  gjson.Result
-	typ  *types.Type // types.MapType or types.ListType
-	size int         // members or elements, once counted; -1 before
-	full ref.Val     // decoded whole, once needed
+	raw     gjson.Result
+	typ     *types.Type // types.MapType or types.ListType
+	size    int         // members or elements, once counted; -1 before
+	lookups int         // keys or indexes looked up so far
+	full    ref.Val     // decoded whole, once needed
 }
 
 func (z *lazy) whole() ref.Val {
@@ -82,6 +88,12 @@ func (z *lazy) Size() ref.Val {
 		z.raw.ForEach(func(_, _ gjson.Result) bool { z.size++; return true })
 	}
 	return types.Int(z.size)
+}
+
+// lookup counts a lookup and reports whether it is the first: later ones use an index.
+func (z *lazy) lookup() (first bool) {
+	z.lookups++
+	return z.lookups == 1
 }
 
 func (z *lazy) ConvertToNative(t reflect.Type) (any, error) { return z.whole().ConvertToNative(t) }
@@ -104,12 +116,17 @@ func (z *lazy) convert(self ref.Val, t ref.Type) ref.Val {
 }
 
 // jsonMap is a JSON object as a CEL map of strings to values.
-type jsonMap struct{ lazy }
+type jsonMap struct {
+	lazy
+	members map[string]ref.Val // every member's value by its key, from the second lookup on
+}
 
 var _ traits.Mapper = (*jsonMap)(nil)
 
 // newJSONMap is the JSON object r.
-func newJSONMap(r gjson.Result) *jsonMap { return &jsonMap{lazy{raw: r, typ: types.MapType, size: -1}} }
+func newJSONMap(r gjson.Result) *jsonMap {
+	return &jsonMap{lazy: lazy{raw: r, typ: types.MapType, size: -1}}
+}
 
 // Find implements traits.Mapper: a member's value by its key, a string.
 func (m *jsonMap) Find(key ref.Val) (ref.Val, bool) {
@@ -119,6 +136,17 @@ func (m *jsonMap) Find(key ref.Val) (ref.Val, bool) {
 			return key, false
 		}
 		return nil, false // a JSON object's keys are strings
+	}
+	if !m.lookup() {
+		if m.members == nil {
+			m.members = make(map[string]ref.Val)
+			m.raw.ForEach(func(name, value gjson.Result) bool {
+				m.members[name.Str] = jsonValue(value)
+				return true
+			})
+		}
+		v, found := m.members[string(k)]
+		return v, found
 	}
 	var found ref.Val
 	m.raw.ForEach(func(name, value gjson.Result) bool {
@@ -154,15 +182,31 @@ func (m *jsonMap) Iterator() traits.Iterator { return m.whole().(traits.Mapper).
 func (m *jsonMap) ConvertToType(t ref.Type) ref.Val { return m.convert(m, t) }
 
 // jsonList is a JSON array as a CEL list.
-type jsonList struct{ lazy }
+type jsonList struct {
+	lazy
+	elements []ref.Val // every element's value, from the second lookup on
+}
 
 var _ traits.Lister = (*jsonList)(nil)
 
 // Get implements traits.Indexer: an element by its index.
 func (l *jsonList) Get(index ref.Val) ref.Val {
-	i, err := types.IndexOrError(index)
+	i, err := types.GetOrError(index)
 	if err != nil {
 		return types.ValOrErr(index, "%v", err)
+	}
+	if !l.lookup() {
+		if l.elements == nil {
+			l.elements = []ref.Val{}
+			l.raw.ForEach(func(_, value gjson.Result) bool {
+				l.elements = append(l.elements, jsonValue(value))
+				return true
+			})
+		}
+		if i < 0 || i >= len(l.elements) {
+			return types.NewErr("index '%d' out of range in list size '%d'", i, len(l.elements))
+		}
+		return l.elements[i]
 	}
 	var found ref.Val
 	n := 0
