@@ -55,6 +55,9 @@ func TestVerbsAndBooleansAgreeWithTheAPIServer(t *testing.T) {
 			dynwatch := httpClient(t, c.config(f.url, f.caFile, nil))
 			for _, path := range paths {
 				want := askFirst(t, apiserver, cluster.URL()+path)
+				if want.code == 0 {
+					t.Fatalf("GET %s from the apiserver: %s", path, want.first)
+				}
 				var got reply
 				// A denial cached from before the fixture's RoleBindings may linger for the deny
 				// cache's TTL; the apiserver's answer is the reference.
