@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -70,8 +71,13 @@ type service struct {
 	pipeline  *pipeline
 	history   *history.Recorder // nil without a state store
 	reloader  *config.Reloader
-	security  httpapi.Security
-	api, ops  http.Handler
+	// current is the running configuration, sinks what delivery runs; subscriptions is nil
+	// unless subscriptions.enabled.
+	current       atomic.Pointer[config.Config]
+	sinks         sinkSet
+	subscriptions *subscriptions
+	security      httpapi.Security
+	api, ops      http.Handler
 }
 
 // run runs the parts under one errgroup until ctx ends or one fails. The pipeline and the
@@ -85,6 +91,10 @@ func (s *service) run(ctx context.Context) error {
 		g.Go(func() error { return s.history.Run(deliver) }) // like the pipeline, once the informers have stopped
 	}
 	g.Go(func() error { return s.reloader.Run(ctx) })
+	if s.subscriptions != nil {
+		g.Go(func() error { return s.subscriptions.reviewer.Run(ctx) })
+		g.Go(func() error { return s.subscriptions.controller.Run(ctx) })
+	}
 	g.Go(func() error { return s.security.Run(ctx) })
 	g.Go(func() error {
 		return httpapi.Serve(ctx, s.log.With("server", "api"), s.cfg.API.Address, s.api,

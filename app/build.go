@@ -76,9 +76,17 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 		}
 		status = func() any { return elector.Status() }
 	}
-	if s.pipeline, err = newPipeline(log, reg, cfg, s.cluster, elector, func() []*dynamicinformer.Resource { return s.informers.Resources() }); err != nil {
+	s.current.Store(cfg)
+	s.sinks.configured = cfg.Sinks()
+	if cfg.Subscriptions.Enabled {
+		if s.subscriptions, s.sinks.subscribed, err = newSubscriptions(ctx, log, reg, restConfig, dyn, &s.current, &s.sinks, elector); err != nil {
+			return nil, err
+		}
+	}
+	if s.pipeline, err = newPipeline(log, reg, cfg, s.sinks.all(), s.subscriptions.access(), s.cluster, elector, func() []*dynamicinformer.Resource { return s.informers.Resources() }); err != nil {
 		return nil, err
 	}
+	s.sinks.update = s.pipeline.delivery.Update
 	defer func() {
 		if err != nil {
 			_ = s.pipeline.journal.Close() // the state store: an in-process caller may try again
@@ -105,9 +113,10 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 	if s.reloader, err = config.NewReloader(config.ReloaderOptions{
 		Logger: log, Registerer: reg, Path: o.ConfigPath, Current: cfg, Signals: o.Reload,
 		Apply: func(next *config.Config) error {
-			if err := s.pipeline.delivery.Update(next.Sinks()); err != nil {
+			if err := s.sinks.setConfigured(next.Sinks()); err != nil {
 				return err
 			}
+			s.current.Store(next)
 			s.keys.set(next)
 			s.informers.Update(next.Resources)
 			return nil

@@ -49,10 +49,11 @@ var (
 	_ dynamicinformer.ListObserver = (*history.Recorder)(nil)
 )
 
-// newPipeline builds the journal and delivery for cfg; elector is nil without leader election,
+// newPipeline builds the journal and delivery for cfg, delivering to sinks (the configured
+// ones and the subscriptions', these under access); elector is nil without leader election,
 // and resources are the informers', which are built after the pipeline (they subscribe the
 // journal) and asked for only once it runs.
-func newPipeline(log *slog.Logger, reg prometheus.Registerer, cfg *config.Config, cluster object.Cluster, elector *leader.Elector, resources func() []*dynamicinformer.Resource) (*pipeline, error) {
+func newPipeline(log *slog.Logger, reg prometheus.Registerer, cfg *config.Config, sinks []config.SinkConfig, access delivery.Access, cluster object.Cluster, elector *leader.Elector, resources func() []*dynamicinformer.Resource) (*pipeline, error) {
 	c := cache{resources}
 	var ignore func(schema.GroupVersionResource, string, string) bool
 	var leadership delivery.Leadership
@@ -69,7 +70,7 @@ func newPipeline(log *slog.Logger, reg prometheus.Registerer, cfg *config.Config
 		return nil, err
 	}
 	if d, err = delivery.New(delivery.Options{
-		Logger: log, Registerer: reg, Sinks: cfg.Sinks(), Transports: transports(cluster), Cluster: cluster.ID, Journal: j,
+		Logger: log, Registerer: reg, Sinks: sinks, Access: access, Transports: transports(cluster), Cluster: cluster.ID, Journal: j,
 		Leadership: leadership, ShutdownTimeout: cfg.ShutdownTimeout, Cache: c,
 	}); err != nil {
 		_ = j.Close()

@@ -45,6 +45,8 @@ type Config struct {
 	ConsistencyCheck ConsistencyCheck `mapstructure:"consistencyCheck"`
 	// LeaderElection lets several replicas run, one of which delivers.
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
+	// Subscriptions are the sinks teams declare as Subscription objects.
+	Subscriptions Subscriptions `mapstructure:"subscriptions"`
 	// ShutdownTimeout bounds a graceful stop, from SIGTERM to exit: requests under way have
 	// half of it to finish, then are cut; dead letters not yet written at its end are abandoned
 	// (with a state store both stay in the outbox for the next start). Keep it below the pod's
@@ -462,6 +464,7 @@ func (c *Config) Unreloadable(next *Config) []string {
 		"state":           c.State == next.State,
 		"shutdownTimeout": c.ShutdownTimeout == next.ShutdownTimeout,
 		"leaderElection":  c.LeaderElection == next.LeaderElection,
+		"subscriptions":   c.Subscriptions == next.Subscriptions,
 		"cluster":         c.Cluster.ID == next.Cluster.ID && c.Cluster.Name == next.Cluster.Name && *c.Cluster.InKeys == *next.Cluster.InKeys,
 	} {
 		if !same {

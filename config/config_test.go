@@ -550,3 +550,21 @@ func TestTurningInitialStateOnOrOffLeavesAWebhookTheSame(t *testing.T) {
 		t.Errorf("a change of workers beside initialState is not seen: %s", other.Source)
 	}
 }
+
+func TestAWebhookDeclaredOutsideTheFileMayNotNameFiles(t *testing.T) {
+	cfg := &Config{Resources: []Resource{{Version: "v1", Resource: "configmaps"}}}
+	for _, w := range []*Webhook{
+		{URL: "http://r/", BearerTokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token"},
+		{URL: "http://r/", SigningKeyFiles: []string{"/etc/dynwatch/key.pem"}},
+		{URL: "http://r/", TLS: TLS{CAFile: "/etc/ssl/ca.pem"}},
+		{URL: "http://r/", Sink: Sink{DeadLetter: DeadLetter{File: "/tmp/dead"}}},
+	} {
+		if err := cfg.CheckWebhook(w, "spec"); err == nil {
+			t.Errorf("a webhook naming a file was accepted: %+v", w)
+		}
+	}
+	ok := &Webhook{URL: "http://r/", Sink: Sink{Name: "subscription.a.b", Resources: []string{"configmaps"}}}
+	if err := cfg.CheckWebhook(ok, "spec"); err != nil {
+		t.Errorf("a webhook naming no file, with a subscription's name: %v", err)
+	}
+}

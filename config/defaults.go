@@ -42,6 +42,8 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("cluster.id", "")
 	v.SetDefault("cluster.name", "")
 	v.SetDefault("cluster.inKeys", true)
+	v.SetDefault("subscriptions.enabled", false)
+	v.SetDefault("subscriptions.reviewEvery", DefaultReviewEvery.String())
 }
 
 func (c *Config) setListDefaults() {

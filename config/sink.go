@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"net/url"
@@ -49,6 +48,8 @@ type Sink struct {
 
 	// Source is the entry as written in the file, canonically encoded, without initialState.
 	Source string `mapstructure:"-"`
+	// Subject, when set, is the user each delivery is authorized as (a Subscription's).
+	Subject *Subject `mapstructure:"-"`
 	// Parsed by Load.
 	GroupResources []schema.GroupResource `mapstructure:"-"`
 	Labels         labels.Selector        `mapstructure:"-"`
@@ -172,9 +173,6 @@ func celEnv() (*cel.Env, error) {
 
 // validate checks and parses the settings every kind shares.
 func (w *Sink) validate(path string, resources []Resource, env *cel.Env, p *problems) {
-	if errs := validation.IsDNS1123Label(w.Name); len(errs) > 0 {
-		p.add(path+".name", "%s", strings.Join(errs, "; "))
-	}
 	for j, name := range w.Resources {
 		gr := schema.ParseGroupResource(name)
 		watched := slices.ContainsFunc(resources, func(r Resource) bool {

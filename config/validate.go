@@ -36,6 +36,7 @@ func (c *Config) validate() error {
 	c.validateSinks(&p)
 	c.API.validate(&p)
 	c.Client.RateLimits.validate(&p)
+	c.Subscriptions.validate(&p)
 	checkAddress("metrics.address", c.Metrics.Address, &p)
 	if c.Discovery.Interval < time.Second {
 		p.add("discovery.interval", "must be at least 1s, got %s", c.Discovery.Interval)
@@ -105,6 +106,9 @@ func (c *Config) validateSinks(p *problems) {
 		index[key]++
 		s.validate(path, c.Resources, env, p)
 		name := s.Shared().Name
+		if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+			p.add(path+".name", "%s", strings.Join(errs, "; "))
+		}
 		if first, dup := names[name]; dup {
 			p.add(path+".name", "duplicate of %s (%s): a sink's name is unique across webhooks, jetstream and kafka", first, name)
 		} else {

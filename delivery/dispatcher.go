@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/journal"
@@ -39,6 +40,9 @@ type Options struct {
 	// Cluster is the id of the cluster the events come from, which dead letters name; the
 	// transports carry it in every event themselves (see Transports).
 	Cluster string
+	// Access decides for the sinks that have a subject (Subscriptions); without it such a
+	// sink selects nothing.
+	Access Access
 }
 
 // Dispatcher runs the sinks: it queues what the journal hands each of them, delivers it while
@@ -62,6 +66,7 @@ type Dispatcher struct {
 	finishCancel context.CancelFunc
 	retiring     sync.WaitGroup
 	cache        Cache
+	access       Access
 	replays      sync.WaitGroup  // the initialState replays
 	replayCtx    context.Context // Start's: Update starts replays under it
 
@@ -74,7 +79,7 @@ type Dispatcher struct {
 // New builds a Dispatcher with one Sink per configured sink and registers the metrics.
 // Nothing is sent until Lead.
 func New(o Options) (*Dispatcher, error) {
-	d := &Dispatcher{log: o.Logger, now: o.Now, journal: o.Journal, leadership: o.Leadership, transports: o.Transports, shutdownTimeout: o.ShutdownTimeout, cache: o.Cache, cluster: o.Cluster}
+	d := &Dispatcher{log: o.Logger, now: o.Now, journal: o.Journal, leadership: o.Leadership, transports: o.Transports, shutdownTimeout: o.ShutdownTimeout, cache: o.Cache, cluster: o.Cluster, access: o.Access}
 	if d.now == nil {
 		d.now = time.Now
 	}
@@ -94,7 +99,7 @@ func New(o Options) (*Dispatcher, error) {
 	d.finish, d.finishCancel = context.WithCancel(context.Background())
 	d.m = newMetrics(d.journal)
 	for _, cfg := range o.Sinks {
-		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports, d.cluster)
+		s, err := d.newSink(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -104,6 +109,25 @@ func New(o Options) (*Dispatcher, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// newSink builds the sink cfg configures.
+func (d *Dispatcher) newSink(cfg config.SinkConfig) (*Sink, error) {
+	s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports, d.cluster)
+	if err != nil {
+		return nil, err
+	}
+	s.access = d.access
+	return s, nil
+}
+
+// Access decides what the subject of a sink that has one (config.Sink.Subject) may watch.
+// Allowed is called for every event such a sink's other filters select, from the journal's
+// filter workers: it must answer from what it knows where it can, and may block to ask.
+type Access interface {
+	// Allowed reports whether subject may watch gvr's objects in namespace ("" for a
+	// cluster-scoped object).
+	Allowed(subject *config.Subject, gvr schema.GroupVersionResource, namespace string) (bool, error)
 }
 
 // Targets are the sinks as the journal sees them (journal.Options.Targets).

@@ -32,6 +32,9 @@ func (s *Sink) Selects(e object.Event) (bool, error) {
 		(e.OldObject == nil || !c.Labels.Matches(e.OldObject.Labels())) {
 		return false, nil
 	}
+	if c.Subject != nil && !s.allowed(c.Subject, e) {
+		return false, nil
+	}
 	if c.Program == nil {
 		return true, nil
 	}
@@ -45,6 +48,23 @@ func (s *Sink) Selects(e object.Event) (bool, error) {
 			"name", e.Object.GetName(), "type", string(e.Type), "filterErrors", string(c.FilterErrors), "err", err)
 	})
 	return c.FilterErrors != config.FilterErrorsDrop, fmt.Errorf("filter: %w", err)
+}
+
+// allowed reports whether subject may watch e's object: a sink with a subject delivers only
+// what its subject could read from the apiserver. A review that fails withholds the event
+// (logged, at most a line a second): failing open would leak.
+func (s *Sink) allowed(subject *config.Subject, e object.Event) bool {
+	if s.access == nil {
+		return false
+	}
+	ok, err := s.access.Allowed(subject, e.Resource, e.Object.GetNamespace())
+	if err != nil {
+		s.accessLog.Do(func() {
+			s.log.Warn("could not tell whether the subscription's subject may watch an event's object; the event is withheld", "resource", object.ResourceName(e.Resource),
+				"namespace", e.Object.GetNamespace(), "name", e.Object.GetName(), "err", err)
+		})
+	}
+	return ok && err == nil
 }
 
 // evaluate runs a filter on e, its objects read lazily from the JSON the cache keeps (see

@@ -115,7 +115,7 @@ func (d *Dispatcher) swapSinks(sinks []config.SinkConfig) (changes []sinkChange,
 			delete(old, name)
 			continue
 		}
-		s, err := newSink(cfg, d.log, d.journal, d.now, d.m, d.fence(), d.transports, d.cluster)
+		s, err := d.newSink(cfg)
 		if err != nil {
 			return changes, nil, started, nil, err
 		}

@@ -39,8 +39,11 @@ type Sink struct {
 		next, last uint64
 	}
 
-	// filterLog lets through at most one log line a second of the filter's errors.
-	filterLog rate.Sometimes
+	// filterLog lets through at most one log line a second of the filter's errors, accessLog
+	// of the access reviews'.
+	filterLog, accessLog rate.Sometimes
+	// access decides, for a sink with a subject, what the subject may watch.
+	access Access
 
 	run     sync.Mutex         // guards cancel, cut and workers
 	cancel  context.CancelFunc // stops the workers taking deliveries
@@ -88,7 +91,7 @@ func newSink(cfg config.SinkConfig, log *slog.Logger, j *journal.Journal, now fu
 		return nil, err
 	}
 	s := &Sink{name: name, log: log, j: j, now: now, queue: NewQueue(st.cfg.QueueSize), fence: f,
-		filterLog: rate.Sometimes{Interval: time.Second}}
+		filterLog: rate.Sometimes{Interval: time.Second}, accessLog: rate.Sometimes{Interval: time.Second}}
 	_, webhook := cfg.(*config.Webhook)
 	s.m = m.forSink(s.name, s.queue, webhook)
 	s.cur.Store(st)

@@ -1,0 +1,249 @@
+package subscription
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	kdynamicinformer "k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dynwatch/dynwatch/config"
+)
+
+// Options are a Controller's dependencies.
+type Options struct {
+	Logger *slog.Logger
+	// Client reads Subscriptions and writes their status.
+	Client dynamic.Interface
+	// Reviewer decides what each subscription's subject may watch.
+	Reviewer *Reviewer
+	// Config is the running configuration: its resources bound what a subscription may name.
+	Config func() *config.Config
+	// Apply hands over the subscriptions' sinks, the whole set each time.
+	Apply func([]config.SinkConfig) error
+	// Writes reports whether this replica writes statuses (the leader's, with leader
+	// election); nil: always.
+	Writes func() bool
+	// Every is how often every subscription's status is checked again.
+	Every time.Duration
+}
+
+// Controller turns Subscriptions into sinks and keeps their status.
+type Controller struct {
+	o     Options
+	poked chan struct{}
+}
+
+// NewController builds a Controller; nothing runs until Run.
+func NewController(o Options) *Controller {
+	if o.Writes == nil {
+		o.Writes = func() bool { return true }
+	}
+	return &Controller{o: o, poked: make(chan struct{}, 1)}
+}
+
+// Initial lists the Subscriptions and returns their sinks, for delivery to start with: a
+// subscription's outbox kept from before a restart is then delivered, not taken for a removed
+// sink's. It fails, naming the CRD, while the resource is not served.
+func (c *Controller) Initial(ctx context.Context) ([]config.SinkConfig, error) {
+	list, err := c.o.Client.Resource(GVR).List(ctx, metav1.ListOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("subscriptions.enabled is set, but the apiserver does not serve %s: install its CRD (the chart's subscriptions.enabled)", GVR.GroupResource())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", GVR.GroupResource(), err)
+	}
+	items := make([]*unstructured.Unstructured, len(list.Items))
+	for i := range list.Items {
+		items[i] = &list.Items[i]
+	}
+	sinks, _ := c.sinks(items)
+	return sinks, nil
+}
+
+// Run watches Subscriptions until ctx ends: at each change, and every Every, it hands their
+// sinks to Apply and writes each one's status.
+func (c *Controller) Run(ctx context.Context) error {
+	factory := kdynamicinformer.NewDynamicSharedInformerFactory(c.o.Client, 0)
+	inf := factory.ForResource(GVR).Informer()
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			u.SetManagedFields(nil)
+		}
+		return obj, nil
+	}); err != nil {
+		return err
+	}
+	poke := func(any) {
+		select {
+		case c.poked <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil
+	}
+	tick := time.NewTicker(c.o.Every)
+	defer tick.Stop()
+	for {
+		var items []*unstructured.Unstructured
+		for _, obj := range inf.GetStore().List() {
+			items = append(items, obj.(*unstructured.Unstructured))
+		}
+		c.sync(ctx, items)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.poked:
+		case <-tick.C:
+		}
+	}
+}
+
+// sync applies items' sinks and writes the statuses that changed.
+func (c *Controller) sync(ctx context.Context, items []*unstructured.Unstructured) {
+	sinks, states := c.sinks(items)
+	applied := c.o.Apply(sinks)
+	if applied != nil {
+		c.o.Logger.Error("apply the subscriptions' sinks", "err", applied)
+	}
+	if !c.o.Writes() {
+		return
+	}
+	for i, u := range items {
+		st := states[i]
+		if applied != nil && st.sink != nil {
+			st.ready = condition("Ready", metav1.ConditionFalse, "NotApplied", applied.Error())
+		}
+		if err := c.writeStatus(ctx, u, st); err != nil && ctx.Err() == nil {
+			c.o.Logger.Warn("write a subscription's status", "namespace", u.GetNamespace(), "name", u.GetName(), "err", err)
+		}
+	}
+}
+
+// state is what dynwatch makes of one subscription.
+type state struct {
+	sink                        *config.Webhook // nil: not accepted
+	accepted, authorized, ready metav1.Condition
+}
+
+// sinks builds each item's sink and state; the sinks are those accepted, sorted by name.
+func (c *Controller) sinks(items []*unstructured.Unstructured) ([]config.SinkConfig, []state) {
+	cfg := c.o.Config()
+	var out []config.SinkConfig
+	states := make([]state, len(items))
+	for i, u := range items {
+		w, s, err := sinkOf(u, cfg)
+		st := &states[i]
+		if err != nil {
+			st.accepted = condition("Accepted", metav1.ConditionFalse, "Invalid", err.Error())
+			st.authorized = condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted")
+			st.ready = condition("Ready", metav1.ConditionFalse, "NotAccepted", "the subscription is not accepted: see the Accepted condition")
+			continue
+		}
+		st.sink = w
+		out = append(out, w)
+		st.accepted = condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the webhook "+w.Name)
+		st.authorized = c.authorized(u.GetNamespace(), s, w)
+		if st.authorized.Status == metav1.ConditionTrue {
+			st.ready = condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
+		} else {
+			st.ready = condition("Ready", metav1.ConditionFalse, "NotAuthorized", "see the Authorized condition")
+		}
+	}
+	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
+	return out, states
+}
+
+// authorized is the Authorized condition: whether the subject may watch each resource the
+// subscription names in each namespace it names, or, naming none, in its own namespace.
+// Elsewhere it is asked event by event: a subscription to every namespace receives those
+// where its subject may watch.
+func (c *Controller) authorized(own string, s *spec, w *config.Webhook) metav1.Condition {
+	namespaces := s.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{own}
+	}
+	var denied []string
+	for _, gr := range w.GroupResources {
+		for _, ns := range namespaces {
+			ok, err := c.o.Reviewer.Allowed(s.Subject, gr.WithVersion(""), ns)
+			if err != nil {
+				return condition("Authorized", metav1.ConditionUnknown, "ReviewFailed", err.Error())
+			}
+			if !ok {
+				denied = append(denied, fmt.Sprintf("%s in namespace %s", gr, ns))
+			}
+		}
+	}
+	if len(denied) > 0 {
+		return condition("Authorized", metav1.ConditionFalse, "Forbidden",
+			fmt.Sprintf("%s may not watch %s: nothing of those is delivered", s.Subject.Username, strings.Join(denied, ", ")))
+	}
+	return condition("Authorized", metav1.ConditionTrue, "Allowed", s.Subject.Username+" may watch what the subscription names")
+}
+
+// maxMessage bounds a condition's message (the CRD's limit is 32768).
+const maxMessage = 4096
+
+func condition(typ string, status metav1.ConditionStatus, reason, message string) metav1.Condition {
+	if len(message) > maxMessage {
+		message = message[:maxMessage-3] + "..."
+	}
+	return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message}
+}
+
+// writeStatus writes st into u's status if it changed.
+func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructured, st state) error {
+	var cur status
+	if raw, ok := u.Object["status"].(map[string]any); ok {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &cur); err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+	}
+	next := status{ObservedGeneration: u.GetGeneration(), Conditions: slices.Clone(cur.Conditions)}
+	if st.sink != nil {
+		next.Sink = st.sink.Name
+	}
+	for _, cond := range []metav1.Condition{st.accepted, st.authorized, st.ready} {
+		cond.ObservedGeneration = u.GetGeneration()
+		meta.SetStatusCondition(&next.Conditions, cond)
+	}
+	if equality.Semantic.DeepEqual(cur, next) {
+		return nil
+	}
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&next)
+	if err != nil {
+		return err
+	}
+	out := u.DeepCopy()
+	out.Object["status"] = raw
+	_, err = c.o.Client.Resource(GVR).Namespace(u.GetNamespace()).UpdateStatus(ctx, out, metav1.UpdateOptions{FieldManager: "dynwatch"})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil // changed or gone meanwhile: the informer hands it over again
+	}
+	return err
+}
+
+// status is a Subscription's status.
+type status struct {
+	ObservedGeneration int64              `json:"observedGeneration,omitempty"`
+	Sink               string             `json:"sink,omitempty"`
+	Conditions         []metav1.Condition `json:"conditions,omitempty"`
+}
