@@ -97,6 +97,9 @@ names and its CA written to the state volume. Settings given in config.api.tls w
 {{- $_ := set $api "tls" $tls }}
 {{- $_ := set $config "api" $api }}
 {{- $_ := set $config "leaderElection" (include "dynwatch.leaderElection" . | fromJson) }}
+{{- if .Values.subscriptions.enabled }}
+{{- $_ := set $config "subscriptions" (merge (dict "enabled" true) (default dict $config.subscriptions)) }}
+{{- end }}
 {{- toYaml $config }}
 {{- end }}
 
@@ -174,6 +177,11 @@ advance, so `get` on CustomResourceDefinitions is granted without resourceNames.
 {{- range $ns := uniq $namespaces }}
 {{- $_ := set $rules $ns (append (get $rules $ns | default list) $events) }}
 {{- end }}
+{{- end }}
+{{- if .Values.subscriptions.enabled }}
+{{- /* Subscriptions: watched, their status written, their subjects' access reviewed. */}}
+{{- $subs := list (dict "apiGroups" (list "events.dynwatch.io") "resources" (list "subscriptions") "verbs" (list "get" "list" "watch")) (dict "apiGroups" (list "events.dynwatch.io") "resources" (list "subscriptions/status") "verbs" (list "update")) (dict "apiGroups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) }}
+{{- $_ := set $rules "" (concat (get $rules "" | default list) $subs) }}
 {{- end }}
 {{- toJson $rules }}
 {{- end }}
