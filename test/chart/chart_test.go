@@ -385,23 +385,34 @@ config:
 func applyRBAC(t *testing.T, objs []*unstructured.Unstructured) map[string]int {
 	t.Helper()
 	kinds := map[string]int{}
-	var manifest bytes.Buffer
+	var rbac []*unstructured.Unstructured
 	for _, o := range objs {
 		if slices.Contains([]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease"}, o.GetKind()) ||
 			o.GetKind() == "ConfigMap" && o.GetName() == "dw-dynwatch-checkpoints" {
 			kinds[o.GetKind()]++
-			b, _ := o.MarshalJSON()
-			manifest.Write(append(b, '\n'))
+			rbac = append(rbac, o)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "rbac.json")
+	apply(t, rbac)
+	return kinds
+}
+
+// apply applies objs server-side, as admin, and returns the file it applied.
+func apply(t *testing.T, objs []*unstructured.Unstructured) string {
+	t.Helper()
+	var manifest bytes.Buffer
+	for _, o := range objs {
+		b, _ := o.MarshalJSON()
+		manifest.Write(append(b, '\n'))
+	}
+	path := filepath.Join(t.TempDir(), "manifests.json")
 	if err := os.WriteFile(path, manifest.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", path); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	return kinds
+	return path
 }
 
 // access is one request the release's ServiceAccount may or may not make.

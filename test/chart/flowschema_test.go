@@ -95,18 +95,7 @@ config:
 	if got := fmt.Sprint(schemas); got != "map[fs-dynwatch-leader-election:leader-election fs-dynwatch-reviews:workload-low]" {
 		t.Fatalf("rendered FlowSchemas %s; want fs-dynwatch-leader-election in leader-election and fs-dynwatch-reviews in workload-low", got)
 	}
-	var manifest bytes.Buffer
-	for _, o := range applied {
-		b, _ := o.MarshalJSON()
-		manifest.Write(append(b, '\n'))
-	}
-	path := filepath.Join(t.TempDir(), "manifests.json")
-	if err := os.WriteFile(path, manifest.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", path); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	path := apply(t, applied)
 	t.Cleanup(func() { _, _ = cluster.Kubectl(context.Background(), "delete", "--ignore-not-found", "-f", path) })
 	// The apiserver takes a FlowSchema up once it is not dangling: its priority level exists.
 	testbed.Eventually(t, 30*time.Second, func() error {

@@ -1,7 +1,6 @@
 package chart
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -57,20 +56,13 @@ func TestWithSubscriptionsEnabledTheChartLetsATeamSubscribeAndDynwatchDeliverWit
 		t.Fatal(err)
 	}
 	objs := objects(t, render(t, release, "-f", values))
-	var manifest bytes.Buffer
+	var installed []*unstructured.Unstructured
 	for _, o := range objs {
 		if slices.Contains([]string{"CustomResourceDefinition", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, o.GetKind()) {
-			b, _ := o.MarshalJSON()
-			manifest.Write(append(b, '\n'))
+			installed = append(installed, o)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "subscriptions.json")
-	if err := os.WriteFile(path, manifest.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "-f", path); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
+	apply(t, installed)
 	applyRBAC(t, objs)
 	// The test bed runs no controller manager, whose aggregation controller would add the
 	// chart's roles to admin, edit and view: the test checks their labels, and binds them.
