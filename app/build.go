@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/dynamicinformer"
 	"github.com/dynwatch/dynwatch/history"
 	"github.com/dynwatch/dynwatch/httpapi"
@@ -79,7 +80,7 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 	s.current.Store(cfg)
 	s.sinks.configured = cfg.Sinks()
 	if cfg.Subscriptions.Enabled {
-		if s.subscriptions, s.sinks.subscribed, err = newSubscriptions(ctx, log, reg, restConfig, dyn, &s.current, &s.sinks, elector); err != nil {
+		if s.subscriptions, s.sinks.subscribed, err = newSubscriptions(ctx, log, reg, restConfig, dyn, &s.current, &s.sinks, s.sinkStatus, elector); err != nil {
 			return nil, err
 		}
 	}
@@ -182,4 +183,12 @@ func (s *service) historyReader() httpapi.History {
 		return nil
 	}
 	return s.history
+}
+
+// sinkStatus is every sink's state in delivery: none before delivery is built.
+func (s *service) sinkStatus() []delivery.SinkStatus {
+	if s.pipeline == nil {
+		return nil
+	}
+	return s.pipeline.delivery.Status()
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -61,9 +62,9 @@ type subscriptions struct {
 }
 
 // newSubscriptions builds the subscription controller and its reviewer, and lists the
-// subscriptions' sinks delivery starts with. Its reviews go through a client of their own,
+// subscriptions' sinks delivery starts with; status is the sinks' state in delivery. Its reviews go through a client of their own,
 // with the access reviews' rate limit: subscriptions cannot starve the query API's reviews.
-func newSubscriptions(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, restConfig *rest.Config, dyn dynamic.Interface, cfg *atomic.Pointer[config.Config], sinks *sinkSet, elector *leader.Elector) (*subscriptions, []config.SinkConfig, error) {
+func newSubscriptions(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, restConfig *rest.Config, dyn dynamic.Interface, cfg *atomic.Pointer[config.Config], sinks *sinkSet, status func() []delivery.SinkStatus, elector *leader.Elector) (*subscriptions, []config.SinkConfig, error) {
 	c := cfg.Load().Subscriptions
 	reviews, err := kubernetes.NewForConfig(forConcern(restConfig, "subscription-reviews", cfg.Load().Client.RateLimits.AccessReviews))
 	if err != nil {
@@ -73,13 +74,24 @@ func newSubscriptions(ctx context.Context, log *slog.Logger, reg prometheus.Regi
 	if err != nil {
 		return nil, nil, err
 	}
+	secrets, err := kubernetes.NewForConfig(forConcern(restConfig, "subscriptions", cfg.Load().Client.RateLimits.Reads))
+	if err != nil {
+		return nil, nil, fmt.Errorf("subscription secrets client: %w", err)
+	}
+	secret := func(ctx context.Context, namespace, name string) (map[string][]byte, error) {
+		s, err := secrets.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return s.Data, nil
+	}
 	var writes func() bool
 	if elector != nil {
 		writes = elector.Leading
 	}
 	controller := subscription.NewController(subscription.Options{
 		Logger: log.With("controller", "subscriptions"), Client: dyn, Reviewer: reviewer, Config: cfg.Load,
-		Apply: sinks.setSubscribed, Writes: writes, Every: c.ReviewEvery,
+		Apply: sinks.setSubscribed, Writes: writes, Every: c.ReviewEvery, Sinks: status, Secret: secret,
 	})
 	initial, err := controller.Initial(ctx)
 	if err != nil {

@@ -464,7 +464,7 @@ func (c *Config) Unreloadable(next *Config) []string {
 		"state":           c.State == next.State,
 		"shutdownTimeout": c.ShutdownTimeout == next.ShutdownTimeout,
 		"leaderElection":  c.LeaderElection == next.LeaderElection,
-		"subscriptions":   c.Subscriptions == next.Subscriptions,
+		"subscriptions":   reflect.DeepEqual(c.Subscriptions, next.Subscriptions),
 		"cluster":         c.Cluster.ID == next.Cluster.ID && c.Cluster.Name == next.Cluster.Name && *c.Cluster.InKeys == *next.Cluster.InKeys,
 	} {
 		if !same {

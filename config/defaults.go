@@ -44,6 +44,11 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("cluster.inKeys", true)
 	v.SetDefault("subscriptions.enabled", false)
 	v.SetDefault("subscriptions.reviewEvery", DefaultReviewEvery.String())
+	v.SetDefault("subscriptions.namespaces", []string{})
+	v.SetDefault("subscriptions.quota.perNamespace", DefaultQuotaPerNamespace)
+	v.SetDefault("subscriptions.signingSecretNames", []string{"dynwatch-signing"})
+	v.SetDefault("subscriptions.quota.queueSize", DefaultQuotaQueueSize)
+	v.SetDefault("subscriptions.quota.deliveriesPerSecond", DefaultQuotaDeliveriesSec)
 }
 
 func (c *Config) setListDefaults() {

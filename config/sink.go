@@ -10,6 +10,7 @@ import (
 	"net/url"
 
 	"cel.dev/cel-go/cel"
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -50,6 +51,9 @@ type Sink struct {
 	Source string `mapstructure:"-"`
 	// Subject, when set, is the user each delivery is authorized as (a Subscription's).
 	Subject *Subject `mapstructure:"-"`
+	// Limiter, when set, is waited on before each attempt; the sinks of one namespace's
+	// Subscriptions share one.
+	Limiter *rate.Limiter `mapstructure:"-"`
 	// Parsed by Load.
 	GroupResources []schema.GroupResource `mapstructure:"-"`
 	Labels         labels.Selector        `mapstructure:"-"`

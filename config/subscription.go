@@ -2,7 +2,13 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"net/netip"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/dynwatch/dynwatch/egress"
 )
 
 // Subscriptions configures the sinks teams declare themselves: Subscription objects
@@ -12,9 +18,53 @@ type Subscriptions struct {
 	// Enabled watches Subscription objects; their CRD must be installed (the chart's
 	// subscriptions.enabled installs it with its admission policies).
 	Enabled bool `mapstructure:"enabled"`
+	// Namespaces are those whose Subscriptions this dynwatch serves; empty: every namespace.
+	// Two installs in one cluster must not serve the same namespace: each would deliver.
+	Namespaces []string `mapstructure:"namespaces"`
 	// ReviewEvery is how often each decision of whether a subscription's subject may watch a
 	// resource in a namespace is asked again: a grant revoked stops deliveries within it.
 	ReviewEvery time.Duration `mapstructure:"reviewEvery"`
+	// Egress bounds the addresses a subscription's URL may reach.
+	Egress Egress `mapstructure:"egress"`
+	// Quota bounds what one namespace's subscriptions may cost.
+	Quota Quota `mapstructure:"quota"`
+	// SigningSecretNames are the names a Secret holding a subscription's signing keys may
+	// have, in the subscription's namespace: dynwatch may read Secrets of these names only
+	// (the chart grants get on them by name), and only for a subject that may read them too.
+	SigningSecretNames []string `mapstructure:"signingSecretNames"`
+}
+
+// Quota bounds the subscriptions of one namespace.
+type Quota struct {
+	// PerNamespace is how many subscriptions of a namespace are accepted, the oldest first;
+	// the others are refused in their status (QuotaExceeded).
+	PerNamespace int `mapstructure:"perNamespace"`
+	// QueueSize is each subscription's queue, in events.
+	QueueSize int `mapstructure:"queueSize"`
+	// DeliveriesPerSecond is how many attempts a second the subscriptions of one namespace
+	// make together, at most (a burst of as many); 0 bounds nothing.
+	DeliveriesPerSecond float64 `mapstructure:"deliveriesPerSecond"`
+}
+
+// The subscriptions.quota defaults.
+const (
+	DefaultQuotaPerNamespace  = 10
+	DefaultQuotaQueueSize     = 1000
+	DefaultQuotaDeliveriesSec = 50
+)
+
+// Egress is what a subscription may reach besides public addresses: by default no loopback,
+// link-local (cloud metadata), private, shared, multicast or reserved address (see package
+// egress). Both lists are CIDRs, checked on the address each connection dials.
+type Egress struct {
+	// Allow lets a subscription reach these ranges (a receiver Service's ClusterIP range, say).
+	Allow []string `mapstructure:"allow"`
+	// Deny refuses these ranges besides the defaults, winning over Allow: the cluster's pod
+	// and Service ranges where they are public addresses.
+	Deny []string `mapstructure:"deny"`
+
+	// Policy is Allow and Deny parsed, by Load.
+	Policy egress.Policy `mapstructure:"-"`
 }
 
 // DefaultReviewEvery is subscriptions.reviewEvery unless set.
@@ -23,6 +73,41 @@ const DefaultReviewEvery = time.Minute
 func (s *Subscriptions) validate(p *problems) {
 	if s.ReviewEvery < time.Second {
 		p.add("subscriptions.reviewEvery", "must be at least 1s, got %s", s.ReviewEvery)
+	}
+	for i, ns := range s.Namespaces {
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			p.add(fmt.Sprintf("subscriptions.namespaces[%d]", i), "%s", msg)
+		}
+	}
+	for i, name := range s.SigningSecretNames {
+		for _, msg := range validation.IsDNS1123Subdomain(name) {
+			p.add(fmt.Sprintf("subscriptions.signingSecretNames[%d]", i), "%s", msg)
+		}
+	}
+	q := s.Quota
+	if q.PerNamespace < 1 {
+		p.add("subscriptions.quota.perNamespace", "must be at least 1, got %d", q.PerNamespace)
+	}
+	if q.QueueSize < 1 {
+		p.add("subscriptions.quota.queueSize", "must be at least 1, got %d", q.QueueSize)
+	}
+	if q.DeliveriesPerSecond < 0 {
+		p.add("subscriptions.quota.deliveriesPerSecond", "must be 0 (no bound) or more, got %v", q.DeliveriesPerSecond)
+	}
+	for _, l := range []struct {
+		key   string
+		cidrs []string
+		into  *[]netip.Prefix
+	}{{"allow", s.Egress.Allow, &s.Egress.Policy.Allow}, {"deny", s.Egress.Deny, &s.Egress.Policy.Deny}} {
+		*l.into = nil
+		for i, c := range l.cidrs {
+			prefix, err := netip.ParsePrefix(c)
+			if err != nil {
+				p.add(fmt.Sprintf("subscriptions.egress.%s[%d]", l.key, i), "must be a CIDR (127.0.0.1/32, 10.96.0.0/12, fd00::/8), got %q", c)
+				continue
+			}
+			*l.into = append(*l.into, prefix.Masked())
+		}
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 
 	"cel.dev/cel-go/cel"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/dynwatch/dynwatch/egress"
 )
 
 // Webhook is one HTTP sink that receives the events its filters select.
@@ -48,6 +50,9 @@ type Webhook struct {
 	// bytes), in order.
 	SigningKeys []Secret    `mapstructure:"-"`
 	TLSConfig   *tls.Config `mapstructure:"-" json:"-"` // nil: Go's defaults; never marshalled (it holds funcs)
+	// Egress, when set, bounds the addresses the webhook's connections may dial, and no proxy
+	// is used (the guard would see the proxy's address): a Subscription's.
+	Egress *egress.Policy `mapstructure:"-"`
 	// FilesDigest is a digest of the TLS files' contents, so that a reload sees them change.
 	FilesDigest [sha256.Size]byte `mapstructure:"-"`
 }
@@ -122,17 +127,24 @@ func ReadSigningKey(path string) (Secret, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseSigningKey(b, path)
+}
+
+// ParseSigningKey parses an Ed25519 private key in PKCS#8 PEM, from what name names (a file, a
+// Secret's key), and returns ed25519.PrivateKey's 64 bytes. Its errors name name, never the
+// content.
+func ParseSigningKey(b []byte, name string) (Secret, error) {
 	block, _ := pem.Decode(b)
 	if block == nil || block.Type != "PRIVATE KEY" {
-		return nil, fmt.Errorf("%s does not hold a PKCS#8 private key in PEM (-----BEGIN PRIVATE KEY-----)", path)
+		return nil, fmt.Errorf("%s does not hold a PKCS#8 private key in PEM (-----BEGIN PRIVATE KEY-----)", name)
 	}
 	key, err := x509.ParsePKCS8PrivateKey(block.Bytes)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	k, ok := key.(ed25519.PrivateKey)
 	if !ok {
-		return nil, fmt.Errorf("%s holds a %T key; Standard Webhooks' v1a signatures need an Ed25519 key", path, key)
+		return nil, fmt.Errorf("%s holds a %T key; Standard Webhooks' v1a signatures need an Ed25519 key", name, key)
 	}
 	return Secret(k), nil
 }
@@ -172,12 +184,19 @@ func ReadSigningSecret(path string) (Secret, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ParseSigningSecret(b, path)
+}
+
+// ParseSigningSecret parses a Standard Webhooks secret (whsec_ followed by base64) from what
+// name names (a file, a Secret's key) and returns the key. Its errors name name, never the
+// content.
+func ParseSigningSecret(b []byte, name string) (Secret, error) {
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(strings.TrimSpace(string(b)), "whsec_"))
 	if err != nil || len(key) == 0 {
-		return nil, fmt.Errorf("%s does not hold a Standard Webhooks secret (whsec_ followed by base64)", path)
+		return nil, fmt.Errorf("%s does not hold a Standard Webhooks secret (whsec_ followed by base64)", name)
 	}
 	if len(key) < MinSigningSecret {
-		return nil, fmt.Errorf("%s holds a %d-byte key; Standard Webhooks requires at least %d", path, len(key), MinSigningSecret)
+		return nil, fmt.Errorf("%s holds a %d-byte key; Standard Webhooks requires at least %d", name, len(key), MinSigningSecret)
 	}
 	return key, nil
 }

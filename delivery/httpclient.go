@@ -5,13 +5,15 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/dynwatch/dynwatch/egress"
 )
 
 // newClient returns an HTTP client with its own transport (see HTTPTransport) and timeout. It
 // does not follow redirects: a POST must not turn into a GET.
 func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fence) *http.Client {
 	return &http.Client{
-		Transport:     HTTPTransport(tlsConfig, workers, f),
+		Transport:     HTTPTransport(tlsConfig, workers, f, nil),
 		Timeout:       timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
@@ -19,11 +21,17 @@ func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fenc
 
 // HTTPTransport returns an HTTP transport keeping one idle connection per worker, whose
 // connections write nothing once the fence has lapsed: the webhook transport's, and dead-letter
-// targets'.
-func HTTPTransport(tlsConfig *tls.Config, workers int, f Fence) *http.Transport {
-	dial := FencedDialer(f, (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
+// targets'. With an egress policy, every connection's dialled address is checked against it
+// and no proxy is used.
+func HTTPTransport(tlsConfig *tls.Config, workers int, f Fence, guard *egress.Policy) *http.Transport {
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	proxy := http.ProxyFromEnvironment
+	if guard != nil {
+		dialer.Control, proxy = guard.Control, nil
+	}
+	dial := FencedDialer(f, dialer.DialContext)
 	return &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
+		Proxy:                 proxy,
 		DialContext:           dial,
 		TLSHandshakeTimeout:   10 * time.Second,
 		MaxIdleConns:          workers,

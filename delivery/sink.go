@@ -355,10 +355,19 @@ func (s *Sink) attempt(ctx context.Context, st *settings, d *Delivery) error {
 			return &rejectedError{err} // the recorded body is damaged: no attempt can send it
 		}
 	}
-	d.Attempts++
 	if err := st.refuseUndurable(); err != nil {
+		d.Attempts++
 		return err // no attempt is made, and none counted
 	}
+	if l := st.cfg.Limiter; l != nil {
+		if err := l.Wait(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err() // stopped while waiting its turn: not an attempt
+			}
+			return err
+		}
+	}
+	d.Attempts++
 	// Each retry under an id of its own, for the test that shows validate.StableIDs failing
 	// on a broken build (a failpoint: see test/runner.BuildWithFailpoints).
 	// gofail: var newIDOnRetry struct{}

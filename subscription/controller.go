@@ -4,9 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,11 +19,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	kdynamicinformer "k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
+	"github.com/dynwatch/dynwatch/webhook"
 )
 
 // Options are a Controller's dependencies.
@@ -37,12 +45,20 @@ type Options struct {
 	Writes func() bool
 	// Every is how often every subscription's status is checked again.
 	Every time.Duration
+	// Sinks reports the sinks' state in delivery (a sink disabled by 410 Gone); nil: none.
+	Sinks func() []delivery.SinkStatus
+	// Secret reads a Secret's data with dynwatch's own identity (only once the subject was
+	// found to may read it too).
+	Secret func(ctx context.Context, namespace, name string) (map[string][]byte, error)
 }
 
 // Controller turns Subscriptions into sinks and keeps their status.
 type Controller struct {
 	o     Options
 	poked chan struct{}
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter // by namespace, shared by its subscriptions' sinks
 }
 
 // NewController builds a Controller; nothing runs until Run.
@@ -50,7 +66,7 @@ func NewController(o Options) *Controller {
 	if o.Writes == nil {
 		o.Writes = func() bool { return true }
 	}
-	return &Controller{o: o, poked: make(chan struct{}, 1)}
+	return &Controller{o: o, poked: make(chan struct{}, 1), limiters: map[string]*rate.Limiter{}}
 }
 
 // Initial lists the Subscriptions and returns their sinks, for delivery to start with: a
@@ -64,9 +80,11 @@ func (c *Controller) Initial(ctx context.Context) ([]config.SinkConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", GVR.GroupResource(), err)
 	}
-	items := make([]*unstructured.Unstructured, len(list.Items))
+	var items []*unstructured.Unstructured
 	for i := range list.Items {
-		items[i] = &list.Items[i]
+		if c.serves(&list.Items[i]) {
+			items = append(items, &list.Items[i])
+		}
 	}
 	sinks, _ := c.sinks(items)
 	return sinks, nil
@@ -104,7 +122,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	for {
 		var items []*unstructured.Unstructured
 		for _, obj := range inf.GetStore().List() {
-			items = append(items, obj.(*unstructured.Unstructured))
+			if u := obj.(*unstructured.Unstructured); c.serves(u) {
+				items = append(items, u)
+			}
 		}
 		c.sync(ctx, items)
 		select {
@@ -114,6 +134,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// serves reports whether u's namespace is one subscriptions.namespaces names (all, if none).
+func (c *Controller) serves(u *unstructured.Unstructured) bool {
+	ns := c.o.Config().Subscriptions.Namespaces
+	return len(ns) == 0 || slices.Contains(ns, u.GetNamespace())
 }
 
 // sync applies items' sinks and writes the statuses that changed.
@@ -146,11 +172,34 @@ type state struct {
 // sinks builds each item's sink and state; the sinks are those accepted, sorted by name.
 func (c *Controller) sinks(items []*unstructured.Unstructured) ([]config.SinkConfig, []state) {
 	cfg := c.o.Config()
+	disabled := map[string]string{}
+	if c.o.Sinks != nil {
+		for _, st := range c.o.Sinks() {
+			if st.Disabled != nil {
+				disabled[st.Name] = fmt.Sprintf("the receiver asked dynwatch to stop (%s) at %s: nothing more is sent, and what was queued is dead-lettered as gone, until the subscription's spec changes",
+					st.Disabled.Reason, st.Disabled.Since.UTC().Format(time.RFC3339))
+			}
+		}
+	}
 	var out []config.SinkConfig
 	states := make([]state, len(items))
+	over := c.overQuota(items, cfg.Subscriptions.Quota.PerNamespace)
 	for i, u := range items {
-		w, s, err := sinkOf(u, cfg)
 		st := &states[i]
+		if over[i] {
+			st.accepted = condition("Accepted", metav1.ConditionFalse, "QuotaExceeded", fmt.Sprintf(
+				"namespace %s has more subscriptions than the %d subscriptions.quota.perNamespace accepts (the oldest are)", u.GetNamespace(), cfg.Subscriptions.Quota.PerNamespace))
+			st.authorized = condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted")
+			st.ready = condition("Ready", metav1.ConditionFalse, "NotAccepted", "the subscription is not accepted: see the Accepted condition")
+			continue
+		}
+		w, s, err := sinkOf(u, cfg)
+		if err == nil && s.Signing != nil {
+			err = c.sign(u.GetNamespace(), s, w)
+		}
+		if err == nil {
+			w.Limiter = c.limiter(u.GetNamespace(), cfg.Subscriptions.Quota.DeliveriesPerSecond)
+		}
 		if err != nil {
 			st.accepted = condition("Accepted", metav1.ConditionFalse, "Invalid", err.Error())
 			st.authorized = condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted")
@@ -161,14 +210,82 @@ func (c *Controller) sinks(items []*unstructured.Unstructured) ([]config.SinkCon
 		out = append(out, w)
 		st.accepted = condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the webhook "+w.Name)
 		st.authorized = c.authorized(u.GetNamespace(), s, w)
-		if st.authorized.Status == metav1.ConditionTrue {
-			st.ready = condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
-		} else {
+		switch refused := c.refused(w); {
+		case st.authorized.Status != metav1.ConditionTrue:
 			st.ready = condition("Ready", metav1.ConditionFalse, "NotAuthorized", "see the Authorized condition")
+		case disabled[w.Name] != "":
+			st.ready = condition("Ready", metav1.ConditionFalse, "Gone", disabled[w.Name])
+		case refused != nil:
+			st.ready = condition("Ready", metav1.ConditionFalse, "EgressRefused", fmt.Sprintf("spec.url: %s resolves to an address a subscription may not reach, so nothing is sent: %v", w.Endpoint.Hostname(), refused))
+		default:
+			st.ready = condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
 		}
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
 	return out, states
+}
+
+// secretsResource is what a subject must be allowed to get for its subscription to sign with a
+// Secret: dynwatch reads it with its own identity, so it would otherwise lend the Secret to
+// anyone who may write subscriptions.
+var secretsResource = schema.GroupResource{Resource: "secrets"}
+
+// sign reads w's signing keys from the Secret s names, once the subject may read it.
+func (c *Controller) sign(namespace string, s *spec, w *config.Webhook) error {
+	ok, err := c.o.Reviewer.MayGet(s.Subject, secretsResource, namespace, s.Signing.SecretName)
+	switch {
+	case err != nil:
+		return fmt.Errorf("spec.signing.secretName: could not review whether %s may read it: %w", s.Subject.Username, err)
+	case !ok:
+		return fmt.Errorf("spec.signing.secretName: %s may not get the Secret %s, so the subscription may not sign with it", s.Subject.Username, s.Signing.SecretName)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
+	defer cancel()
+	data, err := c.o.Secret(ctx, namespace, s.Signing.SecretName)
+	if err != nil {
+		return fmt.Errorf("spec.signing.secretName: %w", err)
+	}
+	w.SigningSecrets, w.SigningKeys, err = readKeys(s.Signing, data)
+	return err
+}
+
+// overQuota marks the items past the first perNamespace of their namespace, oldest first.
+func (c *Controller) overQuota(items []*unstructured.Unstructured, perNamespace int) []bool {
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		ua, ub := items[a], items[b]
+		if ct := ua.GetCreationTimestamp().Compare(ub.GetCreationTimestamp().Time); ct != 0 {
+			return ct
+		}
+		return strings.Compare(ua.GetName(), ub.GetName())
+	})
+	over := make([]bool, len(items))
+	seen := map[string]int{}
+	for _, i := range order {
+		ns := items[i].GetNamespace()
+		seen[ns]++
+		over[i] = seen[ns] > perNamespace
+	}
+	return over
+}
+
+// limiter is namespace's shared rate limiter, at perSecond (nil: no bound); it keeps its
+// state while the rate stays the same.
+func (c *Controller) limiter(namespace string, perSecond float64) *rate.Limiter {
+	if perSecond == 0 {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.limiters[namespace]
+	if l == nil || l.Limit() != rate.Limit(perSecond) {
+		l = rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond)))
+		c.limiters[namespace] = l
+	}
+	return l
 }
 
 // authorized is the Authorized condition: whether the subject may watch each resource the
@@ -199,6 +316,31 @@ func (c *Controller) authorized(own string, s *spec, w *config.Webhook) metav1.C
 	return condition("Authorized", metav1.ConditionTrue, "Allowed", s.Subject.Username+" may watch what the subscription names")
 }
 
+// resolveTimeout bounds the lookup of a subscription's host name.
+const resolveTimeout = 2 * time.Second
+
+// refused is why w's host name resolves, now, to an address its egress policy refuses, or nil.
+// The status reports it; what keeps the webhook from reaching such an address is the check on
+// every connection it dials (egress.Policy.Control), whatever the name resolves to then.
+func (c *Controller) refused(w *config.Webhook) error {
+	host := w.Endpoint.Hostname()
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil // checked when the subscription was accepted
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil // not known now; each dial checks what it finds
+	}
+	for _, a := range addrs {
+		if err := w.Egress.Check(a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // maxMessage bounds a condition's message (the CRD's limit is 32768).
 const maxMessage = 4096
 
@@ -220,6 +362,9 @@ func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructur
 	next := status{ObservedGeneration: u.GetGeneration(), Conditions: slices.Clone(cur.Conditions)}
 	if st.sink != nil {
 		next.Sink = st.sink.Name
+		if keys := webhook.PublicKeys(st.sink); len(keys) > 0 {
+			next.SigningKeys = keys
+		}
 	}
 	for _, cond := range []metav1.Condition{st.accepted, st.authorized, st.ready} {
 		cond.ObservedGeneration = u.GetGeneration()
@@ -246,4 +391,7 @@ type status struct {
 	ObservedGeneration int64              `json:"observedGeneration,omitempty"`
 	Sink               string             `json:"sink,omitempty"`
 	Conditions         []metav1.Condition `json:"conditions,omitempty"`
+	// SigningKeys are the public halves of the Ed25519 keys that sign the requests (v1a), for
+	// receivers to verify with.
+	SigningKeys []webhook.PublicKey `json:"signingKeys,omitempty"`
 }

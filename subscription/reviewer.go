@@ -35,12 +35,15 @@ type Reviewer struct {
 	entries map[decisionKey]*decision
 }
 
-// decisionKey names a decision: the subject (its JSON), the resource and the namespace ("":
-// cluster-wide). The version is left out: RBAC grants a resource in every version.
+// decisionKey names a decision: the subject (its JSON), the verb, the resource, the namespace
+// ("": cluster-wide) and the object's name ("": any). The version is left out: RBAC grants a
+// resource in every version.
 type decisionKey struct {
 	subject   string
+	verb      string
 	resource  schema.GroupResource
 	namespace string
+	name      string
 }
 
 type decision struct {
@@ -68,7 +71,7 @@ func NewReviewer(log *slog.Logger, reg prometheus.Registerer, client authorizati
 // Allowed implements delivery.Access: whether subject may watch gvr's objects in namespace,
 // cluster-wide or in that namespace.
 func (r *Reviewer) Allowed(subject *config.Subject, gvr schema.GroupVersionResource, namespace string) (bool, error) {
-	key := decisionKey{subject: subjectKey(subject), resource: gvr.GroupResource()}
+	key := decisionKey{subject: subjectKey(subject), verb: "watch", resource: gvr.GroupResource()}
 	if namespace != "" {
 		if ok, err := r.decide(subject, key); err == nil && ok {
 			return true, nil
@@ -76,6 +79,11 @@ func (r *Reviewer) Allowed(subject *config.Subject, gvr schema.GroupVersionResou
 	}
 	key.namespace = namespace
 	return r.decide(subject, key)
+}
+
+// MayGet reports whether subject may get the object name of resource in namespace.
+func (r *Reviewer) MayGet(subject *config.Subject, resource schema.GroupResource, namespace, name string) (bool, error) {
+	return r.decide(subject, decisionKey{subject: subjectKey(subject), verb: "get", resource: resource, namespace: namespace, name: name})
 }
 
 // decide answers key from the cache while it is fresh (asked within two periods: the refresh
@@ -90,7 +98,7 @@ func (r *Reviewer) decide(subject *config.Subject, key decisionKey) (bool, error
 		return allowed, nil
 	}
 	r.mu.Unlock()
-	v, err, _ := r.flight.Do(fmt.Sprintf("%s\x00%s\x00%s", key.subject, key.resource, key.namespace), func() (any, error) {
+	v, err, _ := r.flight.Do(fmt.Sprintf("%s\x00%s\x00%s\x00%s\x00%s", key.subject, key.verb, key.resource, key.namespace, key.name), func() (any, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
 		defer cancel()
 		return r.review(ctx, subject, key)
@@ -109,7 +117,7 @@ func (r *Reviewer) review(ctx context.Context, subject *config.Subject, key deci
 	}
 	sar, err := r.client.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 		User: subject.Username, UID: subject.UID, Groups: subject.Groups, Extra: extra,
-		ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "watch", Group: key.resource.Group, Resource: key.resource.Resource, Namespace: key.namespace},
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: key.verb, Group: key.resource.Group, Resource: key.resource.Resource, Namespace: key.namespace, Name: key.name},
 	}}, metav1.CreateOptions{})
 	if err != nil {
 		r.reviews.WithLabelValues("error").Inc()
@@ -148,7 +156,7 @@ func (r *Reviewer) Run(ctx context.Context) error {
 			rctx, cancel := context.WithTimeout(ctx, reviewTimeout)
 			if _, err := r.review(rctx, subject, key); err != nil && ctx.Err() == nil {
 				r.log.Warn("could not review a subscription's access again; its last decision stands for one more period", "user", subject.Username,
-					"resource", key.resource.String(), "namespace", key.namespace, "err", err)
+					"verb", key.verb, "resource", key.resource.String(), "namespace", key.namespace, "name", key.name, "err", err)
 			}
 			cancel()
 		}

@@ -1,9 +1,12 @@
 package subscription
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -28,7 +31,17 @@ type spec struct {
 		Diff   string `json:"diff,omitempty"`
 		Object string `json:"object,omitempty"`
 	} `json:"payload"`
+	// Signing names a Secret in the subscription's namespace and the keys of it that sign.
+	Signing *signing        `json:"signing,omitempty"`
 	Subject *config.Subject `json:"subject,omitempty"`
+}
+
+// signing is a subscription's signing keys: each of Keys, a key of the Secret SecretName in
+// the subscription's namespace, holds a Standard Webhooks secret (whsec_..., v1) or an Ed25519
+// private key in PKCS#8 PEM (v1a); each signs every request.
+type signing struct {
+	SecretName string   `json:"secretName"`
+	Keys       []string `json:"keys"`
 }
 
 // sinkName names the sink of the subscription namespace/name in metrics, logs, dead letters and
@@ -56,7 +69,7 @@ func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, 
 	case len(s.Resources) == 0:
 		return nil, &s, errors.New("spec.resources: is required: name each resource to receive (resource.group, e.g. deployments.apps)")
 	}
-	w := &config.Webhook{URL: s.URL, Sink: config.Sink{
+	w := &config.Webhook{URL: s.URL, Sink: config.Sink{QueueSize: cfg.Subscriptions.Quota.QueueSize,
 		Name: sinkName(u.GetNamespace(), u.GetName()), Resources: s.Resources, EventTypes: s.EventTypes, Namespaces: s.Namespaces,
 		LabelSelector: s.LabelSelector, Filter: s.Filter, FilterErrors: config.FilterErrors(s.FilterErrors),
 		Payload: config.Payload{Diff: config.Diff(s.Payload.Diff), Object: config.PayloadObject(s.Payload.Object)},
@@ -65,5 +78,42 @@ func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, 
 	if err := cfg.CheckWebhook(w, "spec"); err != nil {
 		return nil, &s, err
 	}
+	if s.Signing != nil && !slices.Contains(cfg.Subscriptions.SigningSecretNames, s.Signing.SecretName) {
+		return nil, &s, fmt.Errorf("spec.signing.secretName: must be one of %q (subscriptions.signingSecretNames: the Secrets dynwatch may read), got %q",
+			cfg.Subscriptions.SigningSecretNames, s.Signing.SecretName)
+	}
+	w.Egress = &cfg.Subscriptions.Egress.Policy
+	if ip, err := netip.ParseAddr(w.Endpoint.Hostname()); err == nil {
+		if err := w.Egress.Check(ip); err != nil {
+			return nil, &s, fmt.Errorf("spec.url: %w", err)
+		}
+	}
 	return w, &s, nil
+}
+
+// readKeys reads s's signing keys from data, the Secret's: each named key holds a Standard
+// Webhooks secret or an Ed25519 private key. Its errors name the field and the key, never the
+// content.
+func readKeys(s *signing, data map[string][]byte) (secrets, keys []config.Secret, err error) {
+	for i, k := range s.Keys {
+		b, ok := data[k]
+		name := fmt.Sprintf("spec.signing.keys[%d]: key %q of Secret %s", i, k, s.SecretName)
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: no such key", name)
+		}
+		if bytes.HasPrefix(bytes.TrimSpace(b), []byte("-----BEGIN")) {
+			key, err := config.ParseSigningKey(b, name)
+			if err != nil {
+				return nil, nil, err
+			}
+			keys = append(keys, key)
+			continue
+		}
+		secret, err := config.ParseSigningSecret(b, name)
+		if err != nil {
+			return nil, nil, err
+		}
+		secrets = append(secrets, secret)
+	}
+	return secrets, keys, nil
 }

@@ -1,6 +1,13 @@
 package subscription
 
 import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,6 +84,10 @@ func TestABadSubscriptionIsRefusedNamingItsField(t *testing.T) {
 		{"a URL that is not http", map[string]any{"url": "file:///etc/passwd", "resources": []any{"configmaps"}, "subject": subject}, []string{"spec.url"}},
 		{"a bad label selector and event type", map[string]any{"url": "http://r/", "resources": []any{"configmaps"}, "labelSelector": "a in (", "eventTypes": []any{"CHANGED"}, "subject": subject},
 			[]string{"spec.labelSelector", "spec.eventTypes[0]"}},
+		{"a loopback address", map[string]any{"url": "http://127.0.0.2:8080/", "resources": []any{"configmaps"}, "subject": subject}, []string{"spec.url", "127.0.0.2 is a loopback address"}},
+		{"cloud metadata, IPv4-mapped", map[string]any{"url": "http://[::ffff:169.254.169.254]/", "resources": []any{"configmaps"}, "subject": subject}, []string{"spec.url", "link-local"}},
+		{"a signing Secret of a name dynwatch does not read", map[string]any{"url": "http://r/", "resources": []any{"configmaps"}, "subject": subject,
+			"signing": map[string]any{"secretName": "kube-root-ca.crt", "keys": []any{"ca.crt"}}}, []string{"spec.signing.secretName", "dynwatch-signing"}},
 		{"a payload of nothing", map[string]any{"url": "http://r/", "resources": []any{"configmaps"}, "payload": map[string]any{"object": "none"}, "subject": subject}, []string{"spec.payload.object"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,5 +101,41 @@ func TestABadSubscriptionIsRefusedNamingItsField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestSigningKeysAreReadFromTheSecretAndABadOneIsNamedWithoutItsContent(t *testing.T) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, _ := x509.MarshalPKCS8PrivateKey(priv)
+	edPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaDER, _ := x509.MarshalPKCS8PrivateKey(rsaKey)
+	rsaPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: rsaDER})
+	whsec := "whsec_" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
+	data := map[string][]byte{"v1": []byte(whsec + "\n"), "v1a": edPEM, "rsa": rsaPEM, "short": []byte("whsec_c2hvcnQ="), "junk": []byte("hunter2-is-my-password")}
+
+	secrets, keys, err := readKeys(&signing{SecretName: "dynwatch-signing", Keys: []string{"v1", "v1a"}}, data)
+	if err != nil || len(secrets) != 1 || len(keys) != 1 || !bytes.Equal(keys[0], priv) {
+		t.Fatalf("read v1 and v1a: %d secrets, %d keys, %v", len(secrets), len(keys), err)
+	}
+	for key, want := range map[string]string{
+		"rsa":     `spec.signing.keys[1]: key "rsa" of Secret dynwatch-signing holds a *rsa.PrivateKey key`,
+		"short":   "requires at least 24",
+		"junk":    "does not hold a Standard Webhooks secret",
+		"missing": "no such key",
+	} {
+		_, _, err := readKeys(&signing{SecretName: "dynwatch-signing", Keys: []string{"v1", key}}, data)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("key %s: %v, want an error saying %q", key, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("key %s: the error holds the Secret's content: %v", key, err)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/delivery"
+	"github.com/dynwatch/dynwatch/egress"
 	"github.com/dynwatch/dynwatch/journal"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -47,7 +48,7 @@ func New(cfg *config.Webhook, cluster object.Cluster, log *slog.Logger, f delive
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, cluster: cluster, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: delivery.HTTPTransport(cfg.TLSConfig, cfg.Workers, f),
+	t := &Transport{cfg: cfg, cluster: cluster, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: delivery.HTTPTransport(cfg.TLSConfig, cfg.Workers, f, cfg.Egress),
 		configured: map[string]bool{}}
 	for _, h := range cfg.Headers {
 		name := http.CanonicalHeaderKey(h.Name)
@@ -107,6 +108,10 @@ func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.De
 		GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
 	}).WithContext(ctx)
 	resp, err := t.rt.RoundTrip(req)
+	if errors.Is(err, egress.ErrRefused) {
+		// The address the URL led to is one the sink may not reach: final, not retried.
+		return delivery.Rejected(fmt.Errorf("POST %s: %w", t.endpoint, err))
+	}
 	if err != nil {
 		// The transport may still be writing the request: h is left to it.
 		return fmt.Errorf("POST %s: %w", t.endpoint, err)

@@ -52,7 +52,7 @@ func TestWithSubscriptionsEnabledTheChartLetsATeamSubscribeAndDynwatchDeliverWit
 	}))
 	defer receiver.Close()
 	values := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(values, []byte("config:\n  resources:\n    - {version: v1, resource: configmaps}\n  subscriptions: {reviewEvery: 5s}\nsubscriptions:\n  enabled: true\n"), 0o600); err != nil {
+	if err := os.WriteFile(values, []byte("config:\n  resources:\n    - {version: v1, resource: configmaps}\n  subscriptions: {reviewEvery: 5s, egress: {allow: [127.0.0.1/32]}}\nsubscriptions:\n  enabled: true\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	objs := objects(t, render(t, release, "-f", values))

@@ -1,7 +1,14 @@
 package e2e
 
 import (
+	"crypto/ed25519"
+	"encoding/base64"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -66,6 +76,16 @@ func newSubscription(name, url string, namespaces []string) *unstructured.Unstru
 		"apiVersion": "events.dynwatch.io/v1alpha1", "kind": "Subscription",
 		"metadata": map[string]any{"name": name}, "spec": spec,
 	}}
+}
+
+// subscriptionsAs is the Subscriptions of ns as user, impersonated by the test bed's admin: a
+// user of the test's own, whom no other test grants anything (the test bed's bob, say, reads
+// configmaps cluster-wide while the security tests run).
+func subscriptionsAs(t *testing.T, user, ns string) dynamic.ResourceInterface {
+	t.Helper()
+	c := rest.CopyConfig(cluster.Config)
+	c.Impersonate = rest.ImpersonationConfig{UserName: user}
+	return dynamic.NewForConfigOrDie(c).Resource(subscriptionsGVR).Namespace(ns)
 }
 
 // grantSubscriptions lets user write Subscriptions in ns.
@@ -149,37 +169,35 @@ func TestEachTeamsSubscriptionReceivesOnlyWhatItsWriterMayWatch(t *testing.T) {
 	t.Parallel()
 	installSubscriptions(t)
 	a, b, c := namespace(t), namespace(t), namespace(t)
+	alice, bob := "alice-"+a, "bob-"+b
 	admin := kubernetes.NewForConfigOrDie(cluster.Config)
-	for ns, user := range map[string]string{a: "alice", b: "bob"} {
+	for ns, user := range map[string]string{a: alice, b: bob} {
 		grantConfigMapReads(t, admin, ns, user)
 		grantSubscriptions(t, admin, ns, user)
 	}
 	rcA, rcB, rcOther := newReceiver(t, nil, false), newReceiver(t, nil, false), newReceiver(t, nil, false)
-	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, reviewEvery: 2s}\n")
+	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+a+", "+b+", "+c+"], reviewEvery: 2s, egress: {allow: [127.0.0.1/32]}}\n")
 
-	as := func(user string) dynamic.NamespaceableResourceInterface {
-		return dynamic.NewForConfigOrDie(caller{token: cluster.Token(user)}.config(cluster.URL(), "", cluster.Config.CAData)).Resource(subscriptionsGVR)
-	}
 	spoof := newSubscription("team", rcA.URL, nil)
-	spoof.Object["spec"].(map[string]any)["subject"] = map[string]any{"username": "bob", "groups": []any{"system:masters"}}
-	created, err := as("alice").Namespace(a).Create(t.Context(), spoof, metav1.CreateOptions{})
+	spoof.Object["spec"].(map[string]any)["subject"] = map[string]any{"username": bob, "groups": []any{"system:masters"}}
+	created, err := subscriptionsAs(t, alice, a).Create(t.Context(), spoof, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	subject, _, _ := unstructured.NestedMap(created.Object, "spec", "subject")
-	if groups, _ := subject["groups"].([]any); subject["username"] != "alice" || subject["uid"] != "alice" || slices.Contains(groups, any("system:masters")) {
+	if groups, _ := subject["groups"].([]any); subject["username"] != alice || slices.Contains(groups, any("system:masters")) {
 		t.Fatalf("alice's subscription naming bob (system:masters) as its subject was stored with subject %v; want alice's own", subject)
 	}
-	if _, err := as("bob").Namespace(b).Create(t.Context(), newSubscription("team", rcB.URL, nil), metav1.CreateOptions{}); err != nil {
+	if _, err := subscriptionsAs(t, bob, b).Create(t.Context(), newSubscription("team", rcB.URL, nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := as("alice").Namespace(a).Create(t.Context(), newSubscription("other", rcOther.URL, []string{b}), metav1.CreateOptions{}); err != nil {
+	if _, err := subscriptionsAs(t, alice, a).Create(t.Context(), newSubscription("other", rcOther.URL, []string{b}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	bad := newSubscription("bad", rcOther.URL, nil)
 	bad.Object["spec"].(map[string]any)["resources"] = []any{"secrets"}
 	bad.Object["spec"].(map[string]any)["filter"] = "object.("
-	if _, err := as("alice").Namespace(a).Create(t.Context(), bad, metav1.CreateOptions{}); err != nil {
+	if _, err := subscriptionsAs(t, alice, a).Create(t.Context(), bad, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	msg := waitCondition(t, a, "bad", "Accepted", "False", "Invalid")
@@ -231,5 +249,258 @@ func TestEachTeamsSubscriptionReceivesOnlyWhatItsWriterMayWatch(t *testing.T) {
 	}
 	if got := rcOther.got(); len(got) != 0 {
 		t.Errorf("the subscription naming a namespace alice may not watch received %d events: %v", len(got), namespacesOf(rcOther))
+	}
+}
+
+// newReceiverOn is a receiver listening on host (a loopback address).
+func newReceiverOn(t *testing.T, host string) *receiver {
+	t.Helper()
+	ln, err := net.Listen("tcp", host+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &receiver{perID: map[string]int{}}
+	rc.Server = httptest.NewUnstartedServer(http.HandlerFunc(rc.serve))
+	rc.Listener.Close()
+	rc.Listener = ln
+	rc.Start()
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+// TestASubscriptionToAnAddressOutsideTheAllowListReachesNothing: with only 127.0.0.2 allowed,
+// a subscription to the literal 127.0.0.1 is not Accepted (naming spec.url), and one to
+// localhost, which resolves to 127.0.0.1 (and ::1), is not Ready: its events are refused at the
+// dial, each dead-lettered as rejected, and the receiver behind both gets nothing, while a
+// subscription to 127.0.0.2 receives every event.
+func TestASubscriptionToAnAddressOutsideTheAllowListReachesNothing(t *testing.T) {
+	t.Parallel()
+	installSubscriptions(t)
+	ns := namespace(t)
+	admin := kubernetes.NewForConfigOrDie(cluster.Config)
+	carol := "carol-" + ns
+	grantConfigMapReads(t, admin, ns, carol)
+	grantSubscriptions(t, admin, ns, carol)
+	allowed, forbidden := newReceiverOn(t, "127.0.0.2"), newReceiver(t, nil, false)
+	_, port, _ := net.SplitHostPort(forbidden.Listener.Addr().String())
+	_, metrics := startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}}\n")
+	subs := subscriptionsAs(t, carol, ns)
+	for name, url := range map[string]string{"allowed": allowed.URL, "literal": "http://127.0.0.1:" + port + "/", "byname": "http://localhost:" + port + "/"} {
+		if _, err := subs.Create(t.Context(), newSubscription(name, url, []string{ns}), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCondition(t, ns, "allowed", "Ready", "True", "Delivering")
+	if msg := waitCondition(t, ns, "literal", "Accepted", "False", "Invalid"); !strings.Contains(msg, "spec.url") || !strings.Contains(msg, "127.0.0.1 is a loopback address") {
+		t.Errorf("the Accepted=False message of a subscription to 127.0.0.1 does not name spec.url and why: %s", msg)
+	}
+	if msg := waitCondition(t, ns, "byname", "Ready", "False", "EgressRefused"); !strings.Contains(msg, "localhost") {
+		t.Errorf("the Ready=False message of a subscription to localhost does not name it: %s", msg)
+	}
+	for _, name := range []string{"one", "two", "marker"} {
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReceived(t, allowed, ns, "marker")
+	// Each of byname's three events is refused at the dial, a final answer: dead-lettered at once.
+	testbed.Eventually(t, 60*time.Second, func() error {
+		if n := metricValue(t, metrics, `dynwatch_webhook_dead_letters_total{reason="rejected",sink="subscription.`+ns+`.byname"}`); n != 3 {
+			return fmt.Errorf("the subscription to localhost has %v events dead-lettered as rejected, want 3", n)
+		}
+		return nil
+	})
+	if got := forbidden.got(); len(got) != 0 {
+		t.Errorf("the receiver on 127.0.0.1, outside the allow-list, received %d requests", len(got))
+	}
+	if got, want := namespacesOf(allowed), []string{ns + "/marker", ns + "/one", ns + "/two"}; !slices.Equal(got, want) {
+		t.Errorf("the subscription to 127.0.0.2 received %v, want %v", got, want)
+	}
+}
+
+// TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore: a receiver that
+// answers 410 Gone to its first request asks dynwatch to stop; the subscription turns
+// Ready=False with reason Gone and is sent nothing more, until its spec changes.
+func TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore(t *testing.T) {
+	t.Parallel()
+	installSubscriptions(t)
+	ns := namespace(t)
+	admin := kubernetes.NewForConfigOrDie(cluster.Config)
+	carol := "carol-" + ns
+	grantConfigMapReads(t, admin, ns, carol)
+	grantSubscriptions(t, admin, ns, carol)
+	gone := newReceiverOn(t, "127.0.0.2")
+	gone.answer = func(int) int { return http.StatusGone }
+	_, metrics := startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}}\n")
+	subs := subscriptionsAs(t, carol, ns)
+	if _, err := subs.Create(t.Context(), newSubscription("gone", gone.URL, []string{ns}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, ns, "gone", "Ready", "True", "Delivering")
+	if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "first"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if msg := waitCondition(t, ns, "gone", "Ready", "False", "Gone"); !strings.Contains(msg, "410") {
+		t.Errorf("the Ready=False message does not name the 410: %s", msg)
+	}
+	for _, name := range []string{"second", "third"} {
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Disabled, the sink dead-letters what it is handed, as gone, instead of sending it.
+	testbed.Eventually(t, 60*time.Second, func() error {
+		if n := metricValue(t, metrics, `dynwatch_webhook_dead_letters_total{reason="gone",sink="subscription.`+ns+`.gone"}`); n != 3 {
+			return fmt.Errorf("%v events dead-lettered as gone, want 3 (first, answered 410; second and third, not sent)", n)
+		}
+		return nil
+	})
+	if got := namespacesOf(gone); !slices.Equal(got, []string{ns + "/first"}) {
+		t.Errorf("after answering 410 the receiver was sent %v, want only %s/first", got, ns)
+	}
+}
+
+// TestANamespacesSubscriptionsAreBoundedByItsQuota: with subscriptions.quota.perNamespace 2,
+// the third subscription of a namespace is refused (QuotaExceeded); with deliveriesPerSecond
+// 2, the two accepted ones share two attempts a second: their 12 deliveries (6 configmaps
+// each) take at least 5 s after the burst of 2. The bound is a lower one: a loaded machine
+// only makes the span longer.
+func TestANamespacesSubscriptionsAreBoundedByItsQuota(t *testing.T) {
+	t.Parallel()
+	installSubscriptions(t)
+	ns := namespace(t)
+	admin := kubernetes.NewForConfigOrDie(cluster.Config)
+	carol := "carol-" + ns
+	grantConfigMapReads(t, admin, ns, carol)
+	grantSubscriptions(t, admin, ns, carol)
+	rc := newReceiverOn(t, "127.0.0.2")
+	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}, quota: {perNamespace: 2, deliveriesPerSecond: 2}}\n")
+	subs := subscriptionsAs(t, carol, ns)
+	for _, name := range []string{"a1", "a2", "a3"} {
+		if _, err := subs.Create(t.Context(), newSubscription(name, rc.URL, []string{ns}), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCondition(t, ns, "a1", "Ready", "True", "Delivering")
+	waitCondition(t, ns, "a2", "Ready", "True", "Delivering")
+	if msg := waitCondition(t, ns, "a3", "Accepted", "False", "QuotaExceeded"); !strings.Contains(msg, "perNamespace") {
+		t.Errorf("the QuotaExceeded message does not name the setting: %s", msg)
+	}
+	for i := range 6 {
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprint("cm-", i)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := rc.waitFor(t, 12, 90*time.Second)
+	if len(got) != 12 {
+		t.Fatalf("the receiver got %d requests, want 12 (6 configmaps to each of 2 subscriptions): %v", len(got), namespacesOf(rc))
+	}
+	if span := got[11].at.Sub(got[0].at); span < 5*time.Second-500*time.Millisecond {
+		t.Errorf("12 deliveries at 2 a second after a burst of 2 took %s, want at least 5s", span)
+	}
+}
+
+// TestASubscriptionSignsWithTheKeysOfItsNamespacesSecretIfItsWriterMayReadIt: carol's
+// subscription names the Secret dynwatch-signing of her namespace, which holds a Standard
+// Webhooks secret and an Ed25519 key. She may read it: every request carries both signatures
+// (v1 verified with the secret, v1a with the public key the status publishes). dave, who may
+// not read it, is refused (Accepted=False naming spec.signing.secretName), as is a Secret of a
+// name dynwatch does not read and a key that is not a signing key.
+func TestASubscriptionSignsWithTheKeysOfItsNamespacesSecretIfItsWriterMayReadIt(t *testing.T) {
+	t.Parallel()
+	installSubscriptions(t)
+	ns := namespace(t)
+	admin := kubernetes.NewForConfigOrDie(cluster.Config)
+	carol, dave := "carol-"+ns, "dave-"+ns
+	grantConfigMapReads(t, admin, ns, carol)
+	grantSubscriptions(t, admin, ns, carol)
+	grantSubscriptions(t, admin, ns, dave)
+	if _, err := admin.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "signing"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"dynwatch-signing"}, Verbs: []string{"get"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "signing-carol"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "signing"},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: carol}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	secret, _ := signingSecret(t)
+	keyPath := filepath.Join(t.TempDir(), "key.pem")
+	writeSigningKey(t, keyPath)
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Secrets(ns).Create(t.Context(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch-signing"},
+		Data:       map[string][]byte{"v1": []byte(secret), "v1a": keyPEM, "junk": []byte("not a key")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rc := newReceiverOn(t, "127.0.0.2")
+	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}}\n")
+	signed := func(name, secretName string, keys ...string) *unstructured.Unstructured {
+		s := newSubscription(name, rc.URL, []string{ns})
+		var ks []any
+		for _, k := range keys {
+			ks = append(ks, k)
+		}
+		s.Object["spec"].(map[string]any)["signing"] = map[string]any{"secretName": secretName, "keys": ks}
+		return s
+	}
+	for user, sub := range map[string]*unstructured.Unstructured{
+		carol: signed("signed", "dynwatch-signing", "v1", "v1a"),
+		dave:  signed("borrowed", "dynwatch-signing", "v1"),
+	} {
+		if _, err := subscriptionsAs(t, user, ns).Create(t.Context(), sub, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sub := range []*unstructured.Unstructured{signed("othername", "other-secret", "v1"), signed("junk", "dynwatch-signing", "junk")} {
+		if _, err := subscriptionsAs(t, carol, ns).Create(t.Context(), sub, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, want := range map[string]string{
+		"borrowed":  dave + " may not get the Secret dynwatch-signing",
+		"othername": "spec.signing.secretName: must be one of",
+		"junk":      `spec.signing.keys[0]: key "junk" of Secret dynwatch-signing does not hold a Standard Webhooks secret`,
+	} {
+		if msg := waitCondition(t, ns, name, "Accepted", "False", "Invalid"); !strings.Contains(msg, want) {
+			t.Errorf("subscription %s: Accepted=False says %q, want it to say %q", name, msg, want)
+		}
+	}
+	waitCondition(t, ns, "signed", "Ready", "True", "Delivering")
+	u, err := dynamic.NewForConfigOrDie(cluster.Config).Resource(subscriptionsGVR).Namespace(ns).Get(t.Context(), "signed", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _, _ := unstructured.NestedSlice(u.Object, "status", "signingKeys")
+	if len(keys) != 1 {
+		t.Fatalf("status.signingKeys is %v, want the one Ed25519 public key", keys)
+	}
+	pub, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(keys[0].(map[string]any)["publicKey"].(string), "whpk_"))
+	if err != nil || len(pub) != ed25519.PublicKeySize {
+		t.Fatalf("status.signingKeys[0].publicKey %v", keys[0])
+	}
+	if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "signed"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := rc.waitFor(t, 1, 60*time.Second)
+	verifier, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range got {
+		if err := verifier.Verify(r.body, r.header); err != nil {
+			t.Errorf("a request does not verify with the Secret's v1 key: %v", err)
+		}
+		if !signedBy(r, ed25519.PublicKey(pub)) {
+			t.Error("a request does not verify with the public key in the subscription's status")
+		}
 	}
 }

@@ -179,8 +179,13 @@ advance, so `get` on CustomResourceDefinitions is granted without resourceNames.
 {{- end }}
 {{- end }}
 {{- if .Values.subscriptions.enabled }}
-{{- /* Subscriptions: watched, their status written, their subjects' access reviewed. */}}
+{{- /* Subscriptions: watched, their status written, their subjects' access reviewed, their signing Secrets read. */}}
 {{- $subs := list (dict "apiGroups" (list "events.dynwatch.io") "resources" (list "subscriptions") "verbs" (list "get" "list" "watch")) (dict "apiGroups" (list "events.dynwatch.io") "resources" (list "subscriptions/status") "verbs" (list "update")) (dict "apiGroups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) }}
+{{- $signing := dig "subscriptions" "signingSecretNames" (list "dynwatch-signing") (.Values.config | default dict) }}
+{{- if $signing }}
+{{- /* The Secrets subscriptions sign with: these names only, in any namespace. */}}
+{{- $subs = append $subs (dict "apiGroups" (list "") "resources" (list "secrets") "verbs" (list "get") "resourceNames" $signing) }}
+{{- end }}
 {{- $_ := set $rules "" (concat (get $rules "" | default list) $subs) }}
 {{- end }}
 {{- toJson $rules }}
