@@ -86,7 +86,11 @@ func (c *Controller) Initial(ctx context.Context) ([]config.SinkConfig, error) {
 			items = append(items, &list.Items[i])
 		}
 	}
-	sinks, _ := c.sinks(items)
+	unguarded := c.unguarded(ctx)
+	if unguarded != nil {
+		c.o.Logger.Error("no subscription is served", "err", unguarded)
+	}
+	sinks, _ := c.sinks(items, unguarded)
 	return sinks, nil
 }
 
@@ -136,6 +140,35 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
+// PolicyName names the admission policies, and their bindings, that record a subscription's
+// subject (the chart's files/subscriptions/admission.yaml).
+const PolicyName = "subscriptions.events.dynwatch.io"
+
+var (
+	mutatingBindings   = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingadmissionpolicybindings"}
+	validatingBindings = schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicybindings"}
+)
+
+// unguarded is why spec.subject cannot be trusted now, or nil: both admission policies must be
+// bound, the validating one to deny. Without them a writer's subject is whatever it wrote.
+func (c *Controller) unguarded(ctx context.Context) error {
+	for _, b := range []struct {
+		gvr  schema.GroupVersionResource
+		kind string
+	}{{mutatingBindings, "MutatingAdmissionPolicyBinding"}, {validatingBindings, "ValidatingAdmissionPolicyBinding"}} {
+		u, err := c.o.Client.Resource(b.gvr).Get(ctx, PolicyName, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("the %s %s, which records who wrote a subscription, cannot be read: %w; without it spec.subject is whatever a writer wrote, so no subscription is served", b.kind, PolicyName, err)
+		}
+		policy, _, _ := unstructured.NestedString(u.Object, "spec", "policyName")
+		actions, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "validationActions")
+		if policy != PolicyName || (b.gvr == validatingBindings && !slices.Contains(actions, "Deny")) {
+			return fmt.Errorf("the %s %s does not bind the policy %s (to deny); without it spec.subject is whatever a writer wrote, so no subscription is served", b.kind, PolicyName, PolicyName)
+		}
+	}
+	return nil
+}
+
 // serves reports whether u's namespace is one subscriptions.namespaces names (all, if none).
 func (c *Controller) serves(u *unstructured.Unstructured) bool {
 	ns := c.o.Config().Subscriptions.Namespaces
@@ -144,7 +177,11 @@ func (c *Controller) serves(u *unstructured.Unstructured) bool {
 
 // sync applies items' sinks and writes the statuses that changed.
 func (c *Controller) sync(ctx context.Context, items []*unstructured.Unstructured) {
-	sinks, states := c.sinks(items)
+	unguarded := c.unguarded(ctx)
+	if unguarded != nil && ctx.Err() == nil {
+		c.o.Logger.Error("no subscription is served", "err", unguarded)
+	}
+	sinks, states := c.sinks(items, unguarded)
 	applied := c.o.Apply(sinks)
 	if applied != nil {
 		c.o.Logger.Error("apply the subscriptions' sinks", "err", applied)
@@ -170,7 +207,8 @@ type state struct {
 }
 
 // sinks builds each item's sink and state; the sinks are those accepted, sorted by name.
-func (c *Controller) sinks(items []*unstructured.Unstructured) ([]config.SinkConfig, []state) {
+// While unguarded (the admission policies are missing) none is.
+func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) ([]config.SinkConfig, []state) {
 	cfg := c.o.Config()
 	disabled := map[string]string{}
 	if c.o.Sinks != nil {
@@ -186,6 +224,12 @@ func (c *Controller) sinks(items []*unstructured.Unstructured) ([]config.SinkCon
 	over := c.overQuota(items, cfg.Subscriptions.Quota.PerNamespace)
 	for i, u := range items {
 		st := &states[i]
+		if unguarded != nil {
+			st.accepted = condition("Accepted", metav1.ConditionFalse, "NoAdmissionPolicy", unguarded.Error())
+			st.authorized = condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted")
+			st.ready = condition("Ready", metav1.ConditionFalse, "NotAccepted", "the subscription is not accepted: see the Accepted condition")
+			continue
+		}
 		if over[i] {
 			st.accepted = condition("Accepted", metav1.ConditionFalse, "QuotaExceeded", fmt.Sprintf(
 				"namespace %s has more subscriptions than the %d subscriptions.quota.perNamespace accepts (the oldest are)", u.GetNamespace(), cfg.Subscriptions.Quota.PerNamespace))

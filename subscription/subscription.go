@@ -26,8 +26,11 @@ type spec struct {
 	Namespaces    []string `json:"namespaces,omitempty"`
 	LabelSelector string   `json:"labelSelector,omitempty"`
 	Filter        string   `json:"filter,omitempty"`
-	FilterErrors  string   `json:"filterErrors,omitempty"`
-	Payload       struct {
+	// Filters are CloudEvents Subscriptions API filters (exact, prefix, suffix, all, any,
+	// not) over the attributes type, source and subject; all must match, and filter too.
+	Filters      []map[string]any `json:"filters,omitempty"`
+	FilterErrors string           `json:"filterErrors,omitempty"`
+	Payload      struct {
 		Diff   string `json:"diff,omitempty"`
 		Object string `json:"object,omitempty"`
 	} `json:"payload"`
@@ -69,9 +72,20 @@ func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, 
 	case len(s.Resources) == 0:
 		return nil, &s, errors.New("spec.resources: is required: name each resource to receive (resource.group, e.g. deployments.apps)")
 	}
+	filter := s.Filter
+	if len(s.Filters) > 0 {
+		expr, err := dialects("spec.filters", s.Filters)
+		if err != nil {
+			return nil, &s, err
+		}
+		if filter != "" {
+			expr = "(" + filter + ") && " + expr
+		}
+		filter = expr
+	}
 	w := &config.Webhook{URL: s.URL, Sink: config.Sink{QueueSize: cfg.Subscriptions.Quota.QueueSize,
 		Name: sinkName(u.GetNamespace(), u.GetName()), Resources: s.Resources, EventTypes: s.EventTypes, Namespaces: s.Namespaces,
-		LabelSelector: s.LabelSelector, Filter: s.Filter, FilterErrors: config.FilterErrors(s.FilterErrors),
+		LabelSelector: s.LabelSelector, Filter: filter, FilterErrors: config.FilterErrors(s.FilterErrors),
 		Payload: config.Payload{Diff: config.Diff(s.Payload.Diff), Object: config.PayloadObject(s.Payload.Object)},
 		Subject: s.Subject, Source: string(b),
 	}}

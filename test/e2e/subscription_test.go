@@ -88,6 +88,28 @@ func subscriptionsAs(t *testing.T, user, ns string) dynamic.ResourceInterface {
 	return dynamic.NewForConfigOrDie(c).Resource(subscriptionsGVR).Namespace(ns)
 }
 
+// team installs the subscriptions, makes a namespace and a user of the test's own who may read
+// its configmaps and write its Subscriptions, and returns them with an admin client.
+func team(t *testing.T) (ns, user string, admin kubernetes.Interface) {
+	t.Helper()
+	installSubscriptions(t)
+	ns = namespace(t)
+	user = "carol-" + ns
+	admin = kubernetes.NewForConfigOrDie(cluster.Config)
+	grantConfigMapReads(t, admin, ns, user)
+	grantSubscriptions(t, admin, ns, user)
+	return ns, user, admin
+}
+
+// startServing starts dynwatch watching configmaps and serving the Subscriptions of ns, which
+// may reach allow (a CIDR) and are configured with extra (more subscriptions settings, as
+// ", key: value"), and returns its metrics URL.
+func startServing(t *testing.T, ns, allow, extra string) string {
+	t.Helper()
+	_, metrics := startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: ["+allow+"]}"+extra+"}\n")
+	return metrics
+}
+
 // grantSubscriptions lets user write Subscriptions in ns.
 func grantSubscriptions(t *testing.T, cs kubernetes.Interface, ns, user string) {
 	t.Helper()
@@ -110,7 +132,13 @@ func grantSubscriptions(t *testing.T, cs kubernetes.Interface, ns, user string) 
 // set, reason), and returns its message.
 func waitCondition(t *testing.T, ns, name, typ, status, reason string) string {
 	t.Helper()
-	admin := dynamic.NewForConfigOrDie(cluster.Config)
+	return waitConditionIn(t, cluster.Config, ns, name, typ, status, reason)
+}
+
+// waitConditionIn is waitCondition in the cluster c configures.
+func waitConditionIn(t *testing.T, c *rest.Config, ns, name, typ, status, reason string) string {
+	t.Helper()
+	admin := dynamic.NewForConfigOrDie(c)
 	var message string
 	testbed.Eventually(t, 60*time.Second, func() error {
 		u, err := admin.Resource(subscriptionsGVR).Namespace(ns).Get(t.Context(), name, metav1.GetOptions{})
@@ -275,15 +303,10 @@ func newReceiverOn(t *testing.T, host string) *receiver {
 // subscription to 127.0.0.2 receives every event.
 func TestASubscriptionToAnAddressOutsideTheAllowListReachesNothing(t *testing.T) {
 	t.Parallel()
-	installSubscriptions(t)
-	ns := namespace(t)
-	admin := kubernetes.NewForConfigOrDie(cluster.Config)
-	carol := "carol-" + ns
-	grantConfigMapReads(t, admin, ns, carol)
-	grantSubscriptions(t, admin, ns, carol)
+	ns, carol, admin := team(t)
 	allowed, forbidden := newReceiverOn(t, "127.0.0.2"), newReceiver(t, nil, false)
 	_, port, _ := net.SplitHostPort(forbidden.Listener.Addr().String())
-	_, metrics := startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}}\n")
+	metrics := startServing(t, ns, "127.0.0.2/32", "")
 	subs := subscriptionsAs(t, carol, ns)
 	for name, url := range map[string]string{"allowed": allowed.URL, "literal": "http://127.0.0.1:" + port + "/", "byname": "http://localhost:" + port + "/"} {
 		if _, err := subs.Create(t.Context(), newSubscription(name, url, []string{ns}), metav1.CreateOptions{}); err != nil {
@@ -323,15 +346,10 @@ func TestASubscriptionToAnAddressOutsideTheAllowListReachesNothing(t *testing.T)
 // Ready=False with reason Gone and is sent nothing more, until its spec changes.
 func TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore(t *testing.T) {
 	t.Parallel()
-	installSubscriptions(t)
-	ns := namespace(t)
-	admin := kubernetes.NewForConfigOrDie(cluster.Config)
-	carol := "carol-" + ns
-	grantConfigMapReads(t, admin, ns, carol)
-	grantSubscriptions(t, admin, ns, carol)
+	ns, carol, admin := team(t)
 	gone := newReceiverOn(t, "127.0.0.2")
 	gone.answer = func(int) int { return http.StatusGone }
-	_, metrics := startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}}\n")
+	metrics := startServing(t, ns, "127.0.0.2/32", "")
 	subs := subscriptionsAs(t, carol, ns)
 	if _, err := subs.Create(t.Context(), newSubscription("gone", gone.URL, []string{ns}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -367,14 +385,9 @@ func TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore(t 
 // only makes the span longer.
 func TestANamespacesSubscriptionsAreBoundedByItsQuota(t *testing.T) {
 	t.Parallel()
-	installSubscriptions(t)
-	ns := namespace(t)
-	admin := kubernetes.NewForConfigOrDie(cluster.Config)
-	carol := "carol-" + ns
-	grantConfigMapReads(t, admin, ns, carol)
-	grantSubscriptions(t, admin, ns, carol)
+	ns, carol, admin := team(t)
 	rc := newReceiverOn(t, "127.0.0.2")
-	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}, quota: {perNamespace: 2, deliveriesPerSecond: 2}}\n")
+	startServing(t, ns, "127.0.0.2/32", ", quota: {perNamespace: 2, deliveriesPerSecond: 2}")
 	subs := subscriptionsAs(t, carol, ns)
 	for _, name := range []string{"a1", "a2", "a3"} {
 		if _, err := subs.Create(t.Context(), newSubscription(name, rc.URL, []string{ns}), metav1.CreateOptions{}); err != nil {
@@ -408,12 +421,8 @@ func TestANamespacesSubscriptionsAreBoundedByItsQuota(t *testing.T) {
 // name dynwatch does not read and a key that is not a signing key.
 func TestASubscriptionSignsWithTheKeysOfItsNamespacesSecretIfItsWriterMayReadIt(t *testing.T) {
 	t.Parallel()
-	installSubscriptions(t)
-	ns := namespace(t)
-	admin := kubernetes.NewForConfigOrDie(cluster.Config)
-	carol, dave := "carol-"+ns, "dave-"+ns
-	grantConfigMapReads(t, admin, ns, carol)
-	grantSubscriptions(t, admin, ns, carol)
+	ns, carol, admin := team(t)
+	dave := "dave-" + ns
 	grantSubscriptions(t, admin, ns, dave)
 	if _, err := admin.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: "signing"},
@@ -442,7 +451,7 @@ func TestASubscriptionSignsWithTheKeysOfItsNamespacesSecretIfItsWriterMayReadIt(
 		t.Fatal(err)
 	}
 	rc := newReceiverOn(t, "127.0.0.2")
-	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: ["+ns+"], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}}\n")
+	startServing(t, ns, "127.0.0.2/32", "")
 	signed := func(name, secretName string, keys ...string) *unstructured.Unstructured {
 		s := newSubscription(name, rc.URL, []string{ns})
 		var ks []any
@@ -502,5 +511,68 @@ func TestASubscriptionSignsWithTheKeysOfItsNamespacesSecretIfItsWriterMayReadIt(
 		if !signedBy(r, ed25519.PublicKey(pub)) {
 			t.Error("a request does not verify with the public key in the subscription's status")
 		}
+	}
+}
+
+// TestWithoutTheAdmissionPoliciesNoSubscriptionIsServed: in a cluster of its own, once the
+// ValidatingAdmissionPolicyBinding that guards spec.subject is deleted, dynwatch serves no
+// subscription (Accepted=False, NoAdmissionPolicy): a subject could be anyone's. A configured
+// webhook, recorded in the same order, receives the change made after; the subscription not.
+func TestWithoutTheAdmissionPoliciesNoSubscriptionIsServed(t *testing.T) {
+	t.Parallel()
+	c := ownCluster(t, testbed.Options{})
+	for _, f := range []string{"crd.yaml", "admission.yaml"} {
+		if out, err := c.Kubectl(t.Context(), "apply", "-f", "../../charts/dynwatch/files/subscriptions/"+f); err != nil {
+			t.Fatalf("kubectl apply %s: %v\n%s", f, err, out)
+		}
+	}
+	admin := kubernetes.NewForConfigOrDie(c.Config)
+	ns := namespaceIn(t, c.Config)
+	user := "erin-" + ns
+	grantConfigMapReads(t, admin, ns, user)
+	grantSubscriptions(t, admin, ns, user)
+	sub, witness := newReceiverOn(t, "127.0.0.2"), newReceiverOn(t, "127.0.0.2")
+	as := rest.CopyConfig(c.Config)
+	as.Impersonate = rest.ImpersonationConfig{UserName: user}
+	subs := dynamic.NewForConfigOrDie(as).Resource(subscriptionsGVR).Namespace(ns)
+	testbed.Eventually(t, 60*time.Second, func() error {
+		created, err := subs.Create(t.Context(), newSubscription("guarded", sub.URL, []string{ns}), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if got, _, _ := unstructured.NestedString(created.Object, "spec", "subject", "username"); got != user {
+			_ = subs.Delete(t.Context(), "guarded", metav1.DeleteOptions{})
+			return fmt.Errorf("stored with subject %q: the mutating policy is not in effect yet", got)
+		}
+		return nil
+	})
+	p := start(t, c.Kubeconfig, fmt.Sprintf(`resources: [{version: v1, resource: configmaps}]
+webhooks: [{name: witness, url: %q, namespaces: [%s]}]
+subscriptions: {enabled: true, namespaces: [%s], reviewEvery: 2s, egress: {allow: [127.0.0.2/32]}}
+api: {address: "127.0.0.1:0", auth: {mode: none}, tls: {enabled: false}}
+metrics: {address: "127.0.0.1:0"}
+`, witness.URL, ns, ns))
+	if err := p.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitConditionIn(t, c.Config, ns, "guarded", "Ready", "True", "Delivering")
+	create := func(name string) {
+		t.Helper()
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create("before")
+	waitReceived(t, sub, ns, "before")
+	if out, err := c.Kubectl(t.Context(), "delete", "validatingadmissionpolicybinding", "subscriptions.events.dynwatch.io"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if msg := waitConditionIn(t, c.Config, ns, "guarded", "Accepted", "False", "NoAdmissionPolicy"); !strings.Contains(msg, "ValidatingAdmissionPolicyBinding") {
+		t.Errorf("the NoAdmissionPolicy message does not name the binding: %s", msg)
+	}
+	create("after")
+	waitReceived(t, witness, ns, "after")
+	if got := namespacesOf(sub); !slices.Equal(got, []string{ns + "/before"}) {
+		t.Errorf("with the validating policy unbound the subscription received %v, want only %s/before", got, ns)
 	}
 }
