@@ -210,63 +210,88 @@ type state struct {
 // While unguarded (the admission policies are missing) none is.
 func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) ([]config.SinkConfig, []state) {
 	cfg := c.o.Config()
-	disabled := map[string]string{}
-	if c.o.Sinks != nil {
-		for _, st := range c.o.Sinks() {
-			if st.Disabled != nil {
-				disabled[st.Name] = fmt.Sprintf("the receiver asked dynwatch to stop (%s) at %s: nothing more is sent, and what was queued is dead-lettered as gone, until the subscription's spec changes",
-					st.Disabled.Reason, st.Disabled.Since.UTC().Format(time.RFC3339))
-			}
-		}
-	}
+	disabled := c.disabled()
 	var out []config.SinkConfig
 	states := make([]state, len(items))
 	over := c.overQuota(items, cfg.Subscriptions.Quota.PerNamespace)
 	for i, u := range items {
-		st := &states[i]
-		if unguarded != nil {
-			st.accepted = condition("Accepted", metav1.ConditionFalse, "NoAdmissionPolicy", unguarded.Error())
-			st.authorized = condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted")
-			st.ready = condition("Ready", metav1.ConditionFalse, "NotAccepted", "the subscription is not accepted: see the Accepted condition")
+		switch {
+		case unguarded != nil:
+			states[i] = notAccepted("NoAdmissionPolicy", unguarded.Error())
+			continue
+		case over[i]:
+			states[i] = notAccepted("QuotaExceeded", fmt.Sprintf("namespace %s has more subscriptions than the %d subscriptions.quota.perNamespace accepts (the oldest are)",
+				u.GetNamespace(), cfg.Subscriptions.Quota.PerNamespace))
 			continue
 		}
-		if over[i] {
-			st.accepted = condition("Accepted", metav1.ConditionFalse, "QuotaExceeded", fmt.Sprintf(
-				"namespace %s has more subscriptions than the %d subscriptions.quota.perNamespace accepts (the oldest are)", u.GetNamespace(), cfg.Subscriptions.Quota.PerNamespace))
-			st.authorized = condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted")
-			st.ready = condition("Ready", metav1.ConditionFalse, "NotAccepted", "the subscription is not accepted: see the Accepted condition")
-			continue
-		}
-		w, s, err := sinkOf(u, cfg)
-		if err == nil && s.Signing != nil {
-			err = c.sign(u.GetNamespace(), s, w)
-		}
-		if err == nil {
-			w.Limiter = c.limiter(u.GetNamespace(), cfg.Subscriptions.Quota.DeliveriesPerSecond)
-		}
+		w, s, err := c.accept(u, cfg)
 		if err != nil {
-			st.accepted = condition("Accepted", metav1.ConditionFalse, "Invalid", err.Error())
-			st.authorized = condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted")
-			st.ready = condition("Ready", metav1.ConditionFalse, "NotAccepted", "the subscription is not accepted: see the Accepted condition")
+			states[i] = notAccepted("Invalid", err.Error())
 			continue
 		}
-		st.sink = w
 		out = append(out, w)
-		st.accepted = condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the webhook "+w.Name)
+		st := state{sink: w, accepted: condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the webhook "+w.Name)}
 		st.authorized = c.authorized(u.GetNamespace(), s, w)
-		switch refused := c.refused(w); {
-		case st.authorized.Status != metav1.ConditionTrue:
-			st.ready = condition("Ready", metav1.ConditionFalse, "NotAuthorized", "see the Authorized condition")
-		case disabled[w.Name] != "":
-			st.ready = condition("Ready", metav1.ConditionFalse, "Gone", disabled[w.Name])
-		case refused != nil:
-			st.ready = condition("Ready", metav1.ConditionFalse, "EgressRefused", fmt.Sprintf("spec.url: %s resolves to an address a subscription may not reach, so nothing is sent: %v", w.Endpoint.Hostname(), refused))
-		default:
-			st.ready = condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
-		}
+		st.ready = c.ready(st.authorized, w, disabled[w.Name])
+		states[i] = st
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
 	return out, states
+}
+
+// notAccepted is the state of a subscription refused for reason.
+func notAccepted(reason, message string) state {
+	return state{
+		accepted:   condition("Accepted", metav1.ConditionFalse, reason, message),
+		authorized: condition("Authorized", metav1.ConditionUnknown, "NotAccepted", "the subscription is not accepted"),
+		ready:      condition("Ready", metav1.ConditionFalse, "NotAccepted", "the subscription is not accepted: see the Accepted condition"),
+	}
+}
+
+// accept turns u into its webhook: checked, with its signing keys and its namespace's limiter.
+func (c *Controller) accept(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, *spec, error) {
+	w, s, err := sinkOf(u, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.Signing != nil {
+		if err := c.sign(u.GetNamespace(), s, w); err != nil {
+			return nil, nil, err
+		}
+	}
+	w.Limiter = c.limiter(u.GetNamespace(), cfg.Subscriptions.Quota.DeliveriesPerSecond)
+	return w, s, nil
+}
+
+// ready is the Ready condition of an accepted subscription delivered as w; gone is why its
+// receiver disabled it ("": it did not).
+func (c *Controller) ready(authorized metav1.Condition, w *config.Webhook, gone string) metav1.Condition {
+	if authorized.Status != metav1.ConditionTrue {
+		return condition("Ready", metav1.ConditionFalse, "NotAuthorized", "see the Authorized condition")
+	}
+	if gone != "" {
+		return condition("Ready", metav1.ConditionFalse, "Gone", gone)
+	}
+	if refused := c.refused(w); refused != nil {
+		return condition("Ready", metav1.ConditionFalse, "EgressRefused",
+			fmt.Sprintf("spec.url: %s resolves to an address a subscription may not reach, so nothing is sent: %v", w.Endpoint.Hostname(), refused))
+	}
+	return condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
+}
+
+// disabled is why each sink its receiver disabled (410 Gone) sends nothing, by sink name.
+func (c *Controller) disabled() map[string]string {
+	out := map[string]string{}
+	if c.o.Sinks == nil {
+		return out
+	}
+	for _, st := range c.o.Sinks() {
+		if st.Disabled != nil {
+			out[st.Name] = fmt.Sprintf("the receiver asked dynwatch to stop (%s) at %s: nothing more is sent, and what was queued is dead-lettered as gone, until the subscription's spec changes",
+				st.Disabled.Reason, st.Disabled.Since.UTC().Format(time.RFC3339))
+		}
+	}
+	return out
 }
 
 // secretsResource is what a subject must be allowed to get for its subscription to sign with a

@@ -246,18 +246,25 @@ func startWithWebhooks(t *testing.T, yaml string) (*runner.Process, string) {
 // made in ns is kept, and bound.
 func grantConfigMapReads(t *testing.T, cs kubernetes.Interface, ns, user string) {
 	t.Helper()
+	grantRole(t, cs, ns, "dynwatch", "dynwatch", user, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}})
+}
+
+// grantRole binds user, as binding, to the Role role of ns with rules, through cs (nil: the
+// shared test bed); a Role of that name made earlier is kept.
+func grantRole(t *testing.T, cs kubernetes.Interface, ns, role, binding, user string, rules ...rbacv1.PolicyRule) {
+	t.Helper()
 	if cs == nil {
 		cs = kubernetes.NewForConfigOrDie(cluster.Config)
 	}
 	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: role},
+		Rules:      rules,
 	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "dynwatch"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "dynwatch"},
+		ObjectMeta: metav1.ObjectMeta{Name: binding},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role},
 		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

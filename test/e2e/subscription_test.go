@@ -17,7 +17,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -113,19 +112,8 @@ func startServing(t *testing.T, ns, allow, extra string) string {
 // grantSubscriptions lets user write Subscriptions in ns.
 func grantSubscriptions(t *testing.T, cs kubernetes.Interface, ns, user string) {
 	t.Helper()
-	if _, err := cs.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "subscriptions"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"events.dynwatch.io"}, Resources: []string{"subscriptions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
-	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	if _, err := cs.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "subscriptions-" + user},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "subscriptions"},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: user}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantRole(t, cs, ns, "subscriptions", "subscriptions-"+user, user,
+		rbacv1.PolicyRule{APIGroups: []string{"events.dynwatch.io"}, Resources: []string{"subscriptions"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}})
 }
 
 // waitCondition waits until the subscription ns/name has condition typ with status (and, if
@@ -161,14 +149,12 @@ func waitConditionIn(t *testing.T, c *rest.Config, ns, name, typ, status, reason
 	return message
 }
 
-// namespacesOf are the namespace/name of the objects rc received, sorted (a sink's workers
-// keep each object's order, not the order between objects).
-func namespacesOf(rc *receiver) []string {
+// keysOf are the keys (namespace/name, the CloudEvents subject) of the objects rc received,
+// sorted (a sink's workers keep each object's order, not the order between objects).
+func keysOf(rc *receiver) []string {
 	var out []string
 	for _, r := range rc.got() {
-		md, _ := r.payload.Object["metadata"].(map[string]any)
-		ns, _ := md["namespace"].(string)
-		out = append(out, ns+"/"+r.name())
+		out = append(out, r.subject)
 	}
 	slices.Sort(out)
 	return out
@@ -178,7 +164,7 @@ func namespacesOf(rc *receiver) []string {
 func waitReceived(t *testing.T, rc *receiver, ns, name string) {
 	t.Helper()
 	testbed.Eventually(t, 60*time.Second, func() error {
-		if got := namespacesOf(rc); !slices.Contains(got, ns+"/"+name) {
+		if got := keysOf(rc); !slices.Contains(got, ns+"/"+name) {
 			return fmt.Errorf("received %v, not yet %s/%s", got, ns, name)
 		}
 		return nil
@@ -256,10 +242,10 @@ func TestEachTeamsSubscriptionReceivesOnlyWhatItsWriterMayWatch(t *testing.T) {
 	create(b, "marker")
 	waitReceived(t, rcA, a, "marker")
 	waitReceived(t, rcB, b, "marker")
-	if got, want := namespacesOf(rcA), []string{a + "/marker", a + "/x"}; !slices.Equal(got, want) {
+	if got, want := keysOf(rcA), []string{a + "/marker", a + "/x"}; !slices.Equal(got, want) {
 		t.Errorf("alice's subscription received %v, want %v", got, want)
 	}
-	if got, want := namespacesOf(rcB), []string{b + "/marker", b + "/x"}; !slices.Equal(got, want) {
+	if got, want := keysOf(rcB), []string{b + "/marker", b + "/x"}; !slices.Equal(got, want) {
 		t.Errorf("bob's subscription received %v, want %v", got, want)
 	}
 
@@ -272,11 +258,11 @@ func TestEachTeamsSubscriptionReceivesOnlyWhatItsWriterMayWatch(t *testing.T) {
 	create(a, "after")
 	create(b, "after")
 	waitReceived(t, rcB, b, "after")
-	if got, want := namespacesOf(rcA), []string{a + "/marker", a + "/x"}; !slices.Equal(got, want) {
+	if got, want := keysOf(rcA), []string{a + "/marker", a + "/x"}; !slices.Equal(got, want) {
 		t.Errorf("after alice's grant was revoked her subscription received %v, want nothing more than %v", got, want)
 	}
 	if got := rcOther.got(); len(got) != 0 {
-		t.Errorf("the subscription naming a namespace alice may not watch received %d events: %v", len(got), namespacesOf(rcOther))
+		t.Errorf("the subscription naming a namespace alice may not watch received %d events: %v", len(got), keysOf(rcOther))
 	}
 }
 
@@ -336,7 +322,7 @@ func TestASubscriptionToAnAddressOutsideTheAllowListReachesNothing(t *testing.T)
 	if got := forbidden.got(); len(got) != 0 {
 		t.Errorf("the receiver on 127.0.0.1, outside the allow-list, received %d requests", len(got))
 	}
-	if got, want := namespacesOf(allowed), []string{ns + "/marker", ns + "/one", ns + "/two"}; !slices.Equal(got, want) {
+	if got, want := keysOf(allowed), []string{ns + "/marker", ns + "/one", ns + "/two"}; !slices.Equal(got, want) {
 		t.Errorf("the subscription to 127.0.0.2 received %v, want %v", got, want)
 	}
 }
@@ -373,7 +359,7 @@ func TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore(t 
 		}
 		return nil
 	})
-	if got := namespacesOf(gone); !slices.Equal(got, []string{ns + "/first"}) {
+	if got := keysOf(gone); !slices.Equal(got, []string{ns + "/first"}) {
 		t.Errorf("after answering 410 the receiver was sent %v, want only %s/first", got, ns)
 	}
 }
@@ -406,7 +392,7 @@ func TestANamespacesSubscriptionsAreBoundedByItsQuota(t *testing.T) {
 	}
 	got := rc.waitFor(t, 12, 90*time.Second)
 	if len(got) != 12 {
-		t.Fatalf("the receiver got %d requests, want 12 (6 configmaps to each of 2 subscriptions): %v", len(got), namespacesOf(rc))
+		t.Fatalf("the receiver got %d requests, want 12 (6 configmaps to each of 2 subscriptions): %v", len(got), keysOf(rc))
 	}
 	if span := got[11].at.Sub(got[0].at); span < 5*time.Second-500*time.Millisecond {
 		t.Errorf("12 deliveries at 2 a second after a burst of 2 took %s, want at least 5s", span)
@@ -424,19 +410,8 @@ func TestASubscriptionSignsWithTheKeysOfItsNamespacesSecretIfItsWriterMayReadIt(
 	ns, carol, admin := team(t)
 	dave := "dave-" + ns
 	grantSubscriptions(t, admin, ns, dave)
-	if _, err := admin.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "signing"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"dynwatch-signing"}, Verbs: []string{"get"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "signing-carol"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "signing"},
-		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: carol}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	grantRole(t, admin, ns, "signing", "signing-carol", carol,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"dynwatch-signing"}, Verbs: []string{"get"}})
 	secret, _ := signingSecret(t)
 	keyPath := filepath.Join(t.TempDir(), "key.pem")
 	writeSigningKey(t, keyPath)
@@ -572,7 +547,7 @@ metrics: {address: "127.0.0.1:0"}
 	}
 	create("after")
 	waitReceived(t, witness, ns, "after")
-	if got := namespacesOf(sub); !slices.Equal(got, []string{ns + "/before"}) {
+	if got := keysOf(sub); !slices.Equal(got, []string{ns + "/before"}) {
 		t.Errorf("with the validating policy unbound the subscription received %v, want only %s/before", got, ns)
 	}
 }
