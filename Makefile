@@ -9,7 +9,7 @@ MODULES = . test/image test/walbench
 # each runs a command in every module, stopping at the first that fails
 each = for m in $(MODULES); do (cd $$m && $(1)) || exit 1; done
 
-.PHONY: all build demo test robustness test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-history bench-wal bench-api bench-check bench-webhook vet fmt-check clean lint
+.PHONY: all build demo test robustness test-unit test-alerts test-e2e testbed testbed-up bench bench-initial-state bench-sinks bench-metadata bench-history bench-subscriptions bench-wal bench-api bench-check bench-webhook vet fmt-check clean lint
 
 all: build
 
@@ -82,6 +82,11 @@ bench-metadata: testbed
 ## (a past list, revisions), history on and off side by side through one storm (about 5 minutes)
 bench-history: testbed
 	$(GO) run ./test/bench -history -json-only -objects 10000 -updates 60000 -rate 600 -json bench-history.json
+
+## bench-subscriptions: what 200 teams' Subscriptions cost three configured webhooks, with and
+## without them side by side (about 6 minutes)
+bench-subscriptions: testbed
+	$(GO) run ./test/bench -subscriptions -json-only -json bench-subscriptions.json
 
 ## bench-wal: the logs the journal could keep its records in (journal/wal, bbolt, raft-wal,
 ## Pebble's WAL writer) under the journal's workload, side by side (about 10 seconds)

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"time"
+	"unique"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -119,6 +121,26 @@ type Subject struct {
 	UID      string              `json:"uid,omitempty"`
 	Groups   []string            `json:"groups,omitempty"`
 	Extra    map[string][]string `json:"extra,omitempty"`
+
+	key unique.Handle[string] // Key, once Seal has set it
+}
+
+// Seal computes the subject's Key once, for a subject no longer changed: a sink's is asked for
+// it on every event.
+func (s *Subject) Seal() { s.key = s.encode() }
+
+// Key is the subject as a map key, cheap to hash and compare: its JSON (maps in key order),
+// interned. Two subjects with the same user, UID, groups and extra have the same Key.
+func (s *Subject) Key() unique.Handle[string] {
+	if s.key != (unique.Handle[string]{}) {
+		return s.key
+	}
+	return s.encode()
+}
+
+func (s *Subject) encode() unique.Handle[string] {
+	b, _ := json.Marshal(s)
+	return unique.Make(string(b))
 }
 
 // CheckWebhook fills in w's defaults, then checks and parses it as a webhook entry of c at

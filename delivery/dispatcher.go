@@ -121,12 +121,16 @@ func (d *Dispatcher) newSink(cfg config.SinkConfig) (*Sink, error) {
 	return s, nil
 }
 
-// Access decides what the subject of a sink that has one (config.Sink.Subject) may watch.
-// Allowed is called for every event such a sink's other filters select, from the journal's
-// filter workers: it must answer from what it knows where it can, and may block to ask.
+// Access decides what the subject of a sink that has one (config.Sink.Subject) may watch. A
+// sink with a subject selects an event unless Known says its subject may not watch it, and
+// sends it only if Allowed says it may, when its turn comes.
 type Access interface {
-	// Allowed reports whether subject may watch gvr's objects in namespace ("" for a
-	// cluster-scoped object).
+	// Known reports, without blocking, whether subject may watch gvr's objects in namespace
+	// ("" for a cluster-scoped object), if that is known; it is called for every event such a
+	// sink's other filters select, from the journal's filter workers.
+	Known(subject *config.Subject, gvr schema.GroupVersionResource, namespace string) (allowed, known bool)
+	// Allowed reports whether subject may watch gvr's objects in namespace, asking the
+	// apiserver if it must; it is called by the sink's workers before each attempt.
 	Allowed(subject *config.Subject, gvr schema.GroupVersionResource, namespace string) (bool, error)
 }
 

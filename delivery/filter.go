@@ -32,7 +32,7 @@ func (s *Sink) Selects(e object.Event) (bool, error) {
 		(e.OldObject == nil || !c.Labels.Matches(e.OldObject.Labels())) {
 		return false, nil
 	}
-	if c.Subject != nil && !s.allowed(c.Subject, e) {
+	if c.Subject != nil && !s.mayBeAllowed(c.Subject, e) {
 		return false, nil
 	}
 	if c.Program == nil {
@@ -50,21 +50,15 @@ func (s *Sink) Selects(e object.Event) (bool, error) {
 	return c.FilterErrors != config.FilterErrorsDrop, fmt.Errorf("filter: %w", err)
 }
 
-// allowed reports whether subject may watch e's object: a sink with a subject delivers only
-// what its subject could read from the apiserver. A review that fails withholds the event
-// (logged, at most a line a second): failing open would leak.
-func (s *Sink) allowed(subject *config.Subject, e object.Event) bool {
+// mayBeAllowed reports whether subject may watch e's object, or whether that is not known yet:
+// it never waits on a review, which would hold up every sink's events. An event whose decision
+// is not known is selected, and its sink decides before it is sent (authorize).
+func (s *Sink) mayBeAllowed(subject *config.Subject, e object.Event) bool {
 	if s.access == nil {
 		return false
 	}
-	ok, err := s.access.Allowed(subject, e.Resource, e.Object.GetNamespace())
-	if err != nil {
-		s.accessLog.Do(func() {
-			s.log.Warn("could not tell whether the subscription's subject may watch an event's object; the event is withheld", "resource", object.ResourceName(e.Resource),
-				"namespace", e.Object.GetNamespace(), "name", e.Object.GetName(), "err", err)
-		})
-	}
-	return ok && err == nil
+	allowed, known := s.access.Known(subject, e.Resource, e.Object.GetNamespace())
+	return allowed || !known
 }
 
 // evaluate runs a filter on e, its objects read lazily from the JSON the cache keeps (see

@@ -26,13 +26,13 @@ type metrics struct {
 
 // sinkMetrics are one sink's children of the metrics.
 type sinkMetrics struct {
-	enqueued, delivered, superseded, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
-	deadLetters                                                                                        map[string]prometheus.Counter
-	answers                                                                                            *prometheus.CounterVec // curried by sink
-	durable                                                                                            *prometheus.GaugeVec   // curried by sink
-	requestDuration, age                                                                               prometheus.Observer
-	initialState                                                                                       prometheus.Counter
-	replaying, disabled                                                                                prometheus.Gauge
+	enqueued, delivered, superseded, withheld, deadLettered, attempts, retries, filterErrors, deadLetterFailures prometheus.Counter
+	deadLetters                                                                                                  map[string]prometheus.Counter
+	answers                                                                                                      *prometheus.CounterVec // curried by sink
+	durable                                                                                                      *prometheus.GaugeVec   // curried by sink
+	requestDuration, age                                                                                         prometheus.Observer
+	initialState                                                                                                 prometheus.Counter
+	replaying, disabled                                                                                          prometheus.Gauge
 }
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600}
@@ -43,7 +43,7 @@ func newMetrics(j *journal.Journal) *metrics {
 	}
 	m := &metrics{
 		enqueued:           counter("enqueued_total", "Events a sink's filters selected and its queue accepted."),
-		delivered:          counter("deliveries_total", "Events finished, by result: delivered (a 2xx, or acknowledged by the stream or the Kafka cluster), superseded (a JetStream subject already held a newer version of the object) or dead_lettered.", "result"),
+		delivered:          counter("deliveries_total", "Events finished, by result: delivered (a 2xx, or acknowledged by the stream or the Kafka cluster), superseded (a JetStream subject already held a newer version of the object), withheld (a Subscription's subject may not watch the object: never sent) or dead_lettered.", "result"),
 		attempts:           counter("attempts_total", "Attempts to hand an event to a sink: HTTP requests, JetStream publishes, Kafka records produced."),
 		retries:            counter("retries_total", "Attempts that repeated an earlier failed one."),
 		answers:            counter("answers_total", "Attempts to hand an event to a sink by the class of the answer: a webhook's 2xx, 3xx, 4xx, 410, 429 or 5xx; a stream's ack or refused; timeout (no answer within the sink's timeout) or error (none: a connection that failed).", "class"),
@@ -86,6 +86,7 @@ func (m *metrics) forSink(sink string, q *Queue, webhook bool) sinkMetrics {
 		enqueued:           m.enqueued.WithLabelValues(sink),
 		delivered:          m.delivered.WithLabelValues(sink, "delivered"),
 		superseded:         m.delivered.WithLabelValues(sink, "superseded"),
+		withheld:           m.delivered.WithLabelValues(sink, "withheld"),
 		deadLettered:       m.delivered.WithLabelValues(sink, "dead_lettered"),
 		attempts:           m.attempts.WithLabelValues(sink),
 		retries:            m.retries.WithLabelValues(sink),

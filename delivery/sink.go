@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // Sink delivers the events one configured sink (a webhook, a JetStream stream or a Kafka topic)
@@ -294,8 +296,16 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.queue.Done(*d)
 		return false
 	}
-	err := s.attempt(ctx, st, d)
+	err := s.authorize(st.cfg, d)
+	if err == nil {
+		err = s.attempt(ctx, st, d)
+	}
 	switch {
+	case errors.Is(err, errWithheld):
+		// Selected before its subject's decision was known, or revoked since: never sent.
+		s.m.withheld.Inc()
+		s.j.Ack(s.name, d.Seq)
+		s.queue.Done(*d)
 	case err == nil:
 		s.m.delivered.Inc()
 		s.m.age.Observe(s.now().Sub(d.Event.Observed).Seconds())
@@ -339,6 +349,34 @@ func (s *Sink) deliver(ctx context.Context, d *Delivery) (cut bool) {
 		s.queue.Retry(*d, at)
 	}
 	return false
+}
+
+// errWithheld is a delivery whose sink's subject may not watch its object.
+var errWithheld = errors.New("the subscription's subject may not watch the object")
+
+// authorize returns errWithheld when cfg has a subject that may not watch d's object (a sink's
+// subject is asked about each event it sends, as it is sent: a grant revoked while events wait
+// stops them too), and an error, retried as a failed attempt is, when that could not be
+// decided: failing open would leak, and withholding would lose what the subject may watch.
+func (s *Sink) authorize(cfg *config.Sink, d *Delivery) error {
+	if cfg.Subject == nil {
+		return nil
+	}
+	if s.access == nil {
+		return errWithheld
+	}
+	ok, err := s.access.Allowed(cfg.Subject, d.Event.Resource, d.Event.Object.GetNamespace())
+	switch {
+	case err != nil:
+		s.accessLog.Do(func() {
+			s.log.Warn("could not tell whether the subscription's subject may watch an event's object; it is tried again later", "resource", object.ResourceName(d.Event.Resource),
+				"namespace", d.Event.Object.GetNamespace(), "name", d.Event.Object.GetName(), "err", err)
+		})
+		return fmt.Errorf("review the subject's access: %w", err)
+	case !ok:
+		return errWithheld
+	}
+	return nil
 }
 
 // attempt makes one attempt to hand d to the sink. It returns nil once the destination has

@@ -72,6 +72,7 @@ func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, 
 	case len(s.Resources) == 0:
 		return nil, &s, errors.New("spec.resources: is required: name each resource to receive (resource.group, e.g. deployments.apps)")
 	}
+	s.Subject.Seal()
 	filter := s.Filter
 	if len(s.Filters) > 0 {
 		expr, err := dialects("spec.filters", s.Filters)

@@ -10,7 +10,8 @@
 // reload with initialState costs another sink's latency while its replay runs (initialstate.go).
 // With -metadata-only it measures what resources[].cache: metadata saves against cache: full
 // (metadataonly.go). With -sinks it measures how fast each kind of sink is handed a backlog of
-// every object, and dynwatch's CPU per event (sinks.go).
+// every object, and dynwatch's CPU per event (sinks.go). With -subscriptions, what teams'
+// Subscriptions cost the configured webhooks (subscriptions.go).
 package main
 
 import (
@@ -61,6 +62,7 @@ type options struct {
 	metadataOnly                             bool
 	sinks                                    bool
 	history                                  bool
+	subscriptions                            bool
 	sinkWorkers                              int           // -sinks: every sink's workers
 	profileSeconds                           int           // -initial-state, -sinks: the profile's length
 	beforeReload                             time.Duration // -initial-state: the steady sink measured alone
@@ -98,7 +100,15 @@ func main() {
 	flag.BoolVar(&o.sinks, "sinks", false, "measure instead each kind of sink's throughput (webhook, JetStream, Kafka): a backlog of every object, held in the outbox while another holds the Lease, delivered once it is let go, one dynwatch per kind; -profile sinks.pprof then writes sinks-webhook.pprof, sinks-jetstream.pprof and sinks-kafka.pprof")
 	flag.IntVar(&o.sinkWorkers, "sink-workers", 64, "with -sinks: the workers of every sink")
 	flag.BoolVar(&o.history, "history", false, "measure instead what resources[].history costs and its reads: dynwatch with history on and off side by side through one storm (history.go); -profile profiles the one with history on through the storm")
+	flag.BoolVar(&o.subscriptions, "subscriptions", false, fmt.Sprintf("measure instead what %d teams' Subscriptions (%d each) cost three configured webhooks: dynwatch serving them and dynwatch without them side by side through one storm (subscriptions.go; %d objects, %d updates at %d/s unless given)", subscriptionTeams, subscriptionsPerTeam, subscriptionsObjects, subscriptionsUpdates, subscriptionsRate))
 	flag.Parse()
+	if o.subscriptions {
+		for name, v := range map[string]*int{"objects": &o.objects, "updates": &o.updates, "rate": &o.rate} {
+			if !flagSet(name) {
+				*v = map[string]int{"objects": subscriptionsObjects, "updates": subscriptionsUpdates, "rate": subscriptionsRate}[name]
+			}
+		}
+	}
 	if o.sinks && !flagSet("objects") {
 		o.objects = sinksObjects
 	}
@@ -112,17 +122,17 @@ func main() {
 		o.json = true
 	}
 	modes := 0
-	for _, on := range []bool{o.initialState, o.metadataOnly, o.sinks, o.history} {
+	for _, on := range []bool{o.initialState, o.metadataOnly, o.sinks, o.history, o.subscriptions} {
 		if on {
 			modes++
 		}
 	}
 	if modes > 1 {
-		fmt.Fprintln(os.Stderr, "bench: -initial-state, -metadata-only, -sinks and -history are different runs: give one")
+		fmt.Fprintln(os.Stderr, "bench: -initial-state, -metadata-only, -sinks, -history and -subscriptions are different runs: give one")
 		os.Exit(2)
 	}
-	if o.chart && (o.initialState || o.sinks) {
-		fmt.Fprintln(os.Stderr, "bench: -chart configures no sink, which -initial-state and -sinks measure")
+	if o.chart && (o.initialState || o.sinks || o.subscriptions) {
+		fmt.Fprintln(os.Stderr, "bench: -chart configures no sink, which -initial-state, -sinks and -subscriptions measure")
 		os.Exit(2)
 	}
 	if o.filtered && (o.chart || modes > 0 || o.alone) {
@@ -234,6 +244,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.history {
 		return runHistory(ctx, o, b, start)
+	}
+	if o.subscriptions {
+		return runSubscriptions(ctx, o, b, start)
 	}
 	if o.alone {
 		return runAlone(ctx, o, b, start)

@@ -214,6 +214,7 @@ func checkCache(ctx context.Context, api, token string, o options, cache string)
 // cannot read them.
 func sumMetric(ctx context.Context, base, name string) float64 {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	req.Header.Set("Accept-Encoding", "identity") // not compressed: the process measured would pay for it
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0
