@@ -551,3 +551,44 @@ metrics: {address: "127.0.0.1:0"}
 		t.Errorf("with the validating policy unbound the subscription received %v, want only %s/before", got, ns)
 	}
 }
+
+// TestASubscriptionsReviewHoldsUpNoOtherSinkAndOneThatFailsLosesNothing: the reviews client
+// may ask once every 40 s, after the two reviews that authorize the subscription. A configmap
+// made in a second namespace where the subscription's writer may watch reaches a configured
+// webhook before dynwatch has asked whether the writer may watch there (the apiserver's audit
+// log has no such review yet): its events never wait on a subscription's review. The
+// subscription receives it too, once the review is made, though the first asks failed (their
+// wait for the rate limit would have passed their deadline).
+func TestASubscriptionsReviewHoldsUpNoOtherSinkAndOneThatFailsLosesNothing(t *testing.T) {
+	t.Parallel()
+	ns, user, admin := team(t)
+	other := namespace(t)
+	grantConfigMapReads(t, admin, other, user)
+	sub, configured := newReceiver(t, nil, false), newReceiver(t, nil, false)
+	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nwebhooks: [{name: configured, url: "+configured.URL+"}]\n"+
+		"subscriptions: {enabled: true, namespaces: ["+ns+"], egress: {allow: [127.0.0.1/32]}}\nclient: {rateLimits: {accessReviews: {qps: 0.025, burst: 2}}}\n")
+	if _, err := subscriptionsAs(t, user, ns).Create(t.Context(), newSubscription("team", sub.URL, nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, ns, "team", "Ready", "True", "Delivering")
+	if _, err := admin.CoreV1().ConfigMaps(other).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitReceived(t, configured, other, "x")
+	asked, err := auditedReviews(cluster.AuditLog(), user, other, "watch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(asked) > 0 {
+		t.Errorf("the configured webhook received %s/x only after dynwatch had asked whether %s may watch there: its events waited on a subscription's review", other, user)
+	}
+	testbed.Eventually(t, 2*time.Minute, func() error {
+		if got := keysOf(sub); !slices.Contains(got, other+"/x") {
+			return fmt.Errorf("the subscription received %v, not yet %s/x", got, other)
+		}
+		return nil
+	})
+	if asked, err = auditedReviews(cluster.AuditLog(), user, other, "watch"); err != nil || len(asked) == 0 {
+		t.Errorf("the subscription received %s/x, but the audit log has no review of whether %s may watch there (%v)", other, user, err)
+	}
+}
