@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -327,14 +329,21 @@ func TestASubscriptionToAnAddressOutsideTheAllowListReachesNothing(t *testing.T)
 	}
 }
 
-// TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore: a receiver that
-// answers 410 Gone to its first request asks dynwatch to stop; the subscription turns
-// Ready=False with reason Gone and is sent nothing more, until its spec changes.
-func TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore(t *testing.T) {
+// TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMoreUntilItsSpecChanges:
+// a receiver that answers 410 Gone to its first request asks dynwatch to stop; the
+// subscription turns Ready=False with reason Gone and is sent nothing more. Once its writer
+// changes its spec (the receiver answering 200 again), it is Ready and delivers again.
+func TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMoreUntilItsSpecChanges(t *testing.T) {
 	t.Parallel()
 	ns, carol, admin := team(t)
 	gone := newReceiverOn(t, "127.0.0.2")
-	gone.answer = func(int) int { return http.StatusGone }
+	var back atomic.Bool
+	gone.answer = func(int) int {
+		if back.Load() {
+			return http.StatusOK
+		}
+		return http.StatusGone
+	}
 	metrics := startServing(t, ns, "127.0.0.2/32", "")
 	subs := subscriptionsAs(t, carol, ns)
 	if _, err := subs.Create(t.Context(), newSubscription("gone", gone.URL, []string{ns}), metav1.CreateOptions{}); err != nil {
@@ -362,6 +371,17 @@ func TestASubscriptionWhoseReceiverAnswers410IsNotReadyAndReceivesNothingMore(t 
 	if got := keysOf(gone); !slices.Equal(got, []string{ns + "/first"}) {
 		t.Errorf("after answering 410 the receiver was sent %v, want only %s/first", got, ns)
 	}
+
+	back.Store(true)
+	patch := []byte(`{"spec":{"eventTypes":["ADDED","MODIFIED","DELETED"]}}`)
+	if _, err := subs.Patch(t.Context(), "gone", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, ns, "gone", "Ready", "True", "Delivering")
+	if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "fourth"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitReceived(t, gone, ns, "fourth")
 }
 
 // TestANamespacesSubscriptionsAreBoundedByItsQuota: with subscriptions.quota.perNamespace 2,
@@ -591,4 +611,74 @@ func TestASubscriptionsReviewHoldsUpNoOtherSinkAndOneThatFailsLosesNothing(t *te
 	if asked, err = auditedReviews(cluster.AuditLog(), user, other, "watch"); err != nil || len(asked) == 0 {
 		t.Errorf("the subscription received %s/x, but the audit log has no review of whether %s may watch there (%v)", other, user, err)
 	}
+}
+
+// TestASubscriptionsQueuedEventsSurviveAKillAndAreDeliveredAfterTheRestart: a subscription's
+// receiver answers 503, so its five configmaps' events wait in the state store's outbox;
+// dynwatch is killed (SIGKILL) and started again on the same store once the receiver answers
+// 200, and every one of them is delivered: the subscription's sink is declared again before the
+// outbox is read back, not taken for a removed sink.
+func TestASubscriptionsQueuedEventsSurviveAKillAndAreDeliveredAfterTheRestart(t *testing.T) {
+	t.Parallel()
+	ns, user, admin := team(t)
+	var open sync.Mutex
+	accepting := false
+	rc := newJudge(t, func(received, int, http.Header) int {
+		open.Lock()
+		defer open.Unlock()
+		if accepting {
+			return http.StatusOK
+		}
+		return http.StatusServiceUnavailable
+	})
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	yaml := "resources: [{version: v1, resource: configmaps}]\nsubscriptions: {enabled: true, namespaces: [" + ns + "], egress: {allow: [127.0.0.1/32]}}\n" +
+		"state: {path: " + filepath.Join(dir, "state.db") + "}\napi: {address: \"127.0.0.1:0\", auth: {mode: none}, tls: {enabled: false}}\nmetrics: {address: \"127.0.0.1:0\"}\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	first := startFile(t, cluster.Kubeconfig, path)
+	if err := first.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := subscriptionsAs(t, user, ns).Create(t.Context(), newSubscription("team", rc.URL, []string{ns}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, ns, "team", "Ready", "True", "Delivering")
+	var names, keys []string
+	for i := range 5 {
+		name := fmt.Sprintf("queued-%d", i)
+		names, keys = append(names, name), append(keys, ns+"/"+name)
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each was tried (and refused): it is in the outbox.
+	for _, name := range names {
+		waitReceived(t, rc, ns, name)
+	}
+	if err := first.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	open.Lock()
+	accepting = true
+	open.Unlock()
+	second := startFile(t, cluster.Kubeconfig, path)
+	if err := second.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 2*time.Minute, func() error {
+		var delivered []string
+		for _, r := range rc.got() {
+			if r.code == http.StatusOK && !slices.Contains(delivered, r.subject) {
+				delivered = append(delivered, r.subject)
+			}
+		}
+		slices.Sort(delivered)
+		if !slices.Equal(delivered, keys) {
+			return fmt.Errorf("after the restart the subscription has been delivered %v, want %v", delivered, keys)
+		}
+		return nil
+	})
 }
