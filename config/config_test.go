@@ -551,20 +551,30 @@ func TestTurningInitialStateOnOrOffLeavesAWebhookTheSame(t *testing.T) {
 	}
 }
 
-func TestAWebhookDeclaredOutsideTheFileMayNotNameFiles(t *testing.T) {
+func TestASinkDeclaredOutsideTheFileMayNotNameFiles(t *testing.T) {
 	cfg := &Config{Resources: []Resource{{Version: "v1", Resource: "configmaps"}}}
-	for _, w := range []*Webhook{
-		{URL: "http://r/", BearerTokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token"},
-		{URL: "http://r/", SigningKeyFiles: []string{"/etc/dynwatch/key.pem"}},
-		{URL: "http://r/", TLS: TLS{CAFile: "/etc/ssl/ca.pem"}},
-		{URL: "http://r/", Sink: Sink{DeadLetter: DeadLetter{File: "/tmp/dead"}}},
+	for _, s := range []SinkConfig{
+		&Webhook{URL: "http://r/", BearerTokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token"},
+		&Webhook{URL: "http://r/", SigningKeyFiles: []string{"/etc/dynwatch/key.pem"}},
+		&Webhook{URL: "http://r/", TLS: TLS{CAFile: "/etc/ssl/ca.pem"}},
+		&Webhook{URL: "http://r/", Sink: Sink{DeadLetter: DeadLetter{File: "/tmp/dead"}}},
+		&JetStream{Servers: []string{"nats://n:4222"}, CredentialsFile: "/etc/nats/creds"},
+		&JetStream{Servers: []string{"nats://n:4222"}, TLS: TLS{CertFile: "/etc/nats/tls.crt", KeyFile: "/etc/nats/tls.key"}},
+		&Kafka{Brokers: []string{"k:9092"}, Topic: "t", SASL: SASL{Mechanism: "PLAIN", UserFile: "/etc/kafka/user", PasswordFile: "/etc/kafka/password"}},
+		&Kafka{Brokers: []string{"k:9092"}, Topic: "t", TLS: KafkaTLS{Enabled: true, TLS: TLS{CAFile: "/etc/ssl/ca.pem"}}},
 	} {
-		if err := cfg.CheckWebhook(w, "spec"); err == nil {
-			t.Errorf("a webhook naming a file was accepted: %+v", w)
+		if err := cfg.CheckSink(s, "spec"); err == nil {
+			t.Errorf("a %s sink naming a file was accepted: %+v", s.key(), s)
 		}
 	}
-	ok := &Webhook{URL: "http://r/", Sink: Sink{Name: "subscription.a.b", Resources: []string{"configmaps"}}}
-	if err := cfg.CheckWebhook(ok, "spec"); err != nil {
-		t.Errorf("a webhook naming no file, with a subscription's name: %v", err)
+	shared := Sink{Name: "subscription.a.b", Resources: []string{"configmaps"}}
+	for _, s := range []SinkConfig{
+		&Webhook{URL: "http://r/", Sink: shared},
+		&JetStream{Servers: []string{"nats://n:4222"}, Sink: shared},
+		&Kafka{Brokers: []string{"k:9092"}, Topic: "t", TLS: KafkaTLS{Enabled: true}, Sink: shared},
+	} {
+		if err := cfg.CheckSink(s, "spec"); err != nil {
+			t.Errorf("a %s sink naming no file, with a subscription's name: %v", s.key(), err)
+		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/dynwatch/dynwatch/egress"
 )
 
 // Sink is what every kind of sink shares: its name, which events it selects, and how they are
@@ -54,6 +56,11 @@ type Sink struct {
 	// Limiter, when set, is waited on before each attempt; the sinks of one namespace's
 	// Subscriptions share one.
 	Limiter *rate.Limiter `mapstructure:"-"`
+	// Egress, when set, bounds the addresses every connection of the sink may dial (a
+	// Subscription's): a webhook's, its NATS servers' (those they announce too) or its Kafka
+	// brokers' (those the cluster's metadata names too). A webhook then uses no proxy: the
+	// guard would see the proxy's address.
+	Egress *egress.Policy `mapstructure:"-"`
 	// Parsed by Load.
 	GroupResources []schema.GroupResource `mapstructure:"-"`
 	Labels         labels.Selector        `mapstructure:"-"`

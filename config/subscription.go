@@ -143,25 +143,31 @@ func (s *Subject) encode() unique.Handle[string] {
 	return unique.Make(string(b))
 }
 
-// CheckWebhook fills in w's defaults, then checks and parses it as a webhook entry of c at
-// path (its fields named under path, as in "spec.url"), against c's resources: the
-// configuration's own rules for a sink declared elsewhere (a Subscription), whose caller sets
-// Source to what declared it, so that Same tells when that changed. A webhook so built may not
-// read files: its entry's file fields must be empty.
-func (c *Config) CheckWebhook(w *Webhook, path string) error {
-	if w.BearerTokenFile != "" || w.SigningSecretFile != "" || len(w.SigningSecretFiles) > 0 || len(w.SigningKeyFiles) > 0 ||
-		w.TLS != (TLS{}) || w.DeadLetter != (DeadLetter{}) {
-		return errors.New("a webhook declared outside the configuration file may not name files")
+// CheckSink fills in s's defaults, then checks and parses it as a sink entry of c at path
+// (its fields named under path, as in "spec.url"), against c's resources: the configuration's
+// own rules for a sink declared elsewhere (a Subscription), whose caller sets Source to what
+// declared it, so that Same tells when that changed. A sink so built may not read files: its
+// entry's file fields must be empty (a Kafka sink may still turn TLS on, verified with the
+// system's roots).
+func (c *Config) CheckSink(s SinkConfig, path string) error {
+	if namesFiles(s) {
+		return errors.New("a sink declared outside the configuration file may not name files")
 	}
-	w.setDefaults()
+	s.setDefaults()
 	env, err := celEnv()
 	if err != nil {
 		return err
 	}
 	var p problems
-	w.validate(path, c.Resources, env, &p)
+	s.validate(path, c.Resources, env, &p)
 	if len(p) > 0 {
 		return errors.Join(p...)
 	}
 	return nil
+}
+
+// namesFiles reports whether s names a file to read: credentials, TLS, signing keys, dead
+// letters.
+func namesFiles(s SinkConfig) bool {
+	return len(s.SecretFiles()) > 0 || s.Shared().DeadLetter != (DeadLetter{})
 }

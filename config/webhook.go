@@ -17,8 +17,6 @@ import (
 
 	"cel.dev/cel-go/cel"
 	"golang.org/x/net/http/httpguts"
-
-	"github.com/dynwatch/dynwatch/egress"
 )
 
 // Webhook is one HTTP sink that receives the events its filters select.
@@ -50,9 +48,6 @@ type Webhook struct {
 	// bytes), in order.
 	SigningKeys []Secret    `mapstructure:"-"`
 	TLSConfig   *tls.Config `mapstructure:"-" json:"-"` // nil: Go's defaults; never marshalled (it holds funcs)
-	// Egress, when set, bounds the addresses the webhook's connections may dial, and no proxy
-	// is used (the guard would see the proxy's address): a Subscription's.
-	Egress *egress.Policy `mapstructure:"-"`
 	// FilesDigest is a digest of the TLS files' contents, so that a reload sees them change.
 	FilesDigest [sha256.Size]byte `mapstructure:"-"`
 }

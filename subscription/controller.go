@@ -202,7 +202,7 @@ func (c *Controller) sync(ctx context.Context, items []*unstructured.Unstructure
 
 // state is what dynwatch makes of one subscription.
 type state struct {
-	sink                        *config.Webhook // nil: not accepted
+	sink                        config.SinkConfig // nil: not accepted
 	accepted, authorized, ready metav1.Condition
 }
 
@@ -230,9 +230,10 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 			continue
 		}
 		out = append(out, w)
-		st := state{sink: w, accepted: condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the webhook "+w.Name)}
-		st.authorized = c.authorized(u.GetNamespace(), s, w)
-		st.ready = c.ready(st.authorized, w, disabled[w.Name])
+		name := w.Shared().Name
+		st := state{sink: w, accepted: condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the "+kindOf(w)+" sink "+name)}
+		st.authorized = c.authorized(u.GetNamespace(), s, w.Shared())
+		st.ready = c.ready(st.authorized, w, disabled[name])
 		states[i] = st
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
@@ -248,33 +249,44 @@ func notAccepted(reason, message string) state {
 	}
 }
 
-// accept turns u into its webhook: checked, with its signing keys and its namespace's limiter.
-func (c *Controller) accept(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, *spec, error) {
-	w, s, err := sinkOf(u, cfg)
+// accept turns u into its sink: checked, with its signing keys and its namespace's limiter.
+func (c *Controller) accept(u *unstructured.Unstructured, cfg *config.Config) (config.SinkConfig, *spec, error) {
+	sink, s, err := sinkOf(u, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	if s.Signing != nil {
+	if w, ok := sink.(*config.Webhook); ok && s.Signing != nil {
 		if err := c.sign(u.GetNamespace(), s, w); err != nil {
 			return nil, nil, err
 		}
 	}
-	w.Limiter = c.limiter(u.GetNamespace(), cfg.Subscriptions.Quota.DeliveriesPerSecond)
-	return w, s, nil
+	sink.Shared().Limiter = c.limiter(u.GetNamespace(), cfg.Subscriptions.Quota.DeliveriesPerSecond)
+	return sink, s, nil
 }
 
-// ready is the Ready condition of an accepted subscription delivered as w; gone is why its
+// kindOf names sink's kind.
+func kindOf(sink config.SinkConfig) string {
+	switch sink.(type) {
+	case *config.JetStream:
+		return "JetStream"
+	case *config.Kafka:
+		return "Kafka"
+	}
+	return "webhook"
+}
+
+// ready is the Ready condition of an accepted subscription delivered as sink; gone is why its
 // receiver disabled it ("": it did not).
-func (c *Controller) ready(authorized metav1.Condition, w *config.Webhook, gone string) metav1.Condition {
+func (c *Controller) ready(authorized metav1.Condition, sink config.SinkConfig, gone string) metav1.Condition {
 	if authorized.Status != metav1.ConditionTrue {
 		return condition("Ready", metav1.ConditionFalse, "NotAuthorized", "see the Authorized condition")
 	}
 	if gone != "" {
 		return condition("Ready", metav1.ConditionFalse, "Gone", gone)
 	}
-	if refused := c.refused(w); refused != nil {
+	if h, refused := refused(sink); refused != nil {
 		return condition("Ready", metav1.ConditionFalse, "EgressRefused",
-			fmt.Sprintf("spec.url: %s resolves to an address a subscription may not reach, so nothing is sent: %v", w.Endpoint.Hostname(), refused))
+			fmt.Sprintf("%s: %s resolves to an address a subscription may not reach, so nothing is sent: %v", h.field, h.host, refused))
 	}
 	return condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
 }
@@ -361,7 +373,7 @@ func (c *Controller) limiter(namespace string, perSecond float64) *rate.Limiter 
 // subscription names in each namespace it names, or, naming none, in its own namespace.
 // Elsewhere it is asked event by event: a subscription to every namespace receives those
 // where its subject may watch.
-func (c *Controller) authorized(own string, s *spec, w *config.Webhook) metav1.Condition {
+func (c *Controller) authorized(own string, s *spec, w *config.Sink) metav1.Condition {
 	namespaces := s.Namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{own}
@@ -385,29 +397,31 @@ func (c *Controller) authorized(own string, s *spec, w *config.Webhook) metav1.C
 	return condition("Authorized", metav1.ConditionTrue, "Allowed", s.Subject.Username+" may watch what the subscription names")
 }
 
-// resolveTimeout bounds the lookup of a subscription's host name.
+// resolveTimeout bounds the lookup of each of a subscription's host names.
 const resolveTimeout = 2 * time.Second
 
-// refused is why w's host name resolves, now, to an address its egress policy refuses, or nil.
-// The status reports it; what keeps the webhook from reaching such an address is the check on
-// every connection it dials (egress.Policy.Control), whatever the name resolves to then.
-func (c *Controller) refused(w *config.Webhook) error {
-	host := w.Endpoint.Hostname()
-	if _, err := netip.ParseAddr(host); err == nil {
-		return nil // checked when the subscription was accepted
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
-	defer cancel()
-	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return nil // not known now; each dial checks what it finds
-	}
-	for _, a := range addrs {
-		if err := w.Egress.Check(a); err != nil {
-			return err
+// refused is a host of sink that resolves, now, to an address its egress policy refuses, and
+// why, or a nil error. The status reports it; what keeps the sink from reaching such an
+// address is the check on every connection it dials (egress.Policy.Control), whatever the
+// name resolves to then.
+func refused(sink config.SinkConfig) (host, error) {
+	for _, h := range hosts(sink) {
+		if _, err := netip.ParseAddr(h.host); err == nil {
+			continue // checked when the subscription was accepted
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+		addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", h.host)
+		cancel()
+		if err != nil {
+			continue // not known now; each dial checks what it finds
+		}
+		for _, a := range addrs {
+			if err := sink.Shared().Egress.Check(a); err != nil {
+				return h, err
+			}
 		}
 	}
-	return nil
+	return host{}, nil
 }
 
 // maxMessage bounds a condition's message (the CRD's limit is 32768).
@@ -430,9 +444,11 @@ func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructur
 	}
 	next := status{ObservedGeneration: u.GetGeneration(), Conditions: slices.Clone(cur.Conditions)}
 	if st.sink != nil {
-		next.Sink = st.sink.Name
-		if keys := webhook.PublicKeys(st.sink); len(keys) > 0 {
-			next.SigningKeys = keys
+		next.Sink = st.sink.Shared().Name
+		if w, ok := st.sink.(*config.Webhook); ok {
+			if keys := webhook.PublicKeys(w); len(keys) > 0 {
+				next.SigningKeys = keys
+			}
 		}
 	}
 	for _, cond := range []metav1.Condition{st.accepted, st.authorized, st.ready} {

@@ -51,10 +51,11 @@ func TestTheCloudEventsFilterDialectsSelectByTheAttributesDynwatchSets(t *testin
 			if tt.filter != "" {
 				spec["filter"] = tt.filter
 			}
-			w, _, err := sinkOf(subscriptionOf(spec), loadConfig(t))
+			sink, _, err := sinkOf(subscriptionOf(spec), loadConfig(t))
 			if err != nil {
 				t.Fatal(err)
 			}
+			w := sink.Shared()
 			for e, want := range tt.want {
 				out, _, err := w.Program.Eval(map[string]any{"type": e.typ, "object": e.object, "oldObject": nil, "resource": e.resource})
 				if err != nil {

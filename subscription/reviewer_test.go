@@ -51,7 +51,7 @@ func startReviewing(t *testing.T, user string, every time.Duration) (*Reviewer, 
 		t.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	r, err := NewReviewer(slog.New(slog.NewTextHandler(io.Discard, nil)), reg, cs.AuthorizationV1().SubjectAccessReviews(), every)
+	r, err := NewReviewer(slog.New(slog.DiscardHandler), reg, cs.AuthorizationV1().SubjectAccessReviews(), every)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func startReviewing(t *testing.T, user string, every time.Duration) (*Reviewer, 
 	subject := &config.Subject{Username: user}
 	testbed.Eventually(t, 30*time.Second, func() error {
 		if ok, err := r.review(t.Context(), subject, decisionKey{subject: subject.Key(), verb: "watch", resource: configmaps.GroupResource(), namespace: "granted"}); err != nil || !ok {
-			return fmt.Errorf("%s may not watch configmaps in granted yet (%v)", user, err)
+			return fmt.Errorf("%s may not watch configmaps in granted yet (%w)", user, err)
 		}
 		return nil
 	})

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"net/url"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -17,15 +20,18 @@ import (
 // GVR is the Subscription resource.
 var GVR = schema.GroupVersionResource{Group: "events.dynwatch.io", Version: "v1alpha1", Resource: "subscriptions"}
 
-// spec is a Subscription's spec as the CRD declares it: the webhook settings a team may choose,
+// spec is a Subscription's spec as the CRD declares it: the sink settings a team may choose (a
+// webhook's URL, a JetStream stream's servers or a Kafka topic's brokers: one of the three),
 // and the subject admission recorded. Nothing in it names a file on dynwatch's disk.
 type spec struct {
-	URL           string   `json:"url"`
-	Resources     []string `json:"resources"`
-	EventTypes    []string `json:"eventTypes,omitempty"`
-	Namespaces    []string `json:"namespaces,omitempty"`
-	LabelSelector string   `json:"labelSelector,omitempty"`
-	Filter        string   `json:"filter,omitempty"`
+	URL           string     `json:"url,omitempty"`
+	JetStream     *jetStream `json:"jetstream,omitempty"`
+	Kafka         *kafka     `json:"kafka,omitempty"`
+	Resources     []string   `json:"resources"`
+	EventTypes    []string   `json:"eventTypes,omitempty"`
+	Namespaces    []string   `json:"namespaces,omitempty"`
+	LabelSelector string     `json:"labelSelector,omitempty"`
+	Filter        string     `json:"filter,omitempty"`
 	// Filters are CloudEvents Subscriptions API filters (exact, prefix, suffix, all, any,
 	// not) over the attributes type, source and subject; all must match, and filter too.
 	Filters      []map[string]any `json:"filters,omitempty"`
@@ -37,6 +43,22 @@ type spec struct {
 	// Signing names a Secret in the subscription's namespace and the keys of it that sign.
 	Signing *signing        `json:"signing,omitempty"`
 	Subject *config.Subject `json:"subject,omitempty"`
+}
+
+// jetStream is a subscription delivered as a JetStream sink: each event published to
+// <subjectPrefix>.<resource>.<group>.<namespace>.<name>, into stream if named.
+type jetStream struct {
+	Servers       []string `json:"servers"`
+	SubjectPrefix string   `json:"subjectPrefix,omitempty"`
+	Stream        string   `json:"stream,omitempty"`
+}
+
+// kafka is a subscription delivered as a Kafka sink: each event produced to topic.
+type kafka struct {
+	Brokers     []string `json:"brokers"`
+	Topic       string   `json:"topic"`
+	TLS         bool     `json:"tls,omitempty"` // verified with the system's roots
+	Compression string   `json:"compression,omitempty"`
 }
 
 // signing is a subscription's signing keys: each of Keys, a key of the Secret SecretName in
@@ -51,9 +73,9 @@ type signing struct {
 // the state store. Configured sinks' names are DNS labels, without dots: the two never meet.
 func sinkName(namespace, name string) string { return "subscription." + namespace + "." + name }
 
-// sinkOf turns a Subscription into its webhook, checked against cfg as a configured webhook
-// is: an error names the spec's field.
-func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, *spec, error) {
+// sinkOf turns a Subscription into its sink, checked against cfg as a configured sink is: an
+// error names the spec's field.
+func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (config.SinkConfig, *spec, error) {
 	raw, ok := u.Object["spec"]
 	if !ok {
 		return nil, nil, errors.New("spec: is required")
@@ -84,26 +106,107 @@ func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (*config.Webhook, 
 		}
 		filter = expr
 	}
-	w := &config.Webhook{URL: s.URL, Sink: config.Sink{QueueSize: cfg.Subscriptions.Quota.QueueSize,
+	shared := config.Sink{QueueSize: cfg.Subscriptions.Quota.QueueSize,
 		Name: sinkName(u.GetNamespace(), u.GetName()), Resources: s.Resources, EventTypes: s.EventTypes, Namespaces: s.Namespaces,
 		LabelSelector: s.LabelSelector, Filter: filter, FilterErrors: config.FilterErrors(s.FilterErrors),
 		Payload: config.Payload{Diff: config.Diff(s.Payload.Diff), Object: config.PayloadObject(s.Payload.Object)},
-		Subject: s.Subject, Source: string(b),
-	}}
-	if err := cfg.CheckWebhook(w, "spec"); err != nil {
+		Subject: s.Subject, Source: string(b), Egress: &cfg.Subscriptions.Egress.Policy,
+	}
+	sink, fields, err := s.sink(shared)
+	if err != nil {
 		return nil, &s, err
+	}
+	if err := cfg.CheckSink(sink, "spec"); err != nil {
+		return nil, &s, fields.Replace(err.Error())
 	}
 	if s.Signing != nil && !slices.Contains(cfg.Subscriptions.SigningSecretNames, s.Signing.SecretName) {
 		return nil, &s, fmt.Errorf("spec.signing.secretName: must be one of %q (subscriptions.signingSecretNames: the Secrets dynwatch may read), got %q",
 			cfg.Subscriptions.SigningSecretNames, s.Signing.SecretName)
 	}
-	w.Egress = &cfg.Subscriptions.Egress.Policy
-	if ip, err := netip.ParseAddr(w.Endpoint.Hostname()); err == nil {
-		if err := w.Egress.Check(ip); err != nil {
-			return nil, &s, fmt.Errorf("spec.url: %w", err)
+	for _, h := range hosts(sink) {
+		if ip, err := netip.ParseAddr(h.host); err == nil {
+			if err := shared.Egress.Check(ip); err != nil {
+				return nil, &s, fmt.Errorf("%s: %w", h.field, err)
+			}
 		}
 	}
-	return w, &s, nil
+	return sink, &s, nil
+}
+
+// fieldNames renames the fields a stream sink's checks name (spec.servers) to where the
+// Subscription declares them (spec.jetstream.servers): the checks are the configuration's,
+// where they sit beside the shared ones.
+type fieldNames []string
+
+// Replace renames the fields in msg.
+func (f fieldNames) Replace(msg string) error {
+	if len(f) > 0 {
+		msg = strings.NewReplacer(f...).Replace(msg)
+	}
+	return errors.New(msg)
+}
+
+// sink is the sink of the kind the spec declares, exactly one, with shared, and how its
+// fields are renamed.
+func (s *spec) sink(shared config.Sink) (config.SinkConfig, fieldNames, error) {
+	kinds := 0
+	for _, set := range []bool{s.URL != "", s.JetStream != nil, s.Kafka != nil} {
+		if set {
+			kinds++
+		}
+	}
+	if kinds != 1 {
+		return nil, nil, errors.New("spec: set exactly one of url (a webhook), jetstream and kafka")
+	}
+	switch {
+	case s.JetStream != nil:
+		if s.Signing != nil {
+			return nil, nil, errors.New("spec.signing: only a webhook's requests are signed")
+		}
+		return &config.JetStream{Sink: shared, Servers: s.JetStream.Servers, SubjectPrefix: s.JetStream.SubjectPrefix, Stream: s.JetStream.Stream},
+			renames("jetstream", "servers", "subjectPrefix", "stream"), nil
+	case s.Kafka != nil:
+		if s.Signing != nil {
+			return nil, nil, errors.New("spec.signing: only a webhook's requests are signed")
+		}
+		return &config.Kafka{Sink: shared, Brokers: s.Kafka.Brokers, Topic: s.Kafka.Topic, TLS: config.KafkaTLS{Enabled: s.Kafka.TLS}, Compression: config.Compression(s.Kafka.Compression)},
+			renames("kafka", "brokers", "topic", "tls", "compression"), nil
+	}
+	return &config.Webhook{Sink: shared, URL: s.URL}, nil, nil
+}
+
+func renames(kind string, fields ...string) fieldNames {
+	var out fieldNames
+	for _, f := range fields {
+		out = append(out, "spec."+f, "spec."+kind+"."+f)
+	}
+	return out
+}
+
+// host is a host name or address a sink dials, and the field that names it.
+type host struct{ field, host string }
+
+// hosts are the hosts sink names: a webhook's URL's, a JetStream sink's servers', a Kafka
+// sink's brokers'.
+func hosts(sink config.SinkConfig) []host {
+	var out []host
+	switch sink := sink.(type) {
+	case *config.Webhook:
+		out = append(out, host{"spec.url", sink.Endpoint.Hostname()})
+	case *config.JetStream:
+		for i, raw := range sink.Servers {
+			if u, err := url.Parse(raw); err == nil {
+				out = append(out, host{fmt.Sprintf("spec.jetstream.servers[%d]", i), u.Hostname()})
+			}
+		}
+	case *config.Kafka:
+		for i, b := range sink.Brokers {
+			if h, _, err := net.SplitHostPort(b); err == nil {
+				out = append(out, host{fmt.Sprintf("spec.kafka.brokers[%d]", i), h})
+			}
+		}
+	}
+	return out
 }
 
 // readKeys reads s's signing keys from data, the Secret's: each named key holds a Standard

@@ -48,9 +48,13 @@ func TestASubscriptionBecomesAWebhookNamedAfterItWithItsSubject(t *testing.T) {
 		"filter": "has(object.data)", "payload": map[string]any{"diff": "mergePatch"},
 		"subject": map[string]any{"username": "alice", "groups": []any{"team-a"}},
 	})
-	w, s, err := sinkOf(u, loadConfig(t))
+	sink, s, err := sinkOf(u, loadConfig(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	w, ok := sink.(*config.Webhook)
+	if !ok {
+		t.Fatalf("the sink is a %T, not a webhook", sink)
 	}
 	if w.Name != "subscription.team-a.changes" || w.Endpoint.Host != "receiver.team-a.svc" || len(w.GroupResources) != 2 || w.Program == nil ||
 		w.Payload.Diff != config.DiffMergePatch || w.Payload.Object != config.PayloadFull || w.Workers != config.DefaultWebhookWorkers {
@@ -66,6 +70,31 @@ func TestASubscriptionBecomesAWebhookNamedAfterItWithItsSubject(t *testing.T) {
 	u.Object["spec"].(map[string]any)["subject"] = map[string]any{"username": "bob"}
 	if other, _, _ := sinkOf(u, loadConfig(t)); w.Same(other) {
 		t.Error("a subscription whose subject changed configures the same sink: its deliveries would stay authorized as the old subject")
+	}
+}
+
+// TestASubscriptionToAStreamBecomesAJetStreamOrKafkaSinkWithinTheEgressPolicy: a spec with
+// jetstream or kafka instead of url is that kind of sink, with the subscription's subject and
+// the subscriptions' egress policy, which its transport dials within.
+func TestASubscriptionToAStreamBecomesAJetStreamOrKafkaSinkWithinTheEgressPolicy(t *testing.T) {
+	subject := map[string]any{"username": "alice"}
+	js, _, err := sinkOf(subscriptionOf(map[string]any{"resources": []any{"configmaps"}, "subject": subject,
+		"jetstream": map[string]any{"servers": []any{"nats://nats.team-a.svc:4222"}, "subjectPrefix": "team-a", "stream": "TEAM_A"}}), loadConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, ok := js.(*config.JetStream); !ok || j.Servers[0] != "nats://nats.team-a.svc:4222" || j.SubjectPrefix != "team-a" || j.Stream != "TEAM_A" ||
+		j.Subject.Username != "alice" || j.Egress == nil || j.Name != "subscription.team-a.changes" {
+		t.Errorf("the JetStream sink is %+v", js)
+	}
+	k, _, err := sinkOf(subscriptionOf(map[string]any{"resources": []any{"configmaps"}, "subject": subject,
+		"kafka": map[string]any{"brokers": []any{"kafka.team-a.svc:9092"}, "topic": "changes", "tls": true}}), loadConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, ok := k.(*config.Kafka); !ok || k.Brokers[0] != "kafka.team-a.svc:9092" || k.Topic != "changes" || !k.TLS.Enabled || k.TLSConfig == nil ||
+		k.Subject.Username != "alice" || k.Egress == nil {
+		t.Errorf("the Kafka sink is %+v", k)
 	}
 }
 
@@ -89,6 +118,19 @@ func TestABadSubscriptionIsRefusedNamingItsField(t *testing.T) {
 		{"a signing Secret of a name dynwatch does not read", map[string]any{"url": "http://r/", "resources": []any{"configmaps"}, "subject": subject,
 			"signing": map[string]any{"secretName": "kube-root-ca.crt", "keys": []any{"ca.crt"}}}, []string{"spec.signing.secretName", "dynwatch-signing"}},
 		{"a payload of nothing", map[string]any{"url": "http://r/", "resources": []any{"configmaps"}, "payload": map[string]any{"object": "none"}, "subject": subject}, []string{"spec.payload.object"}},
+		{"no sink", map[string]any{"resources": []any{"configmaps"}, "subject": subject}, []string{"spec: set exactly one of url (a webhook), jetstream and kafka"}},
+		{"a webhook and a stream", map[string]any{"url": "http://r/", "jetstream": map[string]any{"servers": []any{"nats://n:4222"}}, "resources": []any{"configmaps"}, "subject": subject},
+			[]string{"spec: set exactly one of url"}},
+		{"no servers, a subject prefix with a wildcard", map[string]any{"jetstream": map[string]any{"subjectPrefix": "a.*"}, "resources": []any{"configmaps"}, "subject": subject},
+			[]string{"spec.jetstream.servers", "spec.jetstream.subjectPrefix"}},
+		{"a NATS server at a private address", map[string]any{"jetstream": map[string]any{"servers": []any{"nats://10.0.0.7:4222"}}, "resources": []any{"configmaps"}, "subject": subject},
+			[]string{"spec.jetstream.servers[0]", "10.0.0.7 is a private address"}},
+		{"a Kafka broker on loopback, no topic", map[string]any{"kafka": map[string]any{"brokers": []any{"127.0.0.1:9092"}}, "resources": []any{"configmaps"}, "subject": subject},
+			[]string{"spec.kafka.topic"}},
+		{"a Kafka broker on loopback", map[string]any{"kafka": map[string]any{"brokers": []any{"127.0.0.1:9092"}, "topic": "t"}, "resources": []any{"configmaps"}, "subject": subject},
+			[]string{"spec.kafka.brokers[0]", "127.0.0.1 is a loopback address"}},
+		{"a stream that signs", map[string]any{"kafka": map[string]any{"brokers": []any{"k:9092"}, "topic": "t"}, "resources": []any{"configmaps"}, "subject": subject,
+			"signing": map[string]any{"secretName": "dynwatch-signing", "keys": []any{"v1"}}}, []string{"spec.signing: only a webhook's requests are signed"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, err := sinkOf(subscriptionOf(tt.spec), loadConfig(t))

@@ -106,7 +106,7 @@ func (t *Transport) options() ([]nats.Option, error) {
 		// Nothing is kept to send after a reconnection: a publish fails at once and is
 		// retried as a delivery, with its expected sequence checked again.
 		nats.ReconnectBufSize(-1),
-		nats.SetCustomDialer(fencedNATSDialer{fence: t.fence, dialer: &net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}}),
+		nats.SetCustomDialer(fencedNATSDialer{fence: t.fence, dialer: dialer(c)}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				t.log.Warn("disconnected from NATS", "err", err)
@@ -144,6 +144,15 @@ func (t *Transport) options() ([]nats.Option, error) {
 }
 
 // fencedNATSDialer dials connections that write nothing once the fence has lapsed.
+// dialer dials c's servers, those they announce too, within c's egress policy if it has one.
+func dialer(c *config.JetStream) *net.Dialer {
+	d := &net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}
+	if c.Egress != nil {
+		d.Control = c.Egress.Control
+	}
+	return d
+}
+
 type fencedNATSDialer struct {
 	fence  delivery.Fence
 	dialer *net.Dialer

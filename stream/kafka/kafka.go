@@ -86,7 +86,11 @@ func (t *Transport) client() (*kgo.Client, error) {
 
 func (t *Transport) options() []kgo.Opt {
 	c := t.cfg
-	dial := delivery.FencedDialer(t.fence, (&net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}).DialContext)
+	d := &net.Dialer{Timeout: c.Timeout, KeepAlive: 30 * time.Second}
+	if c.Egress != nil {
+		d.Control = c.Egress.Control // every broker's connection, those the metadata names too
+	}
+	dial := delivery.FencedDialer(t.fence, d.DialContext)
 	if c.TLSConfig != nil {
 		dial = tlsDialer(c.TLSConfig, dial)
 	}

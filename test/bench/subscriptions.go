@@ -355,7 +355,7 @@ func auditedReviews(b *bed, from, to time.Time) []time.Time {
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	var out []time.Time
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)

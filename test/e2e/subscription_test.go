@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/nats-io/nats.go/jetstream"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
@@ -678,6 +679,87 @@ func TestASubscriptionsQueuedEventsSurviveAKillAndAreDeliveredAfterTheRestart(t 
 		slices.Sort(delivered)
 		if !slices.Equal(delivered, keys) {
 			return fmt.Errorf("after the restart the subscription has been delivered %v, want %v", delivered, keys)
+		}
+		return nil
+	})
+}
+
+// TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch: carol, who may
+// watch configmaps in her namespace only, subscribes a JetStream stream and a Kafka topic to
+// configmaps of every namespace. Each is Ready; the stream's subjects and the topic's keys hold
+// her namespace's configmaps, and nothing of another namespace's, whose configmap was made
+// between them.
+func TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch(t *testing.T) {
+	t.Parallel()
+	ns, carol, admin := team(t)
+	other := namespace(t)
+	nc := startNATS(t, 1)
+	stream := createStream(t, nc.URLs(), jetstream.StreamConfig{Name: "TEAM", Subjects: []string{"team.>"}})
+	k := startKafka(t)
+	k.createTopic(t, "team", 1, nil)
+	startServing(t, ns, "127.0.0.1/32", "")
+	subs := subscriptionsAs(t, carol, ns)
+	js := newSubscription("stream", "", nil)
+	spec := js.Object["spec"].(map[string]any)
+	delete(spec, "url")
+	spec["jetstream"] = map[string]any{"servers": []any{nc.URLs()[0]}, "subjectPrefix": "team", "stream": "TEAM"}
+	topic := newSubscription("topic", "", nil)
+	spec = topic.Object["spec"].(map[string]any)
+	delete(spec, "url")
+	brokers := []any{}
+	for _, b := range k.brokers {
+		brokers = append(brokers, b)
+	}
+	spec["kafka"] = map[string]any{"brokers": brokers, "topic": "team"}
+	for _, s := range []*unstructured.Unstructured{js, topic} {
+		if _, err := subs.Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if msg := waitCondition(t, ns, "stream", "Accepted", "True", "Valid"); !strings.Contains(msg, "JetStream") {
+		t.Errorf("the stream's Accepted message does not say it is delivered as a JetStream sink: %s", msg)
+	}
+	waitCondition(t, ns, "stream", "Ready", "True", "Delivering")
+	waitCondition(t, ns, "topic", "Ready", "True", "Delivering")
+	for _, cm := range [][2]string{{ns, "first"}, {other, "elsewhere"}, {ns, "marker"}} {
+		if _, err := admin.CoreV1().ConfigMaps(cm[0]).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: cm[1]}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One watch carries both namespaces' configmaps, and each sink's events keep the
+	// journal's order within an object only: wait for both of carol's, then look for the other.
+	names := func(in []string) []string {
+		var out []string
+		for _, s := range in {
+			for _, ns := range []string{ns, other} {
+				for _, name := range []string{"first", "elsewhere", "marker"} {
+					if strings.HasSuffix(s, ns+"."+name) || strings.HasSuffix(s, ns+"/"+name) {
+						out = append(out, ns+"/"+name)
+					}
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := []string{ns + "/first", ns + "/marker"}
+	testbed.Eventually(t, time.Minute, func() error {
+		var subjects []string
+		for _, m := range readStream(t, stream) {
+			subjects = append(subjects, m.subject)
+		}
+		if got := names(subjects); !slices.Equal(got, want) {
+			return fmt.Errorf("the stream holds %v (subjects %v), want %v", got, subjects, want)
+		}
+		return nil
+	})
+	testbed.Eventually(t, time.Minute, func() error {
+		var keys []string
+		for _, r := range readRecords(t, k.brokers, "team") {
+			keys = append(keys, r.key)
+		}
+		if got := names(keys); !slices.Equal(got, want) {
+			return fmt.Errorf("the topic holds %v (keys %v), want %v", got, keys, want)
 		}
 		return nil
 	})
