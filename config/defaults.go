@@ -47,6 +47,7 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("subscriptions.namespaces", []string{})
 	v.SetDefault("subscriptions.quota.perNamespace", DefaultQuotaPerNamespace)
 	v.SetDefault("subscriptions.signingSecretNames", []string{"dynwatch-signing"})
+	v.SetDefault("subscriptions.credentialSecretNames", []string{"dynwatch-credentials"})
 	v.SetDefault("subscriptions.quota.queueSize", DefaultQuotaQueueSize)
 	v.SetDefault("subscriptions.quota.deliveriesPerSecond", DefaultQuotaDeliveriesSec)
 }

@@ -38,6 +38,10 @@ type JetStream struct {
 	// durable: file storage, replicas and every server syncing each write.
 	Durability Durability `mapstructure:"durability"`
 
+	// Login, when set, is the user name and password to connect with, held in memory (a
+	// Subscription's): as userFile and passwordFile, which it excludes.
+	Login *Login `mapstructure:"-" json:"-"`
+
 	// Parsed by Load.
 	TLSConfig *tls.Config `mapstructure:"-" json:"-"` // nil: no TLS unless a server's URL is tls://
 	// FilesDigest is a digest of the credential and TLS files' contents, so that a reload sees
@@ -56,7 +60,7 @@ func (*JetStream) key() string { return "jetstream" }
 // Same implements SinkConfig.
 func (js *JetStream) Same(other SinkConfig) bool {
 	o, ok := other.(*JetStream)
-	return ok && js.Source == o.Source && js.FilesDigest == o.FilesDigest
+	return ok && js.Source == o.Source && js.FilesDigest == o.FilesDigest && js.Login.same(o.Login)
 }
 
 // SecretFiles implements SinkConfig.
@@ -96,6 +100,9 @@ func (js *JetStream) validate(path string, resources []Resource, env *cel.Env, p
 			set++
 		}
 	}
+	if js.Login != nil {
+		set++
+	}
 	if set > 1 {
 		p.add(path, "credentialsFile, nkeyFile and userFile with passwordFile exclude each other")
 	}
@@ -108,7 +115,7 @@ func (js *JetStream) validate(path string, resources []Resource, env *cel.Env, p
 		}
 	}
 	js.TLSConfig = js.TLS.parse(path+".tls", p)
-	if js.PasswordFile != "" && plain && js.TLSConfig == nil && !js.AllowPasswordWithoutTLS {
+	if (js.PasswordFile != "" || js.Login != nil) && plain && js.TLSConfig == nil && !js.AllowPasswordWithoutTLS {
 		p.add(path+".servers", "include a nats:// server other than loopback, without tls, and the sink has a password; use tls:// or set tls, or set allowPasswordWithoutTLS: true")
 	}
 	if !subjectTokens.MatchString(js.SubjectPrefix) {

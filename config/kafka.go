@@ -52,6 +52,9 @@ type SASL struct {
 	Mechanism    SASLMechanism `mapstructure:"mechanism"`
 	UserFile     string        `mapstructure:"userFile"`
 	PasswordFile string        `mapstructure:"passwordFile"`
+	// Login, when set, is the user name and password held in memory (a Subscription's),
+	// instead of userFile and passwordFile.
+	Login *Login `mapstructure:"-" json:"-"`
 }
 
 // SASLMechanism is a SASL mechanism a Kafka sink can authenticate with.
@@ -93,7 +96,7 @@ func (*Kafka) key() string { return "kafka" }
 // Same implements SinkConfig.
 func (k *Kafka) Same(other SinkConfig) bool {
 	o, ok := other.(*Kafka)
-	return ok && k.Source == o.Source && k.FilesDigest == o.FilesDigest
+	return ok && k.Source == o.Source && k.FilesDigest == o.FilesDigest && k.SASL.Login.same(o.SASL.Login)
 }
 
 // SecretFiles implements SinkConfig.
@@ -148,13 +151,16 @@ func (k *Kafka) validate(path string, resources []Resource, env *cel.Env, p *pro
 }
 
 func (s SASL) validate(path string, p *problems) {
+	files := s.UserFile != "" || s.PasswordFile != ""
 	switch {
-	case s.Mechanism == "" && (s.UserFile != "" || s.PasswordFile != ""):
+	case s.Mechanism == "" && (files || s.Login != nil):
 		p.add(path+".mechanism", "is required with userFile and passwordFile: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
 	case s.Mechanism == "":
 	case !slices.Contains([]SASLMechanism{SASLPlain, SASLScramSHA256, SASLScramSHA512}, s.Mechanism):
 		p.add(path+".mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", s.Mechanism)
-	case s.UserFile == "" || s.PasswordFile == "":
+	case s.Login != nil && files:
+		p.add(path, "userFile and passwordFile exclude a login given otherwise")
+	case s.Login == nil && (s.UserFile == "" || s.PasswordFile == ""):
 		p.add(path, "userFile and passwordFile are required with a mechanism")
 	}
 	if s.UserFile != "" {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +35,9 @@ type Subscriptions struct {
 	// have, in the subscription's namespace: dynwatch may read Secrets of these names only
 	// (the chart grants get on them by name), and only for a subject that may read them too.
 	SigningSecretNames []string `mapstructure:"signingSecretNames"`
+	// CredentialSecretNames are the names a Secret holding a stream subscription's user name
+	// and password may have, in the subscription's namespace, read as SigningSecretNames are.
+	CredentialSecretNames []string `mapstructure:"credentialSecretNames"`
 }
 
 // Quota bounds the subscriptions of one namespace.
@@ -81,9 +85,11 @@ func (s *Subscriptions) validate(p *problems) {
 			p.add(fmt.Sprintf("subscriptions.namespaces[%d]", i), "%s", msg)
 		}
 	}
-	for i, name := range s.SigningSecretNames {
-		for _, msg := range validation.IsDNS1123Subdomain(name) {
-			p.add(fmt.Sprintf("subscriptions.signingSecretNames[%d]", i), "%s", msg)
+	for key, names := range map[string][]string{"signingSecretNames": s.SigningSecretNames, "credentialSecretNames": s.CredentialSecretNames} {
+		for i, name := range names {
+			for _, msg := range validation.IsDNS1123Subdomain(name) {
+				p.add(fmt.Sprintf("subscriptions.%s[%d]", key, i), "%s", msg)
+			}
 		}
 	}
 	q := s.Quota
@@ -111,6 +117,20 @@ func (s *Subscriptions) validate(p *problems) {
 			*l.into = append(*l.into, prefix.Masked())
 		}
 	}
+}
+
+// Login is a user name and password held in memory instead of files: a stream Subscription's,
+// read from a Secret of its namespace.
+type Login struct {
+	User, Password Secret
+}
+
+// same reports whether l and o hold the same login, or are both nil.
+func (l *Login) same(o *Login) bool {
+	if l == nil || o == nil {
+		return l == o
+	}
+	return bytes.Equal(l.User, o.User) && bytes.Equal(l.Password, o.Password)
 }
 
 // Subject is the user a sink's deliveries are authorized as: each event is delivered only if

@@ -204,13 +204,14 @@ func (c *Controller) sync(ctx context.Context, items []*unstructured.Unstructure
 type state struct {
 	sink                        config.SinkConfig // nil: not accepted
 	accepted, authorized, ready metav1.Condition
+	durable                     metav1.Condition // a stream's; no Type for a webhook
 }
 
 // sinks builds each item's sink and state; the sinks are those accepted, sorted by name.
 // While unguarded (the admission policies are missing) none is.
 func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) ([]config.SinkConfig, []state) {
 	cfg := c.o.Config()
-	disabled := c.disabled()
+	disabled, durable := c.delivering()
 	var out []config.SinkConfig
 	states := make([]state, len(items))
 	over := c.overQuota(items, cfg.Subscriptions.Quota.PerNamespace)
@@ -234,6 +235,9 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 		st := state{sink: w, accepted: condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the "+kindOf(w)+" sink "+name)}
 		st.authorized = c.authorized(u.GetNamespace(), s, w.Shared())
 		st.ready = c.ready(st.authorized, w, disabled[name])
+		if _, webhook := w.(*config.Webhook); !webhook {
+			st.durable = durableCondition(durable[name])
+		}
 		states[i] = st
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
@@ -257,6 +261,15 @@ func (c *Controller) accept(u *unstructured.Unstructured, cfg *config.Config) (c
 	}
 	if w, ok := sink.(*config.Webhook); ok && s.Signing != nil {
 		if err := c.sign(u.GetNamespace(), s, w); err != nil {
+			return nil, nil, err
+		}
+	}
+	if l, field, to := s.login(sink); l != nil {
+		data, err := c.readSecret(u.GetNamespace(), s.Subject, field+".secretName", l.SecretName)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := readLogin(l, field, data, to); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -291,43 +304,64 @@ func (c *Controller) ready(authorized metav1.Condition, sink config.SinkConfig, 
 	return condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
 }
 
-// disabled is why each sink its receiver disabled (410 Gone) sends nothing, by sink name.
-func (c *Controller) disabled() map[string]string {
-	out := map[string]string{}
+// delivering is, by sink name, why each sink its receiver disabled (410 Gone) sends nothing,
+// and each stream sink's durability as last checked.
+func (c *Controller) delivering() (disabled map[string]string, durable map[string]*delivery.Durability) {
+	disabled, durable = map[string]string{}, map[string]*delivery.Durability{}
 	if c.o.Sinks == nil {
-		return out
+		return disabled, durable
 	}
 	for _, st := range c.o.Sinks() {
 		if st.Disabled != nil {
-			out[st.Name] = fmt.Sprintf("the receiver asked dynwatch to stop (%s) at %s: nothing more is sent, and what was queued is dead-lettered as gone, until the subscription's spec changes",
+			disabled[st.Name] = fmt.Sprintf("the receiver asked dynwatch to stop (%s) at %s: nothing more is sent, and what was queued is dead-lettered as gone, until the subscription's spec changes",
 				st.Disabled.Reason, st.Disabled.Since.UTC().Format(time.RFC3339))
 		}
+		durable[st.Name] = st.Durable
 	}
-	return out
+	return disabled, durable
 }
 
-// secretsResource is what a subject must be allowed to get for its subscription to sign with a
-// Secret: dynwatch reads it with its own identity, so it would otherwise lend the Secret to
-// anyone who may write subscriptions.
+// durableCondition is a stream subscription's Durable condition: its sink's last durability
+// check (see docs/streams.md), Unknown before the first.
+func durableCondition(d *delivery.Durability) metav1.Condition {
+	if d == nil {
+		return condition("Durable", metav1.ConditionUnknown, "NotChecked", "the stream's durability has not been checked yet")
+	}
+	return condition("Durable", metav1.ConditionStatus(d.Status), d.Reason, d.Message)
+}
+
+// secretsResource is what a subject must be allowed to get for its subscription to use a
+// Secret (to sign, to log in to a stream).
 var secretsResource = schema.GroupResource{Resource: "secrets"}
 
 // sign reads w's signing keys from the Secret s names, once the subject may read it.
 func (c *Controller) sign(namespace string, s *spec, w *config.Webhook) error {
-	ok, err := c.o.Reviewer.MayGet(s.Subject, secretsResource, namespace, s.Signing.SecretName)
-	switch {
-	case err != nil:
-		return fmt.Errorf("spec.signing.secretName: could not review whether %s may read it: %w", s.Subject.Username, err)
-	case !ok:
-		return fmt.Errorf("spec.signing.secretName: %s may not get the Secret %s, so the subscription may not sign with it", s.Subject.Username, s.Signing.SecretName)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
-	defer cancel()
-	data, err := c.o.Secret(ctx, namespace, s.Signing.SecretName)
+	data, err := c.readSecret(namespace, s.Subject, "spec.signing.secretName", s.Signing.SecretName)
 	if err != nil {
-		return fmt.Errorf("spec.signing.secretName: %w", err)
+		return err
 	}
 	w.SigningSecrets, w.SigningKeys, err = readKeys(s.Signing, data)
 	return err
+}
+
+// readSecret reads the Secret name of namespace, which field names, once subject may get it:
+// dynwatch reads it with its own identity, so it would otherwise lend the Secret to anyone who
+// may write subscriptions.
+func (c *Controller) readSecret(namespace string, subject *config.Subject, field, name string) (map[string][]byte, error) {
+	ok, err := c.o.Reviewer.MayGet(subject, secretsResource, namespace, name)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%s: could not review whether %s may read it: %w", field, subject.Username, err)
+	case !ok:
+		return nil, fmt.Errorf("%s: %s may not get the Secret %s, so the subscription may not use it", field, subject.Username, name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
+	defer cancel()
+	data, err := c.o.Secret(ctx, namespace, name)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	return data, nil
 }
 
 // overQuota marks the items past the first perNamespace of their namespace, oldest first.
@@ -451,7 +485,10 @@ func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructur
 			}
 		}
 	}
-	for _, cond := range []metav1.Condition{st.accepted, st.authorized, st.ready} {
+	for _, cond := range []metav1.Condition{st.accepted, st.authorized, st.ready, st.durable} {
+		if cond.Type == "" {
+			continue
+		}
 		cond.ObservedGeneration = u.GetGeneration()
 		meta.SetStatusCondition(&next.Conditions, cond)
 	}

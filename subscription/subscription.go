@@ -2,6 +2,7 @@ package subscription
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +52,7 @@ type jetStream struct {
 	Servers       []string `json:"servers"`
 	SubjectPrefix string   `json:"subjectPrefix,omitempty"`
 	Stream        string   `json:"stream,omitempty"`
+	Credentials   *login   `json:"credentials,omitempty"`
 }
 
 // kafka is a subscription delivered as a Kafka sink: each event produced to topic.
@@ -59,6 +61,53 @@ type kafka struct {
 	Topic       string   `json:"topic"`
 	TLS         bool     `json:"tls,omitempty"` // verified with the system's roots
 	Compression string   `json:"compression,omitempty"`
+	SASL        *sasl    `json:"sasl,omitempty"`
+}
+
+// sasl is how a Kafka subscription authenticates: a mechanism, and its login.
+type sasl struct {
+	Mechanism string `json:"mechanism"`
+	login
+}
+
+// login names a Secret in the subscription's namespace, and the keys of it holding a user name
+// and a password (default username and password).
+type login struct {
+	SecretName  string `json:"secretName"`
+	UsernameKey string `json:"usernameKey,omitempty"`
+	PasswordKey string `json:"passwordKey,omitempty"`
+}
+
+// login is the spec's login, the field that declares it, and the sink's login to fill in from
+// its Secret; nil for a sink without one.
+func (s *spec) login(sink config.SinkConfig) (*login, string, *config.Login) {
+	switch sink := sink.(type) {
+	case *config.JetStream:
+		if s.JetStream.Credentials != nil {
+			return s.JetStream.Credentials, "spec.jetstream.credentials", sink.Login
+		}
+	case *config.Kafka:
+		if s.Kafka.SASL != nil {
+			return &s.Kafka.SASL.login, "spec.kafka.sasl", sink.SASL.Login
+		}
+	}
+	return nil, "", nil
+}
+
+// readLogin fills in to from data, the Secret's: its errors name the field and the key, never
+// the content.
+func readLogin(l *login, field string, data map[string][]byte, to *config.Login) error {
+	for _, k := range []struct {
+		field, key string
+		into       *config.Secret
+	}{{"usernameKey", cmp.Or(l.UsernameKey, "username"), &to.User}, {"passwordKey", cmp.Or(l.PasswordKey, "password"), &to.Password}} {
+		b := bytes.TrimSpace(data[k.key])
+		if len(b) == 0 {
+			return fmt.Errorf("%s.%s: the Secret %s has no key %q, or it is empty", field, k.field, l.SecretName, k.key)
+		}
+		*k.into = config.Secret(b)
+	}
+	return nil
 }
 
 // signing is a subscription's signing keys: each of Keys, a key of the Secret SecretName in
@@ -123,6 +172,10 @@ func sinkOf(u *unstructured.Unstructured, cfg *config.Config) (config.SinkConfig
 		return nil, &s, fmt.Errorf("spec.signing.secretName: must be one of %q (subscriptions.signingSecretNames: the Secrets dynwatch may read), got %q",
 			cfg.Subscriptions.SigningSecretNames, s.Signing.SecretName)
 	}
+	if l, field, _ := s.login(sink); l != nil && !slices.Contains(cfg.Subscriptions.CredentialSecretNames, l.SecretName) {
+		return nil, &s, fmt.Errorf("%s.secretName: must be one of %q (subscriptions.credentialSecretNames: the Secrets dynwatch may read), got %q",
+			field, cfg.Subscriptions.CredentialSecretNames, l.SecretName)
+	}
 	for _, h := range hosts(sink) {
 		if ip, err := netip.ParseAddr(h.host); err == nil {
 			if err := shared.Egress.Check(ip); err != nil {
@@ -163,14 +216,20 @@ func (s *spec) sink(shared config.Sink) (config.SinkConfig, fieldNames, error) {
 		if s.Signing != nil {
 			return nil, nil, errors.New("spec.signing: only a webhook's requests are signed")
 		}
-		return &config.JetStream{Sink: shared, Servers: s.JetStream.Servers, SubjectPrefix: s.JetStream.SubjectPrefix, Stream: s.JetStream.Stream},
-			renames("jetstream", "servers", "subjectPrefix", "stream"), nil
+		js := &config.JetStream{Sink: shared, Servers: s.JetStream.Servers, SubjectPrefix: s.JetStream.SubjectPrefix, Stream: s.JetStream.Stream}
+		if s.JetStream.Credentials != nil {
+			js.Login = &config.Login{} // filled in from the Secret once accepted; checked as a password meanwhile
+		}
+		return js, renames("jetstream", "servers", "subjectPrefix", "stream"), nil
 	case s.Kafka != nil:
 		if s.Signing != nil {
 			return nil, nil, errors.New("spec.signing: only a webhook's requests are signed")
 		}
-		return &config.Kafka{Sink: shared, Brokers: s.Kafka.Brokers, Topic: s.Kafka.Topic, TLS: config.KafkaTLS{Enabled: s.Kafka.TLS}, Compression: config.Compression(s.Kafka.Compression)},
-			renames("kafka", "brokers", "topic", "tls", "compression"), nil
+		k := &config.Kafka{Sink: shared, Brokers: s.Kafka.Brokers, Topic: s.Kafka.Topic, TLS: config.KafkaTLS{Enabled: s.Kafka.TLS}, Compression: config.Compression(s.Kafka.Compression)}
+		if s.Kafka.SASL != nil {
+			k.SASL = config.SASL{Mechanism: config.SASLMechanism(s.Kafka.SASL.Mechanism), Login: &config.Login{}}
+		}
+		return k, renames("kafka", "brokers", "topic", "tls", "compression", "sasl"), nil
 	}
 	return &config.Webhook{Sink: shared, URL: s.URL}, nil, nil
 }

@@ -129,6 +129,12 @@ func TestABadSubscriptionIsRefusedNamingItsField(t *testing.T) {
 			[]string{"spec.kafka.topic"}},
 		{"a Kafka broker on loopback", map[string]any{"kafka": map[string]any{"brokers": []any{"127.0.0.1:9092"}, "topic": "t"}, "resources": []any{"configmaps"}, "subject": subject},
 			[]string{"spec.kafka.brokers[0]", "127.0.0.1 is a loopback address"}},
+		{"a credentials Secret of a name dynwatch does not read", map[string]any{"jetstream": map[string]any{"servers": []any{"tls://n:4222"}, "credentials": map[string]any{"secretName": "db-password"}},
+			"resources": []any{"configmaps"}, "subject": subject}, []string{"spec.jetstream.credentials.secretName", "dynwatch-credentials"}},
+		{"a password to a NATS server that is not loopback, without TLS", map[string]any{"jetstream": map[string]any{"servers": []any{"nats://n:4222"}, "credentials": map[string]any{"secretName": "dynwatch-credentials"}},
+			"resources": []any{"configmaps"}, "subject": subject}, []string{"spec.jetstream.servers", "password"}},
+		{"SASL PLAIN to a broker that is not loopback, without TLS", map[string]any{"kafka": map[string]any{"brokers": []any{"k:9092"}, "topic": "t",
+			"sasl": map[string]any{"mechanism": "PLAIN", "secretName": "dynwatch-credentials"}}, "resources": []any{"configmaps"}, "subject": subject}, []string{"spec.kafka.sasl.mechanism", "PLAIN"}},
 		{"a stream that signs", map[string]any{"kafka": map[string]any{"brokers": []any{"k:9092"}, "topic": "t"}, "resources": []any{"configmaps"}, "subject": subject,
 			"signing": map[string]any{"secretName": "dynwatch-signing", "keys": []any{"v1"}}}, []string{"spec.signing: only a webhook's requests are signed"}},
 	} {
@@ -143,6 +149,18 @@ func TestABadSubscriptionIsRefusedNamingItsField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestALoginIsReadFromTheSecretAndAMissingKeyIsNamedWithoutTheContent(t *testing.T) {
+	data := map[string][]byte{"username": []byte("team\n"), "password": []byte("hunter2"), "user": []byte("other")}
+	var got config.Login
+	if err := readLogin(&login{SecretName: "dynwatch-credentials"}, "spec.kafka.sasl", data, &got); err != nil || string(got.User) != "team" || string(got.Password) != "hunter2" {
+		t.Fatalf("read the default keys: %q, %v", got.User, err)
+	}
+	if err := readLogin(&login{SecretName: "dynwatch-credentials", UsernameKey: "user", PasswordKey: "pass"}, "spec.kafka.sasl", data, &got); err == nil ||
+		!strings.Contains(err.Error(), `spec.kafka.sasl.passwordKey: the Secret dynwatch-credentials has no key "pass"`) || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("a missing password key: %v", err)
 	}
 }
 

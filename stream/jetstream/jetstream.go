@@ -126,6 +126,8 @@ func (t *Transport) options() ([]nats.Option, error) {
 			return nil, fmt.Errorf("nkeyFile: %w", err)
 		}
 		opts = append(opts, o)
+	case c.Login != nil:
+		opts = append(opts, nats.UserInfo(string(c.Login.User), string(c.Login.Password)))
 	case c.UserFile != "":
 		// Read at every connection, so that a rotated password is used without a reload.
 		opts = append(opts, nats.UserInfoHandler(func() (string, string) {

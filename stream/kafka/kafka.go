@@ -142,6 +142,9 @@ func tlsDialer(cfg *tls.Config, dial delivery.DialFunc) delivery.DialFunc {
 func (t *Transport) mechanism() sasl.Mechanism {
 	s := t.cfg.SASL
 	read := func() (string, string, error) {
+		if s.Login != nil {
+			return string(s.Login.User), string(s.Login.Password), nil
+		}
 		user, err := config.ReadCredential(s.UserFile)
 		if err != nil {
 			return "", "", fmt.Errorf("sasl.userFile: %w", err)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/dynwatch/dynwatch/test/testbed"
 )
@@ -686,9 +687,9 @@ func TestASubscriptionsQueuedEventsSurviveAKillAndAreDeliveredAfterTheRestart(t 
 
 // TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch: carol, who may
 // watch configmaps in her namespace only, subscribes a JetStream stream and a Kafka topic to
-// configmaps of every namespace. Each is Ready; the stream's subjects and the topic's keys hold
-// her namespace's configmaps, and nothing of another namespace's, whose configmap was made
-// between them.
+// configmaps of every namespace. Each is Ready, with a Durable condition: its sink's check of its
+// destination (on the test bed, Unknown: neither says whether it syncs each write); the stream's subjects and the topic's keys hold her namespace's configmaps, and
+// nothing of another namespace's, whose configmap was made between them.
 func TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch(t *testing.T) {
 	t.Parallel()
 	ns, carol, admin := team(t)
@@ -721,6 +722,26 @@ func TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch(
 	}
 	waitCondition(t, ns, "stream", "Ready", "True", "Delivering")
 	waitCondition(t, ns, "topic", "Ready", "True", "Delivering")
+	// Each reports its destination's durability as its sink last checked it.
+	admin2 := dynamic.NewForConfigOrDie(cluster.Config)
+	for name, destination := range map[string]string{"stream": "stream TEAM", "topic": "topic team"} {
+		testbed.Eventually(t, time.Minute, func() error {
+			u, err := admin2.Resource(subscriptionsGVR).Namespace(ns).Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+			for _, c := range conds {
+				if c := c.(map[string]any); c["type"] == "Durable" {
+					if msg, _ := c["message"].(string); c["reason"] == "NotChecked" || !strings.Contains(msg, destination) {
+						return fmt.Errorf("the %s subscription's Durable condition is %v (%v: %v), want its sink's check, naming %s", name, c["status"], c["reason"], c["message"], destination)
+					}
+					return nil
+				}
+			}
+			return fmt.Errorf("the %s subscription has no Durable condition yet: %v", name, conds)
+		})
+	}
 	for _, cm := range [][2]string{{ns, "first"}, {other, "elsewhere"}, {ns, "marker"}} {
 		if _, err := admin.CoreV1().ConfigMaps(cm[0]).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: cm[1]}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -763,4 +784,70 @@ func TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch(
 		}
 		return nil
 	})
+}
+
+// TestAStreamSubscriptionLogsInWithItsNamespacesSecret: a Kafka cluster that asks for
+// SCRAM-SHA-256 takes carol's subscription's records, logged in with the user name and password
+// of her namespace's Secret dynwatch-credentials, which she may read; a subscription whose
+// Secret holds another password produces nothing, and one naming a key the Secret lacks is not
+// Accepted, naming the field and the key.
+func TestAStreamSubscriptionLogsInWithItsNamespacesSecret(t *testing.T) {
+	t.Parallel()
+	ns, carol, admin := team(t)
+	grantRole(t, admin, ns, "credentials", "credentials-carol", carol,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"dynwatch-credentials", "wrong-credentials"}, Verbs: []string{"get"}})
+	for name, password := range map[string]string{"dynwatch-credentials": "the-right-password", "wrong-credentials": "a-wrong-password"} {
+		if _, err := admin.CoreV1().Secrets(ns).Create(t.Context(), &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Data:       map[string][]byte{"username": []byte("team"), "password": []byte(password)},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := testbed.StartKafka(t.TempDir(), 1, []string{"team"}, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", "team", "the-right-password"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Stop)
+	metrics := startServing(t, ns, "127.0.0.1/32", ", credentialSecretNames: [dynwatch-credentials, wrong-credentials]")
+	topic := func(name, secretName, passwordKey string) *unstructured.Unstructured {
+		s := newSubscription(name, "", []string{ns})
+		spec := s.Object["spec"].(map[string]any)
+		delete(spec, "url")
+		spec["kafka"] = map[string]any{"brokers": []any{k.Brokers()[0]}, "topic": "team",
+			"sasl": map[string]any{"mechanism": "SCRAM-SHA-256", "secretName": secretName, "passwordKey": passwordKey}}
+		return s
+	}
+	for _, s := range []*unstructured.Unstructured{topic("right", "dynwatch-credentials", "password"), topic("wrong", "wrong-credentials", "password"), topic("nokey", "dynwatch-credentials", "pass")} {
+		if _, err := subscriptionsAs(t, carol, ns).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if msg := waitCondition(t, ns, "nokey", "Accepted", "False", "Invalid"); !strings.Contains(msg, `spec.kafka.sasl.passwordKey: the Secret dynwatch-credentials has no key "pass"`) ||
+		strings.Contains(msg, "the-right-password") {
+		t.Errorf("the Accepted=False message of a subscription naming a key its Secret lacks: %s", msg)
+	}
+	waitCondition(t, ns, "right", "Ready", "True", "Delivering")
+	waitCondition(t, ns, "wrong", "Ready", "True", "Delivering")
+	if _, err := admin.CoreV1().ConfigMaps(ns).Create(t.Context(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "first"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	delivered := func(sink string) float64 {
+		return metricValue(t, metrics, `dynwatch_webhook_deliveries_total{result="delivered",sink="subscription.`+ns+`.`+sink+`"}`)
+	}
+	testbed.Eventually(t, time.Minute, func() error {
+		if n := delivered("right"); n != 1 {
+			return fmt.Errorf("the subscription logged in with the right password has delivered %v events, want 1", n)
+		}
+		return nil
+	})
+	testbed.Eventually(t, time.Minute, func() error {
+		if n := metricValue(t, metrics, `dynwatch_webhook_attempts_total{sink="subscription.`+ns+`.wrong"}`); n == 0 {
+			return fmt.Errorf("the subscription with the wrong password has made no attempt yet")
+		}
+		return nil
+	})
+	if n := delivered("wrong"); n != 0 {
+		t.Errorf("the subscription logged in with a wrong password delivered %v events, want none", n)
+	}
 }

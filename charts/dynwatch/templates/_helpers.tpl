@@ -179,12 +179,12 @@ advance, so `get` on CustomResourceDefinitions is granted without resourceNames.
 {{- end }}
 {{- end }}
 {{- if .Values.subscriptions.enabled }}
-{{- /* Subscriptions: watched, their status written, their subjects' access reviewed, the bindings of the policies that record their subjects checked, their signing Secrets read. */}}
+{{- /* Subscriptions: watched, their status written, their subjects' access reviewed, the bindings of the policies that record their subjects checked, their signing and credentials Secrets read. */}}
 {{- $subs := list (dict "apiGroups" (list "events.dynwatch.io") "resources" (list "subscriptions") "verbs" (list "get" "list" "watch")) (dict "apiGroups" (list "events.dynwatch.io") "resources" (list "subscriptions/status") "verbs" (list "update")) (dict "apiGroups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) (dict "apiGroups" (list "admissionregistration.k8s.io") "resources" (list "mutatingadmissionpolicybindings" "validatingadmissionpolicybindings") "verbs" (list "get") "resourceNames" (list "subscriptions.events.dynwatch.io")) }}
-{{- $signing := dig "subscriptions" "signingSecretNames" (list "dynwatch-signing") (.Values.config | default dict) }}
-{{- if $signing }}
-{{- /* The Secrets subscriptions sign with: these names only, in any namespace. */}}
-{{- $subs = append $subs (dict "apiGroups" (list "") "resources" (list "secrets") "verbs" (list "get") "resourceNames" $signing) }}
+{{- $secrets := concat (dig "subscriptions" "signingSecretNames" (list "dynwatch-signing") (.Values.config | default dict)) (dig "subscriptions" "credentialSecretNames" (list "dynwatch-credentials") (.Values.config | default dict)) }}
+{{- if $secrets }}
+{{- /* The Secrets subscriptions sign with and log in to their streams with: these names only, in any namespace. */}}
+{{- $subs = append $subs (dict "apiGroups" (list "") "resources" (list "secrets") "verbs" (list "get") "resourceNames" $secrets) }}
 {{- end }}
 {{- $_ := set $rules "" (concat (get $rules "" | default list) $subs) }}
 {{- end }}
