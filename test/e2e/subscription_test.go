@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -687,7 +688,8 @@ func TestASubscriptionsQueuedEventsSurviveAKillAndAreDeliveredAfterTheRestart(t 
 
 // TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch: carol, who may
 // watch configmaps in her namespace only, subscribes a JetStream stream and a Kafka topic to
-// configmaps of every namespace. Each is Ready, with a Durable condition: its sink's check of its
+// configmaps of every namespace (a sink of another kind, or of two kinds, is refused at
+// admission). Each is Ready, with a Durable condition: its sink's check of its
 // destination (on the test bed, Unknown: neither says whether it syncs each write); the stream's subjects and the topic's keys hold her namespace's configmaps, and
 // nothing of another namespace's, whose configmap was made between them.
 func TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch(t *testing.T) {
@@ -715,6 +717,19 @@ func TestTeamsSubscribeAStreamAndATopicAndEachReceivesOnlyWhatItsWriterMayWatch(
 	for _, s := range []*unstructured.Unstructured{js, topic} {
 		if _, err := subs.Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// A sink of a kind dynwatch does not have is refused at admission, as is one of two kinds.
+	for name, sink := range map[string]map[string]any{
+		"unknown": {"sqs": map[string]any{"queueUrl": "https://sqs.example/q"}},
+		"both":    {"url": "http://127.0.0.1:9/", "kafka": map[string]any{"brokers": []any{"127.0.0.1:9"}, "topic": "t"}},
+	} {
+		s := newSubscription(name, "", nil)
+		spec := s.Object["spec"].(map[string]any)
+		delete(spec, "url")
+		maps.Copy(spec, sink)
+		if _, err := subs.Create(t.Context(), s, metav1.CreateOptions{}); err == nil || !strings.Contains(err.Error(), "set exactly one of url (a webhook), jetstream and kafka") {
+			t.Errorf("a subscription with a sink of kind %s was not refused naming the kinds: %v", name, err)
 		}
 	}
 	if msg := waitCondition(t, ns, "stream", "Accepted", "True", "Valid"); !strings.Contains(msg, "JetStream") {
