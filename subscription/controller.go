@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -241,7 +242,20 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 		states[i] = st
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
+	c.forgetLimiters(out)
 	return out, states
+}
+
+// forgetLimiters forgets the limiters of namespaces none of sinks is in: a namespace's last
+// subscription gone, its limiter goes too.
+func (c *Controller) forgetLimiters(sinks []config.SinkConfig) {
+	used := map[*rate.Limiter]bool{}
+	for _, s := range sinks {
+		used[s.Shared().Limiter] = true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	maps.DeleteFunc(c.limiters, func(_ string, l *rate.Limiter) bool { return !used[l] })
 }
 
 // notAccepted is the state of a subscription refused for reason.
