@@ -58,6 +58,9 @@ type Controller struct {
 	o     Options
 	poked chan struct{}
 
+	// lookup resolves a host name: the default resolver's.
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by namespace, shared by its subscriptions' sinks
 }
@@ -67,7 +70,10 @@ func NewController(o Options) *Controller {
 	if o.Writes == nil {
 		o.Writes = func() bool { return true }
 	}
-	return &Controller{o: o, poked: make(chan struct{}, 1), limiters: map[string]*rate.Limiter{}}
+	return &Controller{o: o, poked: make(chan struct{}, 1), limiters: map[string]*rate.Limiter{},
+		lookup: func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}}
 }
 
 // Initial lists the Subscriptions and returns their sinks, for delivery to start with: a
@@ -235,11 +241,17 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 		name := w.Shared().Name
 		st := state{sink: w, accepted: condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the "+kindOf(w)+" sink "+name)}
 		st.authorized = c.authorized(u.GetNamespace(), s, w.Shared())
-		st.ready = c.ready(st.authorized, w, disabled[name])
 		if _, webhook := w.(*config.Webhook); !webhook {
 			st.durable = durableCondition(durable[name])
 		}
 		states[i] = st
+	}
+	refused := c.refusals(out)
+	for i, st := range states {
+		if st.sink != nil {
+			name := st.sink.Shared().Name
+			states[i].ready = c.ready(st.authorized, refused[name], disabled[name])
+		}
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
 	c.forgetLimiters(out)
@@ -302,18 +314,19 @@ func kindOf(sink config.SinkConfig) string {
 	return "webhook"
 }
 
-// ready is the Ready condition of an accepted subscription delivered as sink; gone is why its
-// receiver disabled it ("": it did not).
-func (c *Controller) ready(authorized metav1.Condition, sink config.SinkConfig, gone string) metav1.Condition {
+// ready is the Ready condition of an accepted subscription: refused is a host of its sink that
+// resolves to an address its egress policy refuses (none: a nil err), gone why its receiver
+// disabled it ("": it did not).
+func (c *Controller) ready(authorized metav1.Condition, refused refusal, gone string) metav1.Condition {
 	if authorized.Status != metav1.ConditionTrue {
 		return condition("Ready", metav1.ConditionFalse, "NotAuthorized", "see the Authorized condition")
 	}
 	if gone != "" {
 		return condition("Ready", metav1.ConditionFalse, "Gone", gone)
 	}
-	if h, refused := refused(sink); refused != nil {
+	if refused.err != nil {
 		return condition("Ready", metav1.ConditionFalse, "EgressRefused",
-			fmt.Sprintf("%s: %s resolves to an address a subscription may not reach, so nothing is sent: %v", h.field, h.host, refused))
+			fmt.Sprintf("%s: %s resolves to an address a subscription may not reach, so nothing is sent: %v", refused.at.field, refused.at.host, refused.err))
 	}
 	return condition("Ready", metav1.ConditionTrue, "Delivering", "events the subject may watch are delivered")
 }
@@ -445,31 +458,67 @@ func (c *Controller) authorized(own string, s *spec, w *config.Sink) metav1.Cond
 	return condition("Authorized", metav1.ConditionTrue, "Allowed", s.Subject.Username+" may watch what the subscription names")
 }
 
-// resolveTimeout bounds the lookup of each of a subscription's host names.
-const resolveTimeout = 2 * time.Second
+// resolveTimeout bounds the lookups of every subscription's host names together, and
+// resolveAtOnce how many are under way at once.
+const (
+	resolveTimeout = 2 * time.Second
+	resolveAtOnce  = 16
+)
 
-// refused is a host of sink that resolves, now, to an address its egress policy refuses, and
-// why, or a nil error. The status reports it; what keeps the sink from reaching such an
-// address is the check on every connection it dials (egress.Policy.Control), whatever the
-// name resolves to then.
-func refused(sink config.SinkConfig) (host, error) {
-	for _, h := range hosts(sink) {
-		if _, err := netip.ParseAddr(h.host); err == nil {
-			continue // checked when the subscription was accepted
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
-		addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", h.host)
-		cancel()
-		if err != nil {
-			continue // not known now; each dial checks what it finds
-		}
-		for _, a := range addrs {
-			if err := sink.Shared().Egress.Check(a); err != nil {
-				return h, err
+// refusal is a host of a sink that resolves to an address its egress policy refuses, and why.
+type refusal struct {
+	at    host
+	index int // of the host among the sink's
+	err   error
+}
+
+// refusals resolves the host names of sinks, resolveAtOnce at a time and all within one
+// resolveTimeout, and returns, by sink name, the first host of each that resolves now to an
+// address its egress policy refuses. A slow resolver, or a tenant's many names, holds the
+// sync up for resolveTimeout at most; a name not resolved in time counts as not refused. The
+// status reports what resolution finds; what keeps a sink from reaching such an address is the
+// check on every connection it dials (egress.Policy.Control), whatever the name resolves to
+// then.
+func (c *Controller) refusals(sinks []config.SinkConfig) map[string]refusal {
+	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	defer cancel()
+	var (
+		mu  sync.Mutex
+		out = map[string]refusal{}
+		wg  sync.WaitGroup
+	)
+	sem := make(chan struct{}, resolveAtOnce)
+	defer wg.Wait() // before out is returned: every lookup has written to it
+	for _, sink := range sinks {
+		for i, h := range hosts(sink) {
+			if _, err := netip.ParseAddr(h.host); err == nil {
+				continue // checked when the subscription was accepted
 			}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return out
+			}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				addrs, err := c.lookup(ctx, h.host)
+				if err != nil {
+					return // not known now; each dial checks what it finds
+				}
+				for _, a := range addrs {
+					if err := sink.Shared().Egress.Check(a); err != nil {
+						mu.Lock()
+						defer mu.Unlock()
+						if r, seen := out[sink.Shared().Name]; !seen || i < r.index {
+							out[sink.Shared().Name] = refusal{at: h, index: i, err: err}
+						}
+						return
+					}
+				}
+			})
 		}
 	}
-	return host{}, nil
+	return out
 }
 
 // maxMessage bounds a condition's message (the CRD's limit is 32768).

@@ -1,12 +1,17 @@
 package subscription
 
 import (
+	"context"
+	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/time/rate"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/dynwatch/dynwatch/config"
@@ -43,5 +48,56 @@ func TestANamespacesLimiterIsSharedByItsSubscriptionsAndForgottenWithTheLast(t *
 	}
 	if _, kept := c.limiters["other"]; kept || len(c.limiters) != 1 {
 		t.Errorf("after other's last subscription went, the controller keeps the limiters of %v; want granted's only", slices.Collect(maps.Keys(c.limiters)))
+	}
+}
+
+// TestASlowResolverHoldsUpTheSyncForOneTimeoutInAll: 20 subscriptions of 16 NATS servers each,
+// every name's lookup hanging until it is given up. The sync resolves them all within one
+// resolveTimeout, not one per name (320 of them, 640 s one after the other): a tenant's many
+// names cannot stall every subscription's status (the names not resolved in time count as not
+// refused: the dial's check is what refuses). A name that resolves to a refused address makes
+// its subscription EgressRefused, naming the server.
+func TestASlowResolverHoldsUpTheSyncForOneTimeoutInAll(t *testing.T) {
+	r, _ := startReviewing(t, "resolved-dave", time.Hour)
+	cfg := loadConfig(t)
+	cfg.Subscriptions.Quota.PerNamespace = 20
+	c := NewController(Options{Reviewer: r, Config: func() *config.Config { return cfg }})
+	c.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+		if host == "metadata.refused" {
+			return []netip.Addr{netip.MustParseAddr("169.254.169.254")}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	var items []*unstructured.Unstructured
+	for i := range 20 {
+		var servers []any
+		for j := range 16 {
+			servers = append(servers, fmt.Sprintf("nats://n%d.s%d.invalid:4222", j, i))
+		}
+		if i == 0 {
+			servers[3] = "nats://metadata.refused:4222"
+		}
+		u := subscriptionOf(map[string]any{"jetstream": map[string]any{"servers": servers}, "resources": []any{"configmaps"}, "subject": map[string]any{"username": "resolved-dave"}})
+		u.SetNamespace("granted")
+		u.SetName(fmt.Sprintf("s%d", i))
+		items = append(items, u)
+	}
+	start := time.Now()
+	_, states := c.sinks(items, nil)
+	if took := time.Since(start); took > 20*resolveTimeout {
+		t.Errorf("the sync took %s with a resolver that hangs: more than one resolveTimeout (%s) for all the names", took, resolveTimeout)
+	}
+	for i, st := range states {
+		want := metav1.ConditionTrue
+		if i == 0 {
+			want = metav1.ConditionFalse
+		}
+		if st.ready.Status != want {
+			t.Errorf("subscription s%d is Ready=%s (%s: %s), want %s", i, st.ready.Status, st.ready.Reason, st.ready.Message, want)
+		}
+	}
+	if msg := states[0].ready.Message; !strings.Contains(msg, "spec.jetstream.servers[3]: metadata.refused resolves to an address a subscription may not reach") {
+		t.Errorf("the EgressRefused message does not name the server: %s", msg)
 	}
 }
