@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/time/rate"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -99,5 +100,32 @@ func TestASlowResolverHoldsUpTheSyncForOneTimeoutInAll(t *testing.T) {
 	}
 	if msg := states[0].ready.Message; !strings.Contains(msg, "spec.jetstream.servers[3]: metadata.refused resolves to an address a subscription may not reach") {
 		t.Errorf("the EgressRefused message does not name the server: %s", msg)
+	}
+}
+
+// TestASubscriptionNamingManyNamespacesCostsABoundedNumberOfReviews: a subscription naming 256
+// namespaces is authorized by the first authorizedChecks of them at a sync, one review each,
+// not 256: it cannot spend the reviews every subscription shares. Its condition says so.
+func TestASubscriptionNamingManyNamespacesCostsABoundedNumberOfReviews(t *testing.T) {
+	r, reviews := startReviewing(t, "many-erin", time.Hour)
+	cfg := loadConfig(t)
+	c := NewController(Options{Reviewer: r, Config: func() *config.Config { return cfg }})
+	namespaces := []any{"granted"}
+	for i := range 255 {
+		namespaces = append(namespaces, fmt.Sprintf("ns-%d", i))
+	}
+	u := subscriptionOf(map[string]any{"url": "https://receiver.invalid/", "resources": []any{"configmaps"}, "namespaces": namespaces, "subject": map[string]any{"username": "many-erin"}})
+	u.SetNamespace("granted")
+	asked := func() float64 {
+		return testutil.ToFloat64(reviews.WithLabelValues("allowed")) + testutil.ToFloat64(reviews.WithLabelValues("denied"))
+	}
+	before := asked()
+	_, states := c.sinks([]*unstructured.Unstructured{u}, nil)
+	// The cluster-wide decision, then each namespace's.
+	if got := asked() - before; got > authorizedChecks+1 {
+		t.Errorf("authorizing a subscription naming 256 namespaces asked %v reviews, want at most %d", got, authorizedChecks+1)
+	}
+	if msg := states[0].authorized.Message; !strings.Contains(msg, "the first 16 of its 256 resources and namespaces") {
+		t.Errorf("the Authorized condition does not say which were checked: %s", msg)
 	}
 }
