@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -37,6 +38,8 @@ type Reviewer struct {
 	asking  map[decisionKey]bool // the decisions queued by prefetch or being asked
 	wanted  []wanted             // the queue
 	wake    chan struct{}        // a decision was queued
+	// failLog lets through at most a line a second of the reviews that failed.
+	failLog rate.Sometimes
 }
 
 // decisionKey names a decision: the subject (its JSON), the verb, the resource, the namespace
@@ -58,7 +61,7 @@ type decision struct {
 
 // NewReviewer builds a Reviewer asking client, every period; its metric is registered on reg.
 func NewReviewer(log *slog.Logger, reg prometheus.Registerer, client authorizationclient.SubjectAccessReviewInterface, every time.Duration) (*Reviewer, error) {
-	r := &Reviewer{log: log, client: client, every: every, now: time.Now, entries: map[decisionKey]*decision{}, asking: map[decisionKey]bool{}, wake: make(chan struct{}, 1),
+	r := &Reviewer{log: log, client: client, every: every, now: time.Now, entries: map[decisionKey]*decision{}, asking: map[decisionKey]bool{}, wake: make(chan struct{}, 1), failLog: rate.Sometimes{Interval: time.Second},
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynwatch_subscription_access_reviews_total",
 			Help: "SubjectAccessReviews asked for subscriptions' subjects, by result: allowed, denied or error.",
@@ -162,8 +165,10 @@ func (r *Reviewer) fetch(ctx context.Context) {
 			continue
 		}
 		if _, err := r.Allowed(next.subject, next.gvr, next.key.namespace); err != nil && ctx.Err() == nil {
-			r.log.Warn("could not review a subscription's access; its sink asks again before it sends", "user", next.subject.Username,
-				"resource", next.key.resource.String(), "namespace", next.key.namespace, "err", err)
+			r.failLog.Do(func() {
+				r.log.Warn("could not review a subscription's access; its sink asks again before it sends", "user", next.subject.Username,
+					"resource", next.key.resource.String(), "namespace", next.key.namespace, "err", err)
+			})
 		}
 		r.mu.Lock()
 		delete(r.asking, next.key)
@@ -259,8 +264,10 @@ func (r *Reviewer) Run(ctx context.Context) error {
 			}
 			rctx, cancel := context.WithTimeout(ctx, reviewTimeout)
 			if _, err := r.review(rctx, d.subject, d.key); err != nil && ctx.Err() == nil {
-				r.log.Warn("could not review a subscription's access again; its last decision stands for one more period", "user", d.subject.Username,
-					"verb", d.key.verb, "resource", d.key.resource.String(), "namespace", d.key.namespace, "name", d.key.name, "err", err)
+				r.failLog.Do(func() {
+					r.log.Warn("could not review a subscription's access again; its last decision stands for one more period", "user", d.subject.Username,
+						"verb", d.key.verb, "resource", d.key.resource.String(), "namespace", d.key.namespace, "name", d.key.name, "err", err)
+				})
 			}
 			cancel()
 		}

@@ -588,7 +588,9 @@ func TestASubscriptionsReviewHoldsUpNoOtherSinkAndOneThatFailsLosesNothing(t *te
 	other := namespace(t)
 	grantConfigMapReads(t, admin, other, user)
 	sub, configured := newReceiver(t, nil, false), newReceiver(t, nil, false)
-	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps}]\nwebhooks: [{name: configured, url: "+configured.URL+"}]\n"+
+	// Its two namespaces only: the other tests' namespaces would each want a review too, and at
+	// one every 40 s those would take the turns this test waits for.
+	startWithWebhooks(t, "resources: [{version: v1, resource: configmaps, namespaces: ["+ns+", "+other+"]}]\nwebhooks: [{name: configured, url: "+configured.URL+"}]\n"+
 		"subscriptions: {enabled: true, namespaces: ["+ns+"], egress: {allow: [127.0.0.1/32]}}\nclient: {rateLimits: {accessReviews: {qps: 0.025, burst: 2}}}\n")
 	if _, err := subscriptionsAs(t, user, ns).Create(t.Context(), newSubscription("team", sub.URL, nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
