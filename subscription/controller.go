@@ -447,10 +447,11 @@ func (c *Controller) authorized(own string, s *spec, w *config.Sink) metav1.Cond
 	}
 	var denied []string
 	checked, pairs := 0, len(w.GroupResources)*len(namespaces)
+checking:
 	for _, gr := range w.GroupResources {
 		for _, ns := range namespaces {
 			if checked == authorizedChecks {
-				break
+				break checking
 			}
 			checked++
 			ok, err := c.o.Reviewer.Allowed(s.Subject, gr.WithVersion(""), ns)

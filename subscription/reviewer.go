@@ -238,9 +238,10 @@ func (r *Reviewer) review(ctx context.Context, subject *config.Subject, key deci
 
 // Run asks the decisions Known did not know, one at a time as they come, and every decision
 // in use again once it is a period old, and forgets those unused for three periods, until ctx
-// ends. The decisions due are asked oldest first, one at a time, spaced evenly: 1.25 times as many a period as there are decisions, so that the decisions
-// made at once (a new subscription's, a namespace's first events) are asked again spread over
-// the period that follows instead of at once. The reviews client's rate limit bounds the rest.
+// ends. The decisions due are asked oldest first, one at a time, spaced evenly: 1.25 times as
+// many a period as there are decisions, so that the decisions made at once (a new
+// subscription's, a namespace's first events) are asked again spread over the period that
+// follows instead of at once. The reviews client's rate limit bounds the rest.
 func (r *Reviewer) Run(ctx context.Context) error {
 	var fetching sync.WaitGroup
 	defer fetching.Wait()
