@@ -27,9 +27,10 @@ type Transport struct {
 	cluster  object.Cluster
 	log      *slog.Logger
 	endpoint string // the URL with its credentials redacted, for errors and logs
-	// rt makes the requests, without http.Client's layer: a POST is never redirected, and
-	// http.Client would copy every request's headers for a redirect it does not follow.
-	rt    *http.Transport
+	// rt makes the requests (client.go), without http.Client's layer: a POST is never
+	// redirected, and http.Client would copy every request's headers for a redirect it does
+	// not follow.
+	rt    roundTripper
 	creds atomic.Pointer[credentials]
 	// headers are the configured ones with their names canonical; configured is their set.
 	headers    []config.Header
@@ -48,8 +49,11 @@ func New(cfg *config.Webhook, cluster object.Cluster, log *slog.Logger, f delive
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, cluster: cluster, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: delivery.HTTPTransport(cfg.TLSConfig, cfg.Workers, f, cfg.Egress),
-		configured: map[string]bool{}}
+	rt, err := newRoundTripper(cfg.Endpoint, cfg.TLSConfig, cfg.Workers, f, cfg.Egress)
+	if err != nil {
+		return nil, fmt.Errorf("webhook %s: %w", cfg.Name, err)
+	}
+	t := &Transport{cfg: cfg, cluster: cluster, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: rt, configured: map[string]bool{}}
 	for _, h := range cfg.Headers {
 		name := http.CanonicalHeaderKey(h.Name)
 		t.headers = append(t.headers, config.Header{Name: name, Value: h.Value})
@@ -103,8 +107,8 @@ func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.De
 		Method: http.MethodPost, URL: t.cfg.Endpoint, Host: t.cfg.Endpoint.Host,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
-		// The transport sends a request again on a new connection when the one it had turned
-		// out closed before anything was written.
+		// The client sends a request again on a new connection when the idle one it took
+		// turned out closed before any of the answer was read.
 		GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
 	}).WithContext(ctx)
 	resp, err := t.rt.RoundTrip(req)

@@ -1,0 +1,267 @@
+package webhook
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dynwatch/dynwatch/config"
+	"github.com/dynwatch/dynwatch/delivery"
+	"github.com/dynwatch/dynwatch/journal"
+)
+
+// rawReceiver is a receiver on loopback that hands each connection to serve, counting them.
+type rawReceiver struct {
+	ln    net.Listener
+	conns atomic.Int64
+	wg    sync.WaitGroup
+}
+
+func newRawReceiver(t *testing.T, serve func(c net.Conn, r *bufio.Reader)) *rawReceiver {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := &rawReceiver{ln: ln}
+	rr.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			rr.conns.Add(1)
+			rr.wg.Go(func() {
+				defer c.Close()
+				serve(c, bufio.NewReader(c))
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		rr.wg.Wait()
+	})
+	return rr
+}
+
+// readRequest reads one request and its body from r; false once the connection has ended.
+func readRequest(r *bufio.Reader) bool {
+	req, err := http.ReadRequest(r)
+	if err != nil {
+		return false
+	}
+	_, err = io.Copy(io.Discard, req.Body)
+	return err == nil
+}
+
+// transportTo is a webhook transport of one worker to rr with the timeout given.
+func transportTo(t *testing.T, rr *rawReceiver, timeout time.Duration) *Transport {
+	t.Helper()
+	endpoint := &url.URL{Scheme: "http", Host: rr.ln.Addr().String(), Path: "/hook"}
+	tr, err := New(&config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: timeout}, Endpoint: endpoint},
+		testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tr.Close)
+	return tr
+}
+
+func send(t *testing.T, tr *Transport) error {
+	t.Helper()
+	return tr.Send(t.Context(), &delivery.Delivery{Entry: journal.Entry{Event: event("a"), ID: "id-a"}}, []byte(`{"a":1}`))
+}
+
+// TestRequestsShareOneKeptAliveConnection: a worker's requests, one after the other, go over
+// one connection.
+func TestRequestsShareOneKeptAliveConnection(t *testing.T) {
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		for readRequest(r) {
+			if _, err := io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n"); err != nil {
+				return
+			}
+		}
+	})
+	tr := transportTo(t, rr, 10*time.Second)
+	for i := range 50 {
+		if err := send(t, tr); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if n := rr.conns.Load(); n != 1 {
+		t.Errorf("50 requests made %d connections; want 1", n)
+	}
+}
+
+// TestAConnectionTheReceiverClosedWhileIdleIsReplacedNotFailed: a receiver that closes every
+// connection after its answer, without saying so, fails no request: the request written on
+// the closed connection is sent again on a new one.
+func TestAConnectionTheReceiverClosedWhileIdleIsReplacedNotFailed(t *testing.T) {
+	var answered atomic.Int64
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		if readRequest(r) {
+			answered.Add(1)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	tr := transportTo(t, rr, 10*time.Second)
+	for i := range 20 {
+		if err := send(t, tr); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if n := answered.Load(); n != 20 {
+		t.Errorf("the receiver answered %d requests; want 20", n)
+	}
+}
+
+// TestAnAnswerWithEndlessHeadersIsCutAtTheLimit: a receiver that sends headers without end
+// gets a failed attempt once a MiB of them is read, not a worker reading for ever.
+func TestAnAnswerWithEndlessHeadersIsCutAtTheLimit(t *testing.T) {
+	var sent atomic.Int64
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		if !readRequest(r) {
+			return
+		}
+		line := "HTTP/1.1 200 OK\r\n"
+		for {
+			n, err := io.WriteString(c, line)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+			line = "X-Padding: " + strings.Repeat("x", 1000) + "\r\n"
+		}
+	})
+	tr := transportTo(t, rr, time.Minute)
+	err := send(t, tr)
+	if !errors.Is(err, errHeadersTooLong) {
+		t.Fatalf("Send: %v; want %v", err, errHeadersTooLong)
+	}
+	tr.Close()
+	rr.ln.Close()
+	rr.wg.Wait()
+	// What the socket buffers took besides the MiB read.
+	if n := sent.Load(); n > 64<<20 {
+		t.Errorf("the receiver wrote %d MB of headers before its connection was closed", n>>20)
+	}
+}
+
+// TestAnEndlessBodyIsNotReadToItsEnd: the answer's first 64 KiB are read and its connection
+// closed, not read to its end (which a body read to the end to keep the connection would be).
+func TestAnEndlessBodyIsNotReadToItsEnd(t *testing.T) {
+	var sent atomic.Int64
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		if !readRequest(r) {
+			return
+		}
+		w := bufio.NewWriter(c)
+		if _, err := fmt.Fprintf(w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", int64(1)<<40); err != nil {
+			return
+		}
+		chunk := make([]byte, 32<<10)
+		for {
+			n, err := w.Write(chunk)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	})
+	tr := transportTo(t, rr, time.Minute)
+	if err := send(t, tr); err != nil {
+		t.Fatal(err)
+	}
+	rr.ln.Close()
+	rr.wg.Wait()
+	if n := sent.Load(); n > 64<<20 {
+		t.Errorf("the receiver wrote %d MB of its body before its connection was closed", n>>20)
+	}
+}
+
+// TestARequestsTimeoutCutsItsConnection: a receiver that never answers gets a failed attempt
+// after the webhook's timeout, and its connection closed.
+func TestARequestsTimeoutCutsItsConnection(t *testing.T) {
+	closed := make(chan struct{})
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		if readRequest(r) {
+			_, _ = r.ReadByte() // until the client closes the connection
+			close(closed)
+		}
+	})
+	tr := transportTo(t, rr, 200*time.Millisecond)
+	if err := send(t, tr); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Send: %v; want %v", err, context.DeadlineExceeded)
+	}
+	<-closed
+}
+
+// TestAnInformationalAnswerIsSkipped: a 103 Early Hints before the final answer is read past.
+func TestAnInformationalAnswerIsSkipped(t *testing.T) {
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		for readRequest(r) {
+			if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"); err != nil {
+				return
+			}
+		}
+	})
+	tr := transportTo(t, rr, 10*time.Second)
+	err := send(t, tr)
+	if err == nil || !strings.Contains(err.Error(), "500") {
+		t.Fatalf("Send: %v; want the final answer's 500", err)
+	}
+}
+
+// proxyChild marks the process TestAProxyFromTheEnvironmentCarriesTheRequests starts with the
+// proxy in its environment (net/http reads it once a process).
+const proxyChild = "DYNWATCH_TEST_PROXY_CHILD"
+
+// TestAProxyFromTheEnvironmentCarriesTheRequests: with HTTP_PROXY set, a webhook's requests
+// go through the proxy (net/http's transport), with the endpoint's absolute URL.
+func TestAProxyFromTheEnvironmentCarriesTheRequests(t *testing.T) {
+	if os.Getenv(proxyChild) == "" {
+		var seen atomic.Value
+		proxy := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+			req, err := http.ReadRequest(r)
+			if err != nil {
+				return
+			}
+			seen.Store(req.Method + " " + req.RequestURI)
+			_, _ = io.Copy(io.Discard, req.Body)
+			_, _ = io.WriteString(c, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+		})
+		cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestAProxyFromTheEnvironmentCarriesTheRequests$", "-test.count=1")
+		cmd.Env = append(os.Environ(), proxyChild+"=1", "HTTP_PROXY=http://"+proxy.ln.Addr().String(), "NO_PROXY=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("the test with the proxy set: %v\n%s", err, out)
+		}
+		if got, want := seen.Load(), "POST http://receiver.invalid/hook"; got != want {
+			t.Errorf("the proxy was asked %v; want %q", got, want)
+		}
+		return
+	}
+	// The endpoint's name is never resolved: the proxy is asked for it.
+	endpoint := &url.URL{Scheme: "http", Host: "receiver.invalid", Path: "/hook"}
+	tr, err := New(&config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 10 * time.Second}, Endpoint: endpoint},
+		testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if err := send(t, tr); err != nil {
+		t.Fatal(err)
+	}
+}
