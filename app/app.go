@@ -97,6 +97,10 @@ func (s *service) run(ctx context.Context) error {
 	}
 	g.Go(func() error { return s.security.Run(ctx) })
 	g.Go(func() error {
+		releaseStartPagesOnceReady(ctx, s.log, func() bool { ready, _ := s.informers.Ready(); return ready })
+		return nil
+	})
+	g.Go(func() error {
 		return httpapi.Serve(ctx, s.log.With("server", "api"), s.cfg.API.Address, s.api,
 			httpapi.ServerOptions{Read: 30 * time.Second, TLS: s.security.ServerTLS()})
 	})

@@ -376,6 +376,10 @@ func run(ctx context.Context, o options) error {
 		row("state store size at the end", "MB", mb(uint64(counter(ctx, dw.metrics, "dynwatch_state_size_bytes"))), mb(uint64(counter(ctx, dw.metrics, "dynwatch_state_held_bytes"))), "state held", "≤ 2x", func(r float64) bool { return r <= 2 }),
 	)
 	logf("at the end: dynwatch resident %d MB of which %d MB file-backed; B0 %d MB", dwEnd.now>>20, dwEnd.file>>20, b0End.now>>20)
+	if pages, err := binaryPages(dw.pid); err == nil {
+		// Pages the heap profile taken after sync touched are among them (see measureSynced).
+		logf("at the end: dynwatch's executable's resident pages %.1f MB; the largest parts: %s", float64(pages.total)/(1<<20), strings.Join(pages.largest(20), ", "))
+	}
 	printTable(title(o, objBytes, time.Since(start)), [2]string{"dynwatch", "baseline"}, rows)
 	return saveResults(o, objBytes, rows, map[string]any{"updates": len(written), "rate": o.rate})
 }
@@ -435,16 +439,24 @@ type measured struct {
 	peak   uint64   // VmHWM at synced: the peak from the start to synced
 	rss    resident // then (its peak: from the start to then)
 	heap   goMemory // the Go runtime's memory then, after a forced GC
+	binary pagesOf  // the executable's own resident pages then
 }
 
-// measureSynced reads a synced process's live heap from heapURL's /debug/pprof/heap, then its
-// resident memory, and logs them under name.
+// measureSynced reads a synced process's resident memory and its executable's resident pages,
+// then its live heap from heapURL's /debug/pprof/heap, and logs them under name.
 func measureSynced(ctx context.Context, name string, p *proc, heapURL string) (measured, error) {
-	heap, err := readGoMemory(ctx, heapURL)
-	if err != nil {
+	// Resident memory first: the heap profile read next symbolizes every allocation site it
+	// holds, which maps pages of the executable's line tables (.gopclntab) that nothing else
+	// touches, and they stay mapped for the rest of the run.
+	m := measured{synced: p.synced, peak: p.peak, rss: residentMemory(p.pid)}
+	var err error
+	if m.binary, err = binaryPages(p.pid); err != nil {
+		return measured{}, fmt.Errorf("%s: its executable's resident pages: %w", name, err)
+	}
+	if m.heap, err = readGoMemory(ctx, heapURL); err != nil {
 		return measured{}, fmt.Errorf("%s: %w", name, err)
 	}
-	m := measured{synced: p.synced, peak: p.peak, rss: residentMemory(p.pid), heap: heap}
+	logf("%s: its executable's resident pages %.1f MB; the largest parts: %s", name, float64(m.binary.total)/(1<<20), strings.Join(m.binary.largest(20), ", "))
 	logf("%s synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed (peak %d MB to synced, %d MB to now)",
 		name, m.synced.Round(time.Millisecond), m.heap.live>>20, m.rss.now>>20, m.rss.file>>20, m.peak>>20, m.rss.peak>>20)
 	return m, nil
