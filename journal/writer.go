@@ -177,7 +177,7 @@ func (j *Journal) finish() {
 }
 
 // releaseEvery is how often the pages that reads of the log brought into the page cache
-// are dropped: an append drops its own once synced.
+// are dropped: appends drop their own once a MiB of them is synced (wal's dropBatch).
 const releaseEvery = 10 * time.Second
 
 // syncBytes bounds what a flush leaves written and not synced: the log holds each commit's

@@ -13,9 +13,9 @@
 //     losing it. Sync makes every frame written durable (one fdatasync): a crash of the machine
 //     loses no frame written before a Sync returned. StartSync runs that fdatasync on a
 //     goroutine of its own, so that Write may go on meanwhile; the frames written before it
-//     began are durable once FinishSync has returned nil. Append is Write then Sync. Once synced,
-//     the frames' pages are dropped from the page cache: nothing of the log is mapped, and what
-//     it wrote is not left charged to the process's memory. If a Sync fails, the frames it was
+//     began are durable once FinishSync has returned nil. Append is Write then Sync. Once a MiB is
+//     synced (dropBatch), its pages are dropped from the page cache: nothing of the log is
+//     mapped, and what it wrote is not left charged to the process's memory. If a Sync fails, the frames it was
 //     to make durable are written again before anything else is.
 //   - A frame cut short by a crash (a torn tail: the last frame of the last segment reaching
 //     past the end of the file, or a tail of zeros) is truncated at Open; what came before it

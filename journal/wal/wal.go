@@ -99,6 +99,7 @@ type Log struct {
 	// synced is how much of the segment is durable; pending are the frames written after it,
 	// kept to be written again if a sync fails (the kernel may have dropped their pages).
 	synced     int64
+	dropped    int64 // where the segment's pages not yet dropped begin (see dropBatch)
 	pending    []written
 	syncFailed bool
 	started    *syncing // the sync StartSync began, until FinishSync
@@ -389,7 +390,7 @@ func (l *Log) openTail() error {
 		return err
 	}
 	l.curF, l.curSize = l.files[l.cur], l.cur.size(l)
-	l.synced = l.curSize
+	l.synced, l.dropped = l.curSize, 0
 	return nil
 }
 
@@ -406,7 +407,7 @@ func (l *Log) begin(id uint64) (uint64, error) {
 	l.mu.Lock()
 	l.files[k] = f
 	l.mu.Unlock()
-	l.cur, l.curF, l.curSize, l.synced = k, f, 0, 0
+	l.cur, l.curF, l.curSize, l.synced, l.dropped = k, f, 0, 0, 0
 	return id, nil
 }
 
@@ -563,10 +564,19 @@ func (l *Log) apply(s *syncing) error {
 	return nil
 }
 
+// dropBatch is how much a sync leaves written and cached before the pages are dropped: a
+// drop (fadvise(2)) per sync cost about 70 µs of CPU, 2% of dynwatch's at 300 updates a
+// second, for pages the kernel would reclaim first anyway.
+const dropBatch = 1 << 20
+
 // syncedTo notes that the segment is durable up to end, the end of the first frames of
-// pending: their pages are dropped, and the log holds their payloads no longer.
+// pending: the log holds their payloads no longer, and once dropBatch is synced since the
+// last drop, the pages are dropped.
 func (l *Log) syncedTo(end int64, frames int) {
-	dropWritten(l.curF, l.synced, end)
+	if end-l.dropped >= dropBatch {
+		dropWritten(l.curF, l.dropped, end)
+		l.dropped = end / int64(os.Getpagesize()) * int64(os.Getpagesize())
+	}
 	clear(l.pending[:frames]) // the payloads are the callers': hold none past the sync
 	n := copy(l.pending, l.pending[frames:])
 	clear(l.pending[n:])
