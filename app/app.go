@@ -54,6 +54,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	releaseStartPagesLogged(log, "built")
 	log.Info("starting", "cluster", s.cluster.ID, "resources", len(cfg.Resources), "webhooks", len(cfg.Webhooks), "jetstream", len(cfg.JetStream), "kafka", len(cfg.Kafka), "apiserver", s.host)
 	err = s.run(ctx)
 	log.Info("stopped", "err", err)

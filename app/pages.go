@@ -17,19 +17,20 @@ import (
 // initialisation (the client's scheme registers every API type), the configuration's
 // parsing and checks, CEL's compilers, discovery, the informers' first lists. Their pages of
 // the executable stay mapped, and counted in the process's resident memory (RssFile), for as
-// long as the process runs: at 10,000 configmaps, about half of the executable's 55 to 62 MB
-// resident after sync was never touched again through a storm of updates and the queries
-// after it (docs/benchmarks.md). Once every resource has synced, releaseStartPages unmaps the
-// executable's read-only pages (MADV_DONTNEED): they are clean copies of the file, which the
-// kernel maps again, from its page cache, when they are next touched, so what running uses
-// comes back and the rest does not. Writable mappings (the executable's initialised data,
-// which running has changed) are never touched.
+// long as the process runs: at 10,000 configmaps, the executable's resident pages were 54 to
+// 56 MB after sync, and 20 to 23 MB once released (docs/benchmarks.md). Once the parts are
+// built, before any informer starts, and again once every resource has synced,
+// releaseStartPages unmaps the executable's read-only pages (MADV_DONTNEED): they are clean
+// copies of the file, which the kernel maps again, from its page cache, when they are next
+// touched, so what running uses comes back and the rest does not. Writable mappings (the
+// executable's initialised data, which running has changed) are never touched. The pages
+// stay in the page cache, where the kernel reclaims unmapped ones first.
 
 // releaseStartPagesEvery is how often releaseStartPagesOnceReady asks whether every resource
 // has synced.
 const releaseStartPagesEvery = 250 * time.Millisecond
 
-// releaseStartPagesOnceReady calls releaseStartPages once ready reports true, asking every
+// releaseStartPagesOnceReady releases the start's pages once ready reports true, asking every
 // releaseStartPagesEvery until ctx ends.
 func releaseStartPagesOnceReady(ctx context.Context, log *slog.Logger, ready func() bool) {
 	t := time.NewTicker(releaseStartPagesEvery)
@@ -41,12 +42,17 @@ func releaseStartPagesOnceReady(ctx context.Context, log *slog.Logger, ready fun
 		case <-t.C:
 		}
 	}
+	releaseStartPagesLogged(log, "every resource has synced")
+}
+
+// releaseStartPagesLogged releases the start's pages and logs what it did, and why now.
+func releaseStartPagesLogged(log *slog.Logger, now string) {
 	before := residentFileBacked()
 	if err := releaseStartPages(); err != nil {
-		log.Info("the executable's pages touched while starting were not released", "err", err)
+		log.Info("the executable's pages touched while starting were not released", "now", now, "err", err)
 		return
 	}
-	log.Info("released the executable's pages touched while starting", "fileBackedBeforeMiB", before>>20, "fileBackedAfterMiB", residentFileBacked()>>20)
+	log.Info("released the executable's pages touched while starting", "now", now, "fileBackedBeforeMiB", before>>20, "fileBackedAfterMiB", residentFileBacked()>>20)
 }
 
 // residentFileBacked is the process's file-backed resident memory (RssFile) in bytes; 0 if it
