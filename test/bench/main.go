@@ -348,7 +348,7 @@ func run(ctx context.Context, o options) error {
 		delivery, receipt = "incl. serving one API watch", "API watch"
 	}
 	rows := append(memoryRows(o, dwM, &b0M, &b1M),
-		row("CPU per update (dynwatch "+delivery+")", "µs", dwCPU/n*1e6, b0CPU/n*1e6, "B0", "≤ 1.15x", func(r float64) bool { return r <= 1.15 }),
+		row("CPU per update (dynwatch "+delivery+")", "µs", dwCPU/n*1e6, b0CPU/n*1e6, "B0", "≤ 0.9x", func(r float64) bool { return r <= 0.9 }),
 		row("state store commits per update", "", commits/n, 0, "", "", always),
 		row("state store fdatasyncs per update", "", fsyncs/n, 0, "", "", always),
 		row("state store bytes written per update", "KiB", bytesWritten/n/1024, 0, "", "", always),
