@@ -98,7 +98,7 @@ func (s *service) run(ctx context.Context) error {
 	}
 	g.Go(func() error { return s.security.Run(ctx) })
 	g.Go(func() error {
-		releaseStartOnceReady(ctx, s.log, func() bool { ready, _ := s.informers.Ready(); return ready })
+		releaseStartPagesOnceReady(ctx, s.log, func() bool { ready, _ := s.informers.Ready(); return ready })
 		return nil
 	})
 	g.Go(func() error {

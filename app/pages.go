@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -27,15 +26,13 @@ import (
 // executable's initialised data, which running has changed) are never touched. The pages
 // stay in the page cache, where the kernel reclaims unmapped ones first.
 
-// releaseStartPagesEvery is how often releaseStartOnceReady asks whether every resource
+// releaseStartPagesEvery is how often releaseStartPagesOnceReady asks whether every resource
 // has synced.
 const releaseStartPagesEvery = 250 * time.Millisecond
 
-// releaseStartOnceReady, once ready reports true (asking every releaseStartPagesEvery until
-// ctx ends), returns to the kernel the Go heap the initial lists left free (debug.FreeOSMemory:
-// a collection, then every free page returned; the runtime's scavenger would return it over
-// minutes, and only down to about the heap's goal) and releases the start's pages.
-func releaseStartOnceReady(ctx context.Context, log *slog.Logger, ready func() bool) {
+// releaseStartPagesOnceReady releases the start's pages once ready reports true, asking every
+// releaseStartPagesEvery until ctx ends.
+func releaseStartPagesOnceReady(ctx context.Context, log *slog.Logger, ready func() bool) {
 	t := time.NewTicker(releaseStartPagesEvery)
 	defer t.Stop()
 	for !ready() {
@@ -45,9 +42,6 @@ func releaseStartOnceReady(ctx context.Context, log *slog.Logger, ready func() b
 		case <-t.C:
 		}
 	}
-	anon := residentAnonymous()
-	debug.FreeOSMemory()
-	log.Info("returned the heap the initial lists left free", "anonymousBeforeMiB", anon>>20, "anonymousAfterMiB", residentAnonymous()>>20)
 	releaseStartPagesLogged(log, "every resource has synced")
 }
 
@@ -63,21 +57,13 @@ func releaseStartPagesLogged(log *slog.Logger, now string) {
 
 // residentFileBacked is the process's file-backed resident memory (RssFile) in bytes; 0 if it
 // cannot be read.
-func residentFileBacked() uint64 { return ownStatus("RssFile") }
-
-// residentAnonymous is the process's anonymous resident memory (RssAnon) in bytes; 0 if it
-// cannot be read.
-func residentAnonymous() uint64 { return ownStatus("RssAnon") }
-
-// ownStatus is the field of /proc/self/status named, a size in kB, in bytes; 0 if it cannot be
-// read.
-func ownStatus(name string) uint64 {
+func residentFileBacked() uint64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+":"); ok {
+		if v, ok := strings.CutPrefix(line, "RssFile:"); ok {
 			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10
 		}
