@@ -5,33 +5,26 @@ import (
 	"net"
 	"net/http"
 	"time"
-
-	"github.com/dynwatch/dynwatch/egress"
 )
 
 // newClient returns an HTTP client with its own transport (see HTTPTransport) and timeout. It
 // does not follow redirects: a POST must not turn into a GET.
 func newClient(tlsConfig *tls.Config, workers int, timeout time.Duration, f Fence) *http.Client {
 	return &http.Client{
-		Transport:     HTTPTransport(tlsConfig, workers, f, nil),
+		Transport:     HTTPTransport(tlsConfig, workers, f),
 		Timeout:       timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }
 
 // HTTPTransport returns an HTTP transport keeping one idle connection per worker, whose
-// connections write nothing once the fence has lapsed: the webhook transport's, and dead-letter
-// targets'. With an egress policy, every connection's dialled address is checked against it
-// and no proxy is used.
-func HTTPTransport(tlsConfig *tls.Config, workers int, f Fence, guard *egress.Policy) *http.Transport {
+// connections write nothing once the fence has lapsed, through a proxy from the environment
+// when one applies: dead-letter targets', and a webhook's that a proxy leads to.
+func HTTPTransport(tlsConfig *tls.Config, workers int, f Fence) *http.Transport {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	proxy := http.ProxyFromEnvironment
-	if guard != nil {
-		dialer.Control, proxy = guard.Control, nil
-	}
 	dial := FencedDialer(f, dialer.DialContext)
 	return &http.Transport{
-		Proxy:                 proxy,
+		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           dial,
 		TLSHandshakeTimeout:   10 * time.Second,
 		MaxIdleConns:          workers,

@@ -104,7 +104,7 @@ func newRoundTripper(endpoint *url.URL, tlsConfig *tls.Config, workers int, f de
 			return nil, fmt.Errorf("the proxy for %s: %w", config.Redacted(endpoint), err)
 		}
 		if proxy != nil {
-			return delivery.HTTPTransport(tlsConfig, workers, f, nil), nil
+			return delivery.HTTPTransport(tlsConfig, workers, f), nil
 		}
 	}
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
