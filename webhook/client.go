@@ -59,7 +59,6 @@ type client struct {
 	// dial dials a connection: fenced (it writes nothing once the fence has lapsed) and, with
 	// an egress policy, guarded.
 	dial delivery.DialFunc
-	now  func() time.Time
 
 	mu   sync.Mutex
 	idle []*conn // most recently used last
@@ -111,7 +110,7 @@ func newRoundTripper(endpoint *url.URL, tlsConfig *tls.Config, workers int, f de
 	if guard != nil {
 		dialer.Control = guard.Control
 	}
-	c := &client{dial: delivery.FencedDialer(f, dialer.DialContext), max: workers, now: time.Now}
+	c := &client{dial: delivery.FencedDialer(f, dialer.DialContext), max: workers}
 	port := endpoint.Port()
 	switch endpoint.Scheme {
 	case "https":
@@ -260,7 +259,7 @@ func (c *client) connect(ctx context.Context) (*conn, error) {
 func (c *client) take() *conn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := c.now()
+	now := time.Now()
 	for len(c.idle) > 0 {
 		pc := c.idle[len(c.idle)-1]
 		c.idle = c.idle[:len(c.idle)-1]
@@ -280,7 +279,7 @@ func (c *client) giveBack(pc *conn) {
 		pc.nc.Close()
 		return
 	}
-	pc.used = c.now()
+	pc.used = time.Now()
 	c.idle = append(c.idle, pc)
 }
 
