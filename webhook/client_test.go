@@ -265,3 +265,73 @@ func TestAProxyFromTheEnvironmentCarriesTheRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The request head written by hand reads back as Request.Write's does: the same method, URI,
+// host, headers (line breaks in a value as spaces, invalid names and the headers written
+// from the request left out) and body.
+func TestWriteRequestReadsBackAsRequestWrite(t *testing.T) {
+	u, err := url.Parse("http://receiver.invalid:8080/hooks/a%2Fb?x=1&y=%20z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"type":"ADDED"}`)
+	newReq := func() *http.Request {
+		return &http.Request{
+			Method: http.MethodPost, URL: u, Host: u.Host, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{
+				"Content-Type":      {"application/json"},
+				"User-Agent":        {"dynwatch"},
+				"Ce-Subject":        {"default/a"},
+				"X-Two":             {"one", "two"},
+				"X-Broken":          {"a\r\nInjected: yes"},
+				"X-Padded":          {"  padded \t"},
+				"Bad Name":          {"dropped"},
+				"Content-Length":    {"999"},
+				"Transfer-Encoding": {"chunked"},
+				"Host":              {"elsewhere.invalid"},
+			},
+			Body: io.NopCloser(strings.NewReader(string(body))), ContentLength: int64(len(body)),
+		}
+	}
+	read := func(write func(w *bufio.Writer, r *http.Request) error) *http.Request {
+		t.Helper()
+		var b strings.Builder
+		w := bufio.NewWriter(&b)
+		if err := write(w, newReq()); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(b.String())))
+		if err != nil {
+			t.Fatalf("%v in %q", err, b.String())
+		}
+		got, err := io.ReadAll(r.Body)
+		if err != nil || string(got) != string(body) {
+			t.Fatalf("body %q, %v", got, err)
+		}
+		return r
+	}
+	want := read(func(w *bufio.Writer, r *http.Request) error { return r.Write(w) })
+	got := read(writeRequest)
+	if got.Method != want.Method || got.RequestURI != want.RequestURI || got.Host != want.Host || got.ContentLength != want.ContentLength {
+		t.Errorf("got %s %s host %s length %d, want %s %s host %s length %d", got.Method, got.RequestURI, got.Host, got.ContentLength, want.Method, want.RequestURI, want.Host, want.ContentLength)
+	}
+	if fmt.Sprint(got.Header) != fmt.Sprint(want.Header) {
+		t.Errorf("headers\n%v\nwant\n%v", got.Header, want.Header)
+	}
+	if got.Header.Get("Injected") != "" || got.Header.Get("Bad Name") != "" {
+		t.Errorf("a value's line break or an invalid name made a header: %v", got.Header)
+	}
+}
+
+// A body shorter than the request's Content-Length is an error, not a request the receiver
+// waits on.
+func TestWriteRequestRefusesABodyShorterThanItsLength(t *testing.T) {
+	u, _ := url.Parse("http://receiver.invalid/")
+	req := &http.Request{Method: http.MethodPost, URL: u, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ab")), ContentLength: 3}
+	if err := writeRequest(bufio.NewWriter(io.Discard), req); err == nil {
+		t.Error("no error for a body of 2 bytes with Content-Length 3")
+	}
+}
