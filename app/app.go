@@ -69,6 +69,7 @@ type service struct {
 	cluster   object.Cluster
 	keys      signingKeys // GET /signing-keys
 	informers *dynamicinformer.Manager
+	ready     *releasingReadiness // the informers' readiness, /readyz's first
 	pipeline  *pipeline
 	history   *history.Recorder // nil without a state store
 	reloader  *config.Reloader
@@ -98,7 +99,7 @@ func (s *service) run(ctx context.Context) error {
 	}
 	g.Go(func() error { return s.security.Run(ctx) })
 	g.Go(func() error {
-		releaseStartPagesOnceReady(ctx, s.log, func() bool { ready, _ := s.informers.Ready(); return ready })
+		releaseStartPagesOnceReady(ctx, s.ready)
 		return nil
 	})
 	g.Go(func() error {

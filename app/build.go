@@ -141,7 +141,8 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 	if s.api, err = newAPI(log, cfg, restConfig, s, watches, status, reg); err != nil {
 		return nil, err
 	}
-	s.ops = httpapi.NewOps(reg, cfg.Metrics.PProf, s.informers, s.pipeline.journal)
+	s.ready = &releasingReadiness{Readiness: s.informers, log: log}
+	s.ops = httpapi.NewOps(reg, cfg.Metrics.PProf, s.ready, s.pipeline.journal)
 	return s, nil
 }
 

@@ -8,9 +8,12 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dynwatch/dynwatch/httpapi"
 )
 
 // Starting touches code and tables that running never touches again: every package's
@@ -30,19 +33,36 @@ import (
 // has synced.
 const releaseStartPagesEvery = 250 * time.Millisecond
 
-// releaseStartPagesOnceReady releases the start's pages once ready reports true, asking every
-// releaseStartPagesEvery until ctx ends.
-func releaseStartPagesOnceReady(ctx context.Context, log *slog.Logger, ready func() bool) {
+// releasingReadiness is the informers' readiness, releasing the start's pages the first time
+// it finds every resource synced, before it says so. So /readyz's first 200 comes after the
+// release, and so does anything a caller measures then; releaseStartPagesOnceReady asks it too,
+// for a process nobody probes.
+type releasingReadiness struct {
+	httpapi.Readiness
+	log  *slog.Logger
+	once sync.Once
+}
+
+func (r *releasingReadiness) Ready() (bool, []string) {
+	ready, why := r.Readiness.Ready()
+	if ready {
+		r.once.Do(func() { releaseStartPagesLogged(r.log, "every resource has synced") })
+	}
+	return ready, why
+}
+
+// releaseStartPagesOnceReady asks r every releaseStartPagesEvery until it is ready (and so has
+// released the start's pages) or ctx ends.
+func releaseStartPagesOnceReady(ctx context.Context, r *releasingReadiness) {
 	t := time.NewTicker(releaseStartPagesEvery)
 	defer t.Stop()
-	for !ready() {
+	for ready, _ := r.Ready(); !ready; ready, _ = r.Ready() {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
-	releaseStartPagesLogged(log, "every resource has synced")
 }
 
 // releaseStartPagesLogged releases the start's pages and logs what it did, and why now.

@@ -1,7 +1,11 @@
 package app
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -55,5 +59,42 @@ func TestOnlyReadOnlyPrivateMappingsOfTheExecutableAreReleased(t *testing.T) {
 	want := [][2]uintptr{{0x400000, 0x1000000}, {0x1000000, 0x2000000}}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("released %x; want %x", got, want)
+	}
+}
+
+// flippingReadiness is not ready until ready is set.
+type flippingReadiness struct{ ready atomic.Bool }
+
+func (f *flippingReadiness) Ready() (bool, []string) {
+	if f.ready.Load() {
+		return true, nil
+	}
+	return false, []string{"configmaps: syncing"}
+}
+
+// TestTheStartPagesAreReleasedOnceBeforeTheFirstReadyAnswer: not while the informers sync; the
+// first answer that they have synced comes after the release (its log line is written by
+// then); later answers release nothing more.
+func TestTheStartPagesAreReleasedOnceBeforeTheFirstReadyAnswer(t *testing.T) {
+	var logged bytes.Buffer
+	informers := &flippingReadiness{}
+	r := &releasingReadiness{Readiness: informers, log: slog.New(slog.NewTextHandler(&logged, nil))}
+	const line = "released the executable's pages touched while starting"
+	if ready, why := r.Ready(); ready || len(why) != 1 {
+		t.Fatalf("ready %v (%v) while syncing", ready, why)
+	}
+	if strings.Contains(logged.String(), line) {
+		t.Fatalf("released while syncing: %s", logged.String())
+	}
+	informers.ready.Store(true)
+	if ready, _ := r.Ready(); !ready {
+		t.Fatal("not ready once synced")
+	}
+	if n := strings.Count(logged.String(), line); n != 1 {
+		t.Fatalf("released %d times by the first ready answer; want once: %s", n, logged.String())
+	}
+	r.Ready()
+	if n := strings.Count(logged.String(), line); n != 1 {
+		t.Errorf("released %d times after two ready answers; want once: %s", n, logged.String())
 	}
 }
