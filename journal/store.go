@@ -61,8 +61,9 @@ type commitBuffer struct {
 // of megabytes, would otherwise be up to twice as large). Once synced, at most maxSpare of
 // them no larger than maxSpareBuffer, maxSpareBytes in all, are kept for later commits: under
 // a steady stream of changes each commit then takes one. The commits written between two
-// syncs' ends (syncEvery, and the fdatasync that runs beside them: 25 to 40 at 1,000 updates a
-// second) each hold theirs meanwhile, hence 64 (about 1 MiB of a storm's 8 to 16 KiB buffers).
+// syncs' ends (syncEvery, and the fdatasync that runs beside them: 100 to 130 at 1,000 updates
+// a second) each hold theirs meanwhile, hence 160 (about 2 MiB of a storm's 8 to 16 KiB
+// buffers).
 // An initial list's commits, of 1,024 events, take buffers of about 650 KiB with one sink
 // (the objects' JSON is written from where it lies): one of them is kept too, for the next
 // of the list's commits once it is synced. No more is kept, in all, than maxSpareBytes: a
@@ -72,8 +73,8 @@ const (
 	minCommitBuffer  = 8 << 10
 	maxRoundedBuffer = 64 << 10
 	maxSpareBuffer   = 1 << 20
-	maxSpareBytes    = 1 << 20
-	maxSpare         = 64
+	maxSpareBytes    = 2 << 20
+	maxSpare         = 160
 )
 
 // stored is an object's state as the store holds it: its uid and resourceVersion, and the
