@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,11 +23,40 @@ import (
 	"github.com/dynwatch/dynwatch/egress"
 )
 
-// roundTripper makes a webhook's requests: client, or net/http's transport for an endpoint a
-// proxy from the environment leads to.
+// roundTripper makes a webhook's requests: client, or net/http's transport (proxied) for an
+// endpoint a proxy from the environment leads to.
 type roundTripper interface {
-	RoundTrip(*http.Request) (*http.Response, error)
+	// roundTrip makes req and reads its answer's head within timeout, which bounds the reading
+	// of the answer's body too; an attempt that ran out of it fails with an error that is
+	// context.DeadlineExceeded.
+	roundTrip(req *http.Request, timeout time.Duration) (*http.Response, error)
 	CloseIdleConnections()
+}
+
+// proxied is net/http's transport, bounded in time by the request's context.
+type proxied struct{ *http.Transport }
+
+func (p proxied) roundTrip(req *http.Request, timeout time.Duration) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(req.Context(), timeout)
+	resp, err := p.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = cancelOnClose{resp.Body, cancel}
+	return resp, nil
+}
+
+// cancelOnClose is an answer's body whose request's context ends once it is closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // The client's limits, as net/http's transport for webhooks had them.
@@ -107,7 +138,7 @@ func newRoundTripper(endpoint *url.URL, tlsConfig *tls.Config, workers int, f de
 			return nil, fmt.Errorf("the proxy for %s: %w", config.Redacted(endpoint), err)
 		}
 		if proxy != nil {
-			return delivery.HTTPTransport(tlsConfig, workers, f), nil
+			return proxied{delivery.HTTPTransport(tlsConfig, workers, f)}, nil
 		}
 	}
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
@@ -140,42 +171,69 @@ func newRoundTripper(endpoint *url.URL, tlsConfig *tls.Config, workers int, f de
 	return c, nil
 }
 
-// RoundTrip writes req on an idle connection or a new one and reads its answer's status line
+// roundTrip writes req on an idle connection or a new one and reads its answer's status line
 // and headers. The answer's body is read from the connection; closing it gives the
-// connection back when it was read to its end, and closes it otherwise.
-func (c *client) RoundTrip(req *http.Request) (*http.Response, error) {
+// connection back when it was read to its end, and closes it otherwise. The time left is the
+// connection's deadline, not a context of its own: a timer made and stopped for every request
+// was 3% of the CPU of a storm's deliveries.
+func (c *client) roundTrip(req *http.Request, timeout time.Duration) (*http.Response, error) {
 	ctx := req.Context()
+	deadline := time.Now().Add(timeout)
 	pc := c.take()
 	reused := pc != nil
 	if !reused {
 		var err error
-		if pc, err = c.connect(ctx); err != nil {
+		if pc, err = c.connectBy(ctx, deadline, timeout); err != nil {
 			return nil, err
 		}
 	}
-	resp, err := c.exchange(ctx, pc, req)
-	if err != nil && reused && pc.in.n == 0 && ctx.Err() == nil && req.GetBody != nil {
+	resp, err := c.exchange(ctx, pc, req, deadline, timeout)
+	if err != nil && reused && pc.in.n == 0 && ctx.Err() == nil && time.Now().Before(deadline) && req.GetBody != nil {
 		// The receiver closed the idle connection before this request reached it, or as it
 		// did: once more on a new one.
 		if req.Body, err = req.GetBody(); err != nil {
 			return nil, err
 		}
-		if pc, err = c.connect(ctx); err != nil {
+		if pc, err = c.connectBy(ctx, deadline, timeout); err != nil {
 			return nil, err
 		}
-		resp, err = c.exchange(ctx, pc, req)
+		resp, err = c.exchange(ctx, pc, req, deadline, timeout)
 	}
 	return resp, err
 }
 
-// exchange writes req on pc and reads its answer's head, closing pc if either fails.
-func (c *client) exchange(ctx context.Context, pc *conn, req *http.Request) (*http.Response, error) {
+// connectBy connects, giving up at deadline (the request's timeout) as a context would.
+func (c *client) connectBy(ctx context.Context, deadline time.Time, timeout time.Duration) (*conn, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	pc, err := c.connect(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return nil, timedOut(timeout)
+	}
+	return pc, err
+}
+
+// timedOut is the error of a request that ran out of its time.
+func timedOut(timeout time.Duration) error {
+	return fmt.Errorf("no answer within %v: %w", timeout, context.DeadlineExceeded)
+}
+
+// exchange writes req on pc and reads its answer's head by deadline, closing pc if either
+// fails.
+func (c *client) exchange(ctx context.Context, pc *conn, req *http.Request, deadline time.Time, timeout time.Duration) (*http.Response, error) {
+	if err := pc.nc.SetDeadline(deadline); err != nil {
+		pc.nc.Close()
+		return nil, err
+	}
 	cut := context.AfterFunc(ctx, func() { _ = pc.nc.SetDeadline(time.Unix(1, 0)) })
 	fail := func(err error) (*http.Response, error) {
 		cut()
 		pc.nc.Close()
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, ctxErr
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, timedOut(timeout)
 		}
 		return nil, err
 	}

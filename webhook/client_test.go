@@ -209,6 +209,29 @@ func TestARequestsTimeoutCutsItsConnection(t *testing.T) {
 	<-closed
 }
 
+// TestAHandshakeThatNeverEndsRunsOutOfTheRequestsTime: an https endpoint that accepts the
+// connection and never answers the TLS handshake fails the attempt once the webhook's timeout
+// has passed, not the handshake's own (10 s), and its connection is closed.
+func TestAHandshakeThatNeverEndsRunsOutOfTheRequestsTime(t *testing.T) {
+	closed := make(chan struct{})
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		_, _ = io.Copy(io.Discard, r) // the ClientHello, then until the client closes
+		close(closed)
+	})
+	endpoint := &url.URL{Scheme: "https", Host: rr.ln.Addr().String(), Path: "/hook"}
+	tr, err := New(&config.Webhook{Sink: config.Sink{Name: "sink", Workers: 1, Timeout: 200 * time.Millisecond}, Endpoint: endpoint},
+		testCluster, slog.New(slog.DiscardHandler), delivery.Always{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tr.Close)
+	err = send(t, tr)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no answer within 200ms") {
+		t.Fatalf("Send: %v; want no answer within 200ms (%v)", err, context.DeadlineExceeded)
+	}
+	<-closed
+}
+
 // TestAnInformationalAnswerIsSkipped: a 103 Early Hints before the final answer is read past.
 func TestAnInformationalAnswerIsSkipped(t *testing.T) {
 	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {

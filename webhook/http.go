@@ -91,10 +91,9 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 	return err
 }
 
-// post makes one request for d with body, within the webhook's timeout.
+// post makes one request for d with body, within the webhook's timeout (its answer's body
+// read too).
 func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.Delivery, body []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
-	defer cancel()
 	h, _ := t.headerMaps.Get().(http.Header)
 	if h == nil {
 		h = make(http.Header, 16)
@@ -111,7 +110,7 @@ func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.De
 		// turned out closed before any of the answer was read.
 		GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
 	}).WithContext(ctx)
-	resp, err := t.rt.RoundTrip(req)
+	resp, err := t.rt.roundTrip(req, t.cfg.Timeout)
 	if errors.Is(err, egress.ErrRefused) {
 		// The address the URL led to is one the sink may not reach: final, not retried.
 		return delivery.Rejected(fmt.Errorf("POST %s: %w", t.endpoint, err))
