@@ -21,6 +21,7 @@ import (
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/delivery"
 	"github.com/dynwatch/dynwatch/journal"
+	"github.com/dynwatch/dynwatch/object"
 )
 
 // rawReceiver is a receiver on loopback that hands each connection to serve, counting them.
@@ -356,5 +357,69 @@ func TestWriteRequestRefusesABodyShorterThanItsLength(t *testing.T) {
 	req := &http.Request{Method: http.MethodPost, URL: u, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ab")), ContentLength: 3}
 	if err := writeRequest(bufio.NewWriter(io.Discard), req); err == nil {
 		t.Error("no error for a body of 2 bytes with Content-Length 3")
+	}
+}
+
+// TestBodiesBuiltInReusedBuffersReachTheReceiverWhole: bodies built from their entries, in
+// buffers later requests reuse, by four workers at once, each arrive as AppendBody makes it,
+// with its own id, whatever the sizes before it.
+func TestBodiesBuiltInReusedBuffersReachTheReceiverWhole(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]string{} // Webhook-Id → body
+	rr := newRawReceiver(t, func(c net.Conn, r *bufio.Reader) {
+		for {
+			req, err := http.ReadRequest(r)
+			if err != nil {
+				return
+			}
+			b, err := io.ReadAll(req.Body)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got[req.Header.Get("Webhook-Id")] = string(b)
+			mu.Unlock()
+			if _, err := io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n"); err != nil {
+				return
+			}
+		}
+	})
+	tr := transportTo(t, rr, 10*time.Second)
+	if !tr.reuseBodies {
+		t.Fatal("the client's transport does not reuse its bodies' buffers")
+	}
+	want := map[string]string{}
+	entries := make(chan journal.Entry, 200)
+	for i := range 200 {
+		e := journal.Entry{Event: event(fmt.Sprintf("cm-%d", i)), ID: fmt.Sprintf("id-%d", i)}
+		// Sizes that rise and fall, so that a body shorter than the one its buffer held
+		// before would show the earlier one's tail.
+		u, err := e.Event.Object.Decode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Object["data"] = map[string]any{"pad": strings.Repeat("x", (i*977)%9000)}
+		e.Event.Object = object.New(u)
+		want[e.ID] = string(journal.AppendBody(nil, e))
+		entries <- e
+	}
+	close(entries)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for e := range entries {
+				if err := tr.Send(t.Context(), &delivery.Delivery{Entry: e}, nil); err != nil {
+					t.Errorf("Send %s: %v", e.ID, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s: the receiver got %d bytes, not the %d AppendBody makes", id, len(got[id]), len(w))
+		}
 	}
 }
