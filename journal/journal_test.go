@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 	"weak"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -656,5 +657,31 @@ func TestACommitIsBoundedInSize(t *testing.T) {
 	}
 	if len(tg.entries) != objects+1 {
 		t.Errorf("%d entries queued; want %d", len(tg.entries), objects+1)
+	}
+}
+
+// TestAnEventThatComesWhileABatchIsAppliedTakesASmallBlock: the writer applies one block while
+// an event arrives; the event waits in a block sized to what waits, not in a whole maxBatch
+// one (240 KB to allocate and clear, 70 times in a storm of 9,000 updates).
+func TestAnEventThatComesWhileABatchIsAppliedTakesASmallBlock(t *testing.T) {
+	j, _ := newJournal(t)
+	e := addedAt("a", 1)
+	overlap := func() {
+		j.OnEvent(e)
+		applying, acks := j.takeBatch(1)
+		j.OnEvent(e) // while the first is applied
+		next, nextAcks := j.takeBatch(1)
+		j.batchDone(applying, acks)
+		j.batchDone(next, nextAcks)
+	}
+	overlap()
+	const rounds = 100
+	perRound := allocated(func() {
+		for range rounds {
+			overlap()
+		}
+	}) / rounds
+	if limit := uint64(2 * minBlock * unsafe.Sizeof(op{})); perRound > limit {
+		t.Errorf("an event recorded while a batch was applied allocated %d bytes; want at most %d (a block of %d is %d)", perRound, limit, maxBatch, maxBatch*unsafe.Sizeof(op{}))
 	}
 }

@@ -193,6 +193,10 @@ const syncBytes = 8 << 20
 // of many objects reach the sinks while the rest are still being written.
 const maxBatch = 1024
 
+// minBlock is the capacity a block of pending operations starts at when none waits before it
+// (see Journal.submit).
+const minBlock = 32
+
 // maxCommitBytes bounds what one commit writes, as opSize estimates it: each object and, for
 // each sink, an entry with the object and its old one. An initial list of large objects
 // (etcd allows 1.5 MB each) made commits of gigabytes. A commit far smaller would part an
@@ -316,13 +320,13 @@ func (j *Journal) flushBatch() error {
 }
 
 // takeBatch takes the pending operations one commit for that many sinks applies (see
-// batchLen), oldest first, and every acknowledgement pending. Operations wait in blocks of
-// maxBatch, so that a backlog (an initial list's 20,000 events, recorded at once) is not an
+// batchLen), oldest first, and every acknowledgement pending. Operations wait in blocks of up
+// to maxBatch, so that a backlog (an initial list's 20,000 events, recorded at once) is not an
 // array grown by copies (18 MB of garbage in a tenth of a second), and a batch is taken from
 // the first block as it lies: the rest of the block when a commit holds all of it, or else
 // its first slots, capped so that nothing is appended into them. batchDone clears them once
-// applied, so that they keep no event, and its objects, alive, and keeps a whole block for
-// the next.
+// applied, so that they keep no event, and its objects, alive, and keeps a block for the
+// next.
 func (j *Journal) takeBatch(sinks int) (ops []op, acks []ack) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -359,8 +363,9 @@ func batchLen(ops []op, sinks, limit int) int {
 }
 
 // batchDone clears the operations of a batch applied and committed, so that they keep no
-// event alive, and keeps their block for the next operations if they were a whole one and none
-// is spare already. The acknowledgements' array is kept so too, unless a backlog grew it.
+// event alive, and keeps their block for the next operations if it is larger than the one
+// spare (never more than maxBatch). The acknowledgements' array is kept so too, unless a
+// backlog grew it.
 func (j *Journal) batchDone(ops []op, acks []ack) {
 	clear(acks)
 	clear(ops)
@@ -369,7 +374,7 @@ func (j *Journal) batchDone(ops []op, acks []ack) {
 	if j.spareAcks == nil && cap(acks) <= 2*maxBatch {
 		j.spareAcks = acks[:0]
 	}
-	if j.spare == nil && cap(ops) == maxBatch {
+	if cap(ops) <= maxBatch && cap(ops) > cap(j.spare) {
 		j.spare = ops[:0]
 	}
 }
