@@ -45,7 +45,13 @@ type Queue struct {
 	blocked  map[string]bool       // keys with a delivery in progress or waiting to retry
 	delayed  delayHeap             // keys waiting to retry, soonest first
 	size     int
+	// free holds the arrays of keys whose one delivery was popped, cleared, for keys pushed
+	// next: a storm pushed an array of one 384-byte delivery for nearly every delivery.
+	free [][]Delivery
 }
+
+// maxFree bounds Queue.free.
+const maxFree = 64
 
 // NewQueue returns an empty queue that holds at most capacity deliveries.
 func NewQueue(capacity int) *Queue {
@@ -129,7 +135,11 @@ func (q *Queue) Push(d Delivery) error {
 		q.ready.push(d.Key)
 		q.signal()
 	}
-	q.pending[d.Key] = append(q.pending[d.Key], d)
+	list := q.pending[d.Key]
+	if n := len(q.free); len(list) == 0 && n > 0 {
+		list, q.free = q.free[n-1], q.free[:n-1]
+	}
+	q.pending[d.Key] = append(list, d)
 	return nil
 }
 
@@ -154,6 +164,10 @@ func (q *Queue) Pop(ctx context.Context) (Delivery, error) {
 			d := list[0]
 			if len(list) == 1 {
 				delete(q.pending, key)
+				clear(list) // it keeps no event alive
+				if cap(list) == 1 && len(q.free) < maxFree {
+					q.free = append(q.free, list[:0])
+				}
 			} else {
 				q.pending[key] = list[1:]
 			}

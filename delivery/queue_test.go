@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -135,5 +137,47 @@ func TestQueueGivesEachNamespaceItsTurn(t *testing.T) {
 	q.Return(first)
 	if again, _ := q.Pop(t.Context()); again.ID != first.ID {
 		t.Errorf("after Return of %s, popped %s; want %s again", first.ID, again.ID, first.ID)
+	}
+}
+
+// TestAStreamOfDeliveriesOfDifferentKeysReusesTheirArrays: a delivery pushed after another
+// key's was popped and done takes that key's emptied array, which held nothing of it.
+func TestAStreamOfDeliveriesOfDifferentKeysReusesTheirArrays(t *testing.T) {
+	q := NewQueue(10)
+	ctx := t.Context()
+	keys := []string{"ns/a", "ns/b", "other/c"}
+	i := 0
+	cycle := func() {
+		i++
+		d := delivery(keys[i%len(keys)], "id")
+		if err := q.Push(d); err != nil {
+			t.Fatal(err)
+		}
+		got, err := q.Pop(ctx)
+		if err != nil || got.Key != d.Key {
+			t.Fatalf("popped %q, %v; want %q", got.Key, err, d.Key)
+		}
+		q.Done(got)
+	}
+	cycle()
+	// What is left is the turns' per-namespace arrays of a key or two (16 bytes each).
+	const rounds = 1000
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range rounds {
+		cycle()
+	}
+	runtime.ReadMemStats(&after)
+	if perCycle := (after.TotalAlloc - before.TotalAlloc) / rounds; perCycle >= uint64(unsafe.Sizeof(Delivery{})) {
+		t.Errorf("a push, pop and done allocated %d bytes; want less than a delivery's array (%d)", perCycle, unsafe.Sizeof(Delivery{}))
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, list := range q.free {
+		for _, d := range list[:cap(list)] {
+			if d.Key != "" {
+				t.Errorf("a free array holds the delivery of %q", d.Key)
+			}
+		}
 	}
 }
