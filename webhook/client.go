@@ -26,18 +26,19 @@ import (
 // roundTripper makes a webhook's requests: client, or net/http's transport (proxied) for an
 // endpoint a proxy from the environment leads to.
 type roundTripper interface {
-	// roundTrip makes req and reads its answer's head within timeout, which bounds the reading
-	// of the answer's body too; an attempt that ran out of it fails with an error that is
+	// roundTrip makes req under ctx (req's own context is not read: setting it copies the
+	// request) and reads its answer's head within timeout, which bounds the reading of the
+	// answer's body too; an attempt that ran out of it fails with an error that is
 	// context.DeadlineExceeded.
-	roundTrip(req *http.Request, timeout time.Duration) (*http.Response, error)
+	roundTrip(ctx context.Context, req *http.Request, timeout time.Duration) (*http.Response, error)
 	CloseIdleConnections()
 }
 
 // proxied is net/http's transport, bounded in time by the request's context.
 type proxied struct{ *http.Transport }
 
-func (p proxied) roundTrip(req *http.Request, timeout time.Duration) (*http.Response, error) {
-	ctx, cancel := context.WithTimeout(req.Context(), timeout)
+func (p proxied) roundTrip(ctx context.Context, req *http.Request, timeout time.Duration) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	resp, err := p.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		cancel()
@@ -176,8 +177,7 @@ func newRoundTripper(endpoint *url.URL, tlsConfig *tls.Config, workers int, f de
 // connection back when it was read to its end, and closes it otherwise. The time left is the
 // connection's deadline, not a context of its own: a timer made and stopped for every request
 // was 3% of the CPU of a storm's deliveries.
-func (c *client) roundTrip(req *http.Request, timeout time.Duration) (*http.Response, error) {
-	ctx := req.Context()
+func (c *client) roundTrip(ctx context.Context, req *http.Request, timeout time.Duration) (*http.Response, error) {
 	deadline := time.Now().Add(timeout)
 	pc := c.take()
 	reused := pc != nil

@@ -122,15 +122,15 @@ func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.De
 		}
 	}
 	t.setHeaders(h, creds, *d, body, time.Now())
-	req := (&http.Request{
+	req := &http.Request{
 		Method: http.MethodPost, URL: t.cfg.Endpoint, Host: t.cfg.Endpoint.Host,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
 		// The client sends a request again on a new connection when the idle one it took
 		// turned out closed before any of the answer was read.
 		GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
-	}).WithContext(ctx)
-	resp, err := t.rt.roundTrip(req, t.cfg.Timeout)
+	}
+	resp, err := t.rt.roundTrip(ctx, req, t.cfg.Timeout)
 	if errors.Is(err, egress.ErrRefused) {
 		// The address the URL led to is one the sink may not reach: final, not retried.
 		return delivery.Rejected(fmt.Errorf("POST %s: %w", t.endpoint, err))
