@@ -14,20 +14,25 @@ import (
 // Attribute is a CloudEvents context attribute as a binary-mode header carries it.
 type Attribute struct{ Name, Value string }
 
-// CloudEvent returns d's CloudEvents attributes, from cluster c; the HTTP and NATS bindings
-// carry their values through HeaderString, the Kafka binding as they are. The subject is the
-// object's key; the extension attributes cluster and clustername name c, and fieldmanager the
-// field manager that changed the object (object.PrimaryManager), when one is known.
-func CloudEvent(d Delivery, c object.Cluster) []Attribute {
-	e := d.Event
-	out := []Attribute{
-		{"specversion", "1.0"},
-		{"id", d.ID},
-		{"source", resourcePath(e.Resource)},
-		{"type", "io.dynwatch.resource." + e.Type.Lower()},
-		{"subject", object.KeyOf(e.Object)},
-		{"time", e.Observed.UTC().Format(time.RFC3339Nano)},
-	}
+// MaxAttributes is the most attributes AppendCloudEvent appends.
+const MaxAttributes = 10
+
+// AppendCloudEvent appends to dst d's CloudEvents attributes, from cluster c (at most
+// MaxAttributes); the HTTP and NATS bindings carry their values through HeaderString, the
+// Kafka binding as they are. The subject is the object's key; the extension attributes
+// cluster and clustername name c, and fieldmanager the field manager that changed the object
+// (object.PrimaryManager), when one is known. A caller that sends many appends to an array
+// of its own (a webhook's every request made one).
+func AppendCloudEvent(dst []Attribute, d *Delivery, c object.Cluster) []Attribute {
+	e := &d.Event
+	out := append(dst,
+		Attribute{"specversion", "1.0"},
+		Attribute{"id", d.ID},
+		Attribute{"source", resourcePath(e.Resource)},
+		Attribute{"type", "io.dynwatch.resource." + e.Type.Lower()},
+		Attribute{"subject", object.KeyOf(e.Object)},
+		Attribute{"time", e.Observed.UTC().Format(time.RFC3339Nano)},
+	)
 	if m := object.PrimaryManager(e.Managers); m != "" {
 		out = append(out, Attribute{"fieldmanager", m})
 	}

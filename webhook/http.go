@@ -168,7 +168,8 @@ func (t *Transport) setHeaders(h http.Header, creds *credentials, d delivery.Del
 	default:
 		t.unset(h, "Authorization")
 	}
-	for _, a := range delivery.CloudEvent(d, t.cluster) {
+	var attrs [delivery.MaxAttributes]delivery.Attribute
+	for _, a := range delivery.AppendCloudEvent(attrs[:0], &d, t.cluster) {
 		put(h, ceHeader(a.Name), delivery.HeaderString(a.Value))
 	}
 	if d.FilterError == "" {

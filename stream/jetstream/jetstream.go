@@ -234,7 +234,7 @@ func (t *Transport) Send(ctx context.Context, d *delivery.Delivery, body []byte)
 // headers (the NATS binding's binary mode).
 func message(subject string, d *delivery.Delivery, body []byte, c object.Cluster) *nats.Msg {
 	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
-	for _, a := range delivery.CloudEvent(*d, c) {
+	for _, a := range delivery.AppendCloudEvent(nil, d, c) {
 		msg.Header.Set("ce-"+a.Name, delivery.HeaderString(a.Value))
 	}
 	msg.Header.Set("ce-datacontenttype", "application/json")

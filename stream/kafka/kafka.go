@@ -293,7 +293,7 @@ func (t *Transport) key(d *delivery.Delivery) []byte {
 // carries them: ce_<name> headers holding the values as they are (UTF-8), content-type, and
 // partitionkey, the record's key.
 func kafkaHeaders(d *delivery.Delivery, key []byte, c object.Cluster) []kgo.RecordHeader {
-	attrs := delivery.CloudEvent(*d, c)
+	attrs := delivery.AppendCloudEvent(nil, d, c)
 	h := make([]kgo.RecordHeader, 0, len(attrs)+3)
 	for _, a := range attrs {
 		h = append(h, kgo.RecordHeader{Key: "ce_" + a.Name, Value: []byte(a.Value)})
