@@ -385,7 +385,7 @@ func TestBodiesBuiltInReusedBuffersReachTheReceiverWhole(t *testing.T) {
 		}
 	})
 	tr := transportTo(t, rr, 10*time.Second)
-	if !tr.reuseBodies {
+	if !tr.reuseScratch {
 		t.Fatal("the client's transport does not reuse its bodies' buffers")
 	}
 	want := map[string]string{}

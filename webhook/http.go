@@ -41,16 +41,35 @@ type Transport struct {
 	// the transport may read it until it closes it, which it may do after RoundTrip has
 	// returned, and a body it cannot tell is in memory has its headers flushed on their own.)
 	headerMaps sync.Pool
-	// bodies holds the bodies built for earlier requests (*[]byte), for later ones to be built
-	// in, when rt is the client, which has written a request's body before it returns. At 300
-	// updates a second and two webhooks, a body of 6 KB made anew for each request was about
-	// half of what a storm allocated, and so of the collector's work.
-	bodies      sync.Pool
-	reuseBodies bool
+	// scratches holds what earlier requests were made of (*scratch), for later ones, when rt
+	// is the client, which has written a request before it returns. At 300 updates a second
+	// and two webhooks, a body of 6 KB made anew for each request was about half of what a
+	// storm allocated, and so of the collector's work; the request itself, 6%.
+	scratches    sync.Pool
+	reuseScratch bool
+}
+
+// scratch is what a request is made of: its body, when built from its entry, the request, and
+// the reader of its body.
+type scratch struct {
+	body []byte
+	req  http.Request
+	r    bytes.Reader
 }
 
 // maxPooledBody bounds the bodies kept for later requests: a large object's is let go.
 const maxPooledBody = 64 << 10
+
+// keep clears sc, but for a body no larger than maxPooledBody, and keeps it for a later
+// request.
+func (t *Transport) keep(sc *scratch) {
+	if cap(sc.body) > maxPooledBody {
+		sc.body = nil
+	}
+	sc.req = http.Request{}
+	sc.r.Reset(nil)
+	t.scratches.Put(sc)
+}
 
 // New builds the transport of a webhook, whose requests write nothing once f has lapsed.
 func New(cfg *config.Webhook, cluster object.Cluster, log *slog.Logger, f delivery.Fence) (*Transport, error) {
@@ -63,7 +82,7 @@ func New(cfg *config.Webhook, cluster object.Cluster, log *slog.Logger, f delive
 		return nil, fmt.Errorf("webhook %s: %w", cfg.Name, err)
 	}
 	t := &Transport{cfg: cfg, cluster: cluster, log: log, endpoint: config.Redacted(cfg.Endpoint), rt: rt, configured: map[string]bool{}}
-	_, t.reuseBodies = rt.(*client)
+	_, t.reuseScratch = rt.(*client)
 	for _, h := range cfg.Headers {
 		name := http.CanonicalHeaderKey(h.Name)
 		t.headers = append(t.headers, config.Header{Name: name, Value: h.Value})
@@ -108,28 +127,31 @@ func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.De
 	if h == nil {
 		h = make(http.Header, 16)
 	}
+	var sc *scratch
+	if t.reuseScratch {
+		sc, _ = t.scratches.Get().(*scratch)
+	}
+	if sc == nil {
+		sc = new(scratch)
+	}
+	if t.reuseScratch {
+		defer t.keep(sc) // the client has written the request by the time post returns
+	}
 	if body == nil {
-		var buf *[]byte
-		if t.reuseBodies {
-			buf, _ = t.bodies.Get().(*[]byte)
-		}
-		if buf == nil {
-			buf = new([]byte)
-		}
-		body = journal.AppendBody((*buf)[:0], d.Entry)
-		if t.reuseBodies && cap(body) <= maxPooledBody {
-			defer func() { *buf = body; t.bodies.Put(buf) }() // the client has written it by then
-		}
+		sc.body = journal.AppendBody(sc.body[:0], d.Entry)
+		body = sc.body
 	}
 	t.setHeaders(h, creds, *d, body, time.Now())
-	req := &http.Request{
+	sc.r.Reset(body)
+	sc.req = http.Request{
 		Method: http.MethodPost, URL: t.cfg.Endpoint, Host: t.cfg.Endpoint.Host,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)),
+		Header: h, Body: io.NopCloser(&sc.r), ContentLength: int64(len(body)),
 		// The client sends a request again on a new connection when the idle one it took
 		// turned out closed before any of the answer was read.
 		GetBody: func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
 	}
+	req := &sc.req
 	resp, err := t.rt.roundTrip(ctx, req, t.cfg.Timeout)
 	if errors.Is(err, egress.ErrRefused) {
 		// The address the URL led to is one the sink may not reach: final, not retried.
