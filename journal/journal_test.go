@@ -685,3 +685,39 @@ func TestAnEventThatComesWhileABatchIsAppliedTakesASmallBlock(t *testing.T) {
 		t.Errorf("an event recorded while a batch was applied allocated %d bytes; want at most %d (a block of %d is %d)", perRound, limit, maxBatch, maxBatch*unsafe.Sizeof(op{}))
 	}
 }
+
+// TestACommitTakesTheMapsOfTheOneBeforeClearedAndNothingOfIt: a transaction ended (here
+// without its commit, as after a failed one) is the next one begun, its maps empty: what it
+// staged is neither listed, nor held, nor stored by the next commit.
+func TestACommitTakesTheMapsOfTheOneBeforeClearedAndNothingOfIt(t *testing.T) {
+	j, _ := newJournal(t)
+	secret := addedAt("s", 5).Object
+	first := j.store.begin(0)
+	first.put("secrets", "ns/s", secret)
+	first.revision("secrets", "", "", 5)
+	first.end()
+	next := j.store.begin(0)
+	if next != first {
+		t.Fatal("the next commit did not take the transaction ended before it")
+	}
+	if res := next.resources(); len(res) != 0 || next.holds("secrets") {
+		t.Fatalf("the next commit sees secrets (resources %v), which only the one ended staged", next.resources())
+	}
+	if _, ok := next.get("secrets", "ns/s"); ok {
+		t.Fatal("the next commit reads a secret only the one ended staged")
+	}
+	next.put("configmaps", "ns/a", addedAt("a", 6).Object)
+	if _, err := next.commit(); err != nil {
+		t.Fatal(err)
+	}
+	next.end()
+	if _, ok := j.store.objects["secrets"]; ok {
+		t.Error("the store holds secrets after a commit that staged none")
+	}
+	if _, ok := j.store.revisions["secrets"]; ok {
+		t.Error("the store holds a revision of secrets after a commit that noted none")
+	}
+	if _, ok := j.store.objects["configmaps"]["ns/a"]; !ok {
+		t.Error("the commit's own object is not stored")
+	}
+}

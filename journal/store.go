@@ -48,6 +48,9 @@ type store struct {
 	unsynced []commitBuffer
 	spare    [][]byte
 	spareCap int // the spare buffers' capacity, in all
+	// spareTxn is the transaction of the commit before, its maps cleared, for the next (see
+	// txn.end).
+	spareTxn *txn
 }
 
 // commitBuffer is a commit's buffer the log holds, and the number of its frame (see wal.Log.Written).

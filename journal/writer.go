@@ -249,6 +249,7 @@ func (j *Journal) flushBatch() error {
 	var tx *txn
 	if j.store != nil {
 		tx = j.store.begin(commitSize(ops, len(targets)) + len(acks)*ackSize)
+		defer tx.end()
 	}
 	j.see(tx, targets, b)
 	for _, a := range acks {
