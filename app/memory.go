@@ -29,7 +29,10 @@ const memoryLimitRefresh = time.Minute
 // again once the objects' headers held no pointers: 15 saved a few MiB (anonymous memory after
 // sync 88–95 MiB against 93–94) for 1.08–1.11x B0's CPU per update against 1.05–1.06x, and
 // one of its four runs had an update → receipt p99 130 ms over B0's; 25 stays
-// (docs/benchmarks.md, "The cache's own bytes").
+// (docs/benchmarks.md, "The cache's own bytes"). Against 50 once a webhook's requests reused
+// what they are made of: 50 cost 1.01–1.02x B0's CPU per update against 1.02–1.15x, for 8 to
+// 10 MB more anonymous memory at 10,000 configmaps; 25 stays (docs/benchmarks-history.md,
+// "Less made per request and per commit").
 const gcPercent = 25
 
 // setGCPercent sets the runtime's GOGC to gcPercent, unless GOGC is in the environment.
