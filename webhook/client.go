@@ -276,26 +276,31 @@ func writeRequest(w *bufio.Writer, req *http.Request) error {
 	if !httpguts.ValidHostHeader(host) {
 		return fmt.Errorf("invalid Host header %q", host)
 	}
-	w.WriteString(req.Method)
-	w.WriteByte(' ')
-	w.WriteString(req.URL.RequestURI())
-	w.WriteString(" HTTP/1.1\r\nHost: ")
-	w.WriteString(host)
-	w.WriteString("\r\n")
+	// The head is appended to the writer's free buffer (a larger head grows it) and written at
+	// once.
+	head := append(w.AvailableBuffer(), req.Method...)
+	head = append(head, ' ')
+	head = append(head, req.URL.RequestURI()...)
+	head = append(head, " HTTP/1.1\r\nHost: "...)
+	head = append(head, host...)
+	head = append(head, "\r\n"...)
 	for k, vs := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) || headerWrittenApart[k] {
 			continue
 		}
 		for _, v := range vs {
-			w.WriteString(k)
-			w.WriteString(": ")
-			w.WriteString(strings.TrimSpace(lineBreaksToSpaces(v)))
-			w.WriteString("\r\n")
+			head = append(head, k...)
+			head = append(head, ": "...)
+			head = append(head, strings.TrimSpace(lineBreaksToSpaces(v))...)
+			head = append(head, "\r\n"...)
 		}
 	}
-	w.WriteString("Content-Length: ")
-	w.Write(strconv.AppendInt(w.AvailableBuffer(), req.ContentLength, 10))
-	w.WriteString("\r\n\r\n")
+	head = append(head, "Content-Length: "...)
+	head = strconv.AppendInt(head, req.ContentLength, 10)
+	head = append(head, "\r\n\r\n"...)
+	if _, err := w.Write(head); err != nil {
+		return err
+	}
 	if req.Body == nil {
 		if req.ContentLength != 0 {
 			return fmt.Errorf("a request of %d bytes without a body", req.ContentLength)
