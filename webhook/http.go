@@ -127,10 +127,7 @@ func (t *Transport) post(ctx context.Context, creds *credentials, d *delivery.De
 	if h == nil {
 		h = make(http.Header, 16)
 	}
-	var sc *scratch
-	if t.reuseScratch {
-		sc, _ = t.scratches.Get().(*scratch)
-	}
+	sc, _ := t.scratches.Get().(*scratch) // none without reuseScratch: nothing is kept then
 	if sc == nil {
 		sc = new(scratch)
 	}
