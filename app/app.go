@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -100,6 +101,11 @@ func (s *service) run(ctx context.Context) error {
 	g.Go(func() error { return s.security.Run(ctx) })
 	g.Go(func() error {
 		releaseStartPagesOnceReady(ctx, s.ready)
+		return nil
+	})
+	g.Go(func() error {
+		ready := func() bool { ok, _ := s.ready.Ready(); return ok }
+		returnMemoryAfterBursts(ctx, s.log, ready, s.pipeline.journal.Backlog, debug.FreeOSMemory)
 		return nil
 	})
 	g.Go(func() error {

@@ -1,10 +1,14 @@
 package app
 
 import (
+	"context"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestGOGCIs25UnlessTheEnvironmentSetsIt: dynwatch sets the collector's GOGC to gcPercent,
@@ -28,4 +32,91 @@ func TestGOGCIs25UnlessTheEnvironmentSetsIt(t *testing.T) {
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Errorf("with GOGC=200 in the environment, dynwatch changed GOGC to %d", got)
 	}
+}
+
+// TestAFinishedBurstsFreedHeapIsReturnedToTheOS: once a burst's backlog drains, what it held
+// is collected and its pages returned to the OS, not kept for the scavenger.
+func TestAFinishedBurstsFreedHeapIsReturnedToTheOS(t *testing.T) {
+	var backlog atomic.Int64
+	backlog.Store(burstBacklog)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		returnMemoryAfterBursts(ctx, slog.New(slog.DiscardHandler), func() bool { return true }, func() int { return int(backlog.Load()) }, debug.FreeOSMemory)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	const garbage = 64 << 20
+	held := make([][]byte, 0, garbage>>16)
+	for range garbage >> 16 {
+		b := make([]byte, 1<<16)
+		b[0] = 1 // touched: resident
+		held = append(held, b)
+	}
+	runtime.KeepAlive(held)
+	before := heapReleased()
+	held = nil
+	backlog.Store(0)
+	deadline := time.Now().Add(10 * time.Second)
+	for heapReleased()-before < garbage*3/4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d MiB of %d MiB of a burst's garbage returned to the OS 10 s after its backlog drained", (heapReleased()-before)>>20, garbage>>20)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen: nothing is returned while a burst's backlog
+// waits or before every resource has synced; then once; then not again until another burst.
+func TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen(t *testing.T) {
+	var backlog, releases atomic.Int64
+	var ready atomic.Bool
+	backlog.Store(burstBacklog)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		returnMemoryAfterBursts(ctx, slog.New(slog.DiscardHandler), ready.Load, func() int { return int(backlog.Load()) }, func() { releases.Add(1) })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	ticks := func(n int) { time.Sleep(time.Duration(n) * returnMemoryEvery) }
+	waitReleases := func(want int64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for releases.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d releases 10 s after the burst was over; want %d", releases.Load(), want)
+			}
+			time.Sleep(returnMemoryEvery / 4)
+		}
+	}
+
+	ticks(4)
+	if n := releases.Load(); n != 0 {
+		t.Fatalf("%d releases before anything synced, with a backlog of %d", n, burstBacklog)
+	}
+	ready.Store(true)
+	ticks(4)
+	if n := releases.Load(); n != 0 {
+		t.Fatalf("%d releases while a backlog of %d waited", n, burstBacklog)
+	}
+	backlog.Store(1)
+	ticks(4)
+	if n := releases.Load(); n != 0 {
+		t.Fatalf("%d releases with one event left", n)
+	}
+	backlog.Store(0)
+	waitReleases(1)
+	backlog.Store(burstBacklog - 1)
+	ticks(2)
+	backlog.Store(0)
+	ticks(4)
+	if n := releases.Load(); n != 1 {
+		t.Fatalf("%d releases after a backlog under burstBacklog drained; want still 1", n)
+	}
+	backlog.Store(burstBacklog)
+	ticks(2)
+	backlog.Store(0)
+	waitReleases(2)
 }

@@ -301,3 +301,28 @@ func TestABoundCapsTheCheckpoint(t *testing.T) {
 		t.Errorf("checkpoint under a bound of 300 = %d; want 200", got)
 	}
 }
+
+// TestTheBacklogCountsWhatWaitsToBeCommittedAndAcknowledged: events recorded count until they
+// are committed, then as outbox entries until they are acknowledged.
+func TestTheBacklogCountsWhatWaitsToBeCommittedAndAcknowledged(t *testing.T) {
+	j, tg := newJournal(t)
+	for i, name := range []string{"a", "b", "c"} {
+		j.OnEvent(addedAt(name, uint64(11+i)))
+	}
+	check := func(when string, want int) {
+		t.Helper()
+		if n := j.Backlog(); n != want {
+			t.Errorf("%s: a backlog of %d; want %d", when, n, want)
+		}
+	}
+	check("three events recorded", 3)
+	flush(t, j)
+	check("three events committed", 3)
+	j.Ack("sink", tg.entries[0].Seq)
+	j.Ack("sink", tg.entries[2].Seq)
+	flush(t, j)
+	check("two of them acknowledged", 1)
+	j.Ack("sink", tg.entries[1].Seq)
+	flush(t, j)
+	check("all three acknowledged", 0)
+}

@@ -306,6 +306,23 @@ func (j *Journal) RemoveTarget(t Target) {
 // not record what it covers. cp is the journal's from then on.
 func (j *Journal) Trim(cp Checkpoints) { j.submit(op{kind: opTrim, control: &control{cp: cp}}) }
 
+// Backlog counts what the journal holds that is not done with: operations recorded and not
+// yet committed, and outbox entries, of every sink, not yet acknowledged.
+func (j *Journal) Backlog() int {
+	j.mu.Lock()
+	n := 0
+	for _, block := range j.pending {
+		n += len(block)
+	}
+	j.mu.Unlock()
+	j.idx.Lock()
+	defer j.idx.Unlock()
+	for _, entries := range j.outbox {
+		n += len(entries)
+	}
+	return n
+}
+
 // OutboxLen counts a sink's outbox entries.
 func (j *Journal) OutboxLen(sink string) int {
 	j.idx.Lock()

@@ -437,7 +437,8 @@ func buildBaseline(ctx context.Context, cluster *testbed.Cluster) (string, error
 type measured struct {
 	synced time.Duration
 	peak   uint64   // VmHWM at synced: the peak from the start to synced
-	rss    resident // then (its peak: from the start to then)
+	first  resident // then, at once
+	rss    resident // once settled (see settled; its peak: from the start to then)
 	heap   goMemory // the Go runtime's memory then, after a forced GC
 	binary pagesOf  // the executable's own resident pages then
 }
@@ -448,7 +449,8 @@ func measureSynced(ctx context.Context, name string, p *proc, heapURL string) (m
 	// Resident memory first: the heap profile read next symbolizes every allocation site it
 	// holds, which maps pages of the executable's line tables (.gopclntab) that nothing else
 	// touches, and they stay mapped for the rest of the run.
-	m := measured{synced: p.synced, peak: p.peak, rss: residentMemory(p.pid)}
+	first := residentMemory(p.pid)
+	m := measured{synced: p.synced, peak: p.peak, first: first, rss: settled(ctx, p.pid, first)}
 	var err error
 	if m.binary, err = binaryPages(p.pid); err != nil {
 		return measured{}, fmt.Errorf("%s: its executable's resident pages: %w", name, err)
@@ -457,9 +459,41 @@ func measureSynced(ctx context.Context, name string, p *proc, heapURL string) (m
 		return measured{}, fmt.Errorf("%s: %w", name, err)
 	}
 	logf("%s: its executable's resident pages %.1f MB; the largest parts: %s", name, float64(m.binary.total)/(1<<20), strings.Join(m.binary.largest(20), ", "))
-	logf("%s synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed (peak %d MB to synced, %d MB to now)",
-		name, m.synced.Round(time.Millisecond), m.heap.live>>20, m.rss.now>>20, m.rss.file>>20, m.peak>>20, m.rss.peak>>20)
+	logf("%s synced in %s, live heap %d MB, resident %d MB of which %d MB file-backed once settled, %d MB at once (peak %d MB to synced, %d MB to now)",
+		name, m.synced.Round(time.Millisecond), m.heap.live>>20, m.rss.now>>20, m.rss.file>>20, m.first.now>>20, m.peak>>20, m.rss.peak>>20)
 	return m, nil
+}
+
+// settleFor and settleAtMost bound settled's wait: resident memory is settled once it has not
+// fallen by more than settleBy over settleFor.
+const (
+	settleFor    = 2 * time.Second
+	settleAtMost = 10 * time.Second
+	settleBy     = 1 << 20
+)
+
+// settled is pid's resident memory once it has stopped falling, from first, its reading when
+// it synced: what the process holds once synced and its initial work done, not what the
+// runtime has yet to give back (dynwatch returns the heap its initial deliveries left free
+// once they are acknowledged, within about a second). A process whose memory does not fall
+// (B0, B1) is read again settleFor after first.
+func settled(ctx context.Context, pid int, first resident) resident {
+	const every = 250 * time.Millisecond
+	readings := []resident{first}
+	deadline := time.Now().Add(settleAtMost)
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return readings[len(readings)-1]
+		case <-time.After(every):
+		}
+		r := residentMemory(pid)
+		readings = append(readings, r)
+		if back := len(readings) - 1 - int(settleFor/every); back >= 0 && readings[back].now < r.now+settleBy {
+			return r
+		}
+	}
+	return readings[len(readings)-1]
 }
 
 // measureBaseline starts the baseline with flags (none: B0; -strip: B1), measures it once it

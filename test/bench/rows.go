@@ -34,6 +34,7 @@ func memoryRows(o options, dw measured, b0, b1 *measured) []result {
 		return []result{
 			row("time to synced", "s", dw.synced.Seconds(), 0, "", "", always),
 			row("resident memory (VmRSS) after sync", "MB", mb(dw.rss.now), 0, "", "", always),
+			row("resident memory (VmRSS) after sync, before it settled", "MB", mb(dw.first.now), 0, "", "", always),
 			row("resident memory after sync: anonymous (RssAnon)", "MB", mb(dw.rss.anon), 0, "", "", always),
 			row("resident memory after sync: file-backed (RssFile)", "MB", mb(dw.rss.file), 0, "", "", always),
 			binaryRow(dw, nil),
@@ -48,6 +49,7 @@ func memoryRows(o options, dw measured, b0, b1 *measured) []result {
 		rows = append(rows,
 			row("time to synced", "s", dw.synced.Seconds(), b0.synced.Seconds(), "B0", "≤ 1.1x", atMost(1.1)),
 			row("resident memory (VmRSS) after sync", "MB", mb(dw.rss.now), mb(b0.rss.now), "B0", b0Target, atMost(b0Bound)),
+			row("resident memory (VmRSS) after sync, before it settled", "MB", mb(dw.first.now), mb(b0.first.now), "B0", "", always),
 			row("resident memory after sync: anonymous (RssAnon)", "MB", mb(dw.rss.anon), mb(b0.rss.anon), "B0", "≤ 0.5x", atMost(0.5)),
 			row("resident memory after sync: file-backed (RssFile)", "MB", mb(dw.rss.file), mb(b0.rss.file), "B0", "", always),
 			binaryRow(dw, b0),
