@@ -54,9 +54,8 @@ func TestAFinishedBurstsFreedHeapIsReturnedToTheOS(t *testing.T) {
 		b[0] = 1 // touched: resident
 		held = append(held, b)
 	}
-	runtime.KeepAlive(held)
 	before := heapReleased()
-	held = nil
+	runtime.KeepAlive(held) // and no longer: garbage from here on
 	backlog.Store(0)
 	deadline := time.Now().Add(10 * time.Second)
 	for heapReleased()-before < garbage*3/4 {
