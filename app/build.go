@@ -37,7 +37,7 @@ func build(ctx context.Context, log *slog.Logger, cfg *config.Config, o Options)
 	encodings := newEncodings()
 	restConfig.Wrap(encodings.wrap)
 	limits := cfg.Client.RateLimits
-	informers := forConcern(restConfig, "informers", limits.Informers)
+	informers := forInformers(restConfig, cfg.Client)
 	dyn, err := dynamic.NewForConfig(informers)
 	if err != nil {
 		return nil, fmt.Errorf("dynamic client: %w", err)

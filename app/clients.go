@@ -3,7 +3,9 @@ package app
 import (
 	"fmt"
 	"mime"
+	"net"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientfeatures "k8s.io/client-go/features"
@@ -80,6 +82,34 @@ func forConcern(base *rest.Config, concern string, l config.RateLimit) *rest.Con
 	c.QPS, c.Burst = l.QPS, l.Burst
 	c.UserAgent = base.UserAgent + "/" + concern
 	return c
+}
+
+// Keepalive probes of the informers' HTTP/1.1 connections: a connection silent for
+// keepAliveIdle is probed every keepAliveInterval, and given up after keepAliveProbes
+// unanswered, so that a watch whose apiserver vanished without closing it (its node lost, a
+// network partition) fails within about 30 s and is made again, as HTTP/2's pings find it
+// (client-go: 30 s without a frame, then 15 s for the ping's answer).
+const (
+	keepAliveIdle     = 15 * time.Second
+	keepAliveInterval = 5 * time.Second
+	keepAliveProbes   = 3
+	dialTimeout       = 30 * time.Second // client-go's
+)
+
+// forInformers is forConcern(base, "informers", …) for the informers' lists, watches and
+// discovery: over HTTP/1.1 unless c.HTTP2 (see config.Client.HTTP2), on connections kept alive
+// by probes that find a dead one.
+func forInformers(base *rest.Config, c config.Client) *rest.Config {
+	cfg := forConcern(base, "informers", c.RateLimits.Informers)
+	if c.HTTP2 {
+		return cfg
+	}
+	cfg.NextProtos = []string{"http/1.1"} // without "h2", client-go leaves HTTP/2 off
+	dialer := &net.Dialer{Timeout: dialTimeout, KeepAliveConfig: net.KeepAliveConfig{
+		Enable: true, Idle: keepAliveIdle, Interval: keepAliveInterval, Count: keepAliveProbes,
+	}}
+	cfg.Dial = dialer.DialContext
+	return cfg
 }
 
 // clientConfig resolves the apiserver connection as client-go tools do: the kubeconfig path,

@@ -125,6 +125,12 @@ type Client struct {
 	// in CBOR, which decodes in a fraction of JSON's time; any other answers in JSON, as
 	// before. It sets client-go's ClientsAllowCBOR feature gate for the whole process.
 	CBOR bool `mapstructure:"cbor"`
+	// HTTP2 sends the informers' lists and watches over HTTP/2, multiplexed on one connection,
+	// as client-go does by default. Without it they go over HTTP/1.1, a connection each: a
+	// watch's events are read by the goroutine that decodes them, with no HTTP/2 frames, no
+	// flow-control window to send back for every few KB read and no hand-over from the
+	// connection's reading goroutine. Dynwatch's other requests to the apiserver keep HTTP/2.
+	HTTP2 bool `mapstructure:"http2"`
 	// RateLimits are the client-side rate limits of dynwatch's requests to the apiserver, one
 	// client per concern, so that no concern's requests wait behind another's.
 	RateLimits RateLimits `mapstructure:"rateLimits"`

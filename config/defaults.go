@@ -20,6 +20,7 @@ func setDefaults(v *viper.Viper) {
 	v.SetDefault("metrics.pprof", false)
 	v.SetDefault("discovery.interval", "5s")
 	v.SetDefault("client.cbor", true)
+	v.SetDefault("client.http2", false)
 	for name, l := range map[string]RateLimit{"informers": {50, 100}, "leaderElection": {10, 20}, "reviews": {20, 40}, "accessReviews": {20, 40}, "reads": {20, 40}} {
 		v.SetDefault("client.rateLimits."+name+".qps", l.QPS)
 		v.SetDefault("client.rateLimits."+name+".burst", l.Burst)
