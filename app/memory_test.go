@@ -39,13 +39,7 @@ func TestGOGCIs25UnlessTheEnvironmentSetsIt(t *testing.T) {
 func TestAFinishedBurstsFreedHeapIsReturnedToTheOS(t *testing.T) {
 	var backlog atomic.Int64
 	backlog.Store(burstBacklog)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		returnMemoryAfterBursts(ctx, slog.New(slog.DiscardHandler), func() bool { return true }, func() int { return int(backlog.Load()) }, debug.FreeOSMemory)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	returnUntilTheEnd(t, func() bool { return true }, &backlog, debug.FreeOSMemory)
 
 	const garbage = 64 << 20
 	held := make([][]byte, 0, garbage>>16)
@@ -72,13 +66,7 @@ func TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen(t *testing.T) {
 	var backlog, releases atomic.Int64
 	var ready atomic.Bool
 	backlog.Store(burstBacklog)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		returnMemoryAfterBursts(ctx, slog.New(slog.DiscardHandler), ready.Load, func() int { return int(backlog.Load()) }, func() { releases.Add(1) })
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	returnUntilTheEnd(t, ready.Load, &backlog, func() { releases.Add(1) })
 	ticks := func(n int) { time.Sleep(time.Duration(n) * returnMemoryEvery) }
 	waitReleases := func(want int64) {
 		t.Helper()
@@ -118,4 +106,16 @@ func TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen(t *testing.T) {
 	ticks(2)
 	backlog.Store(0)
 	waitReleases(2)
+}
+
+// returnUntilTheEnd runs returnMemoryAfterBursts with ready, the backlog's count and release
+// until the test ends.
+func returnUntilTheEnd(t *testing.T, ready func() bool, backlog *atomic.Int64, release func()) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		returnMemoryAfterBursts(ctx, slog.New(slog.DiscardHandler), ready, func() int { return int(backlog.Load()) }, release)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
 }
