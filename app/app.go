@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -105,7 +104,7 @@ func (s *service) run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		ready := func() bool { ok, _ := s.ready.Ready(); return ok }
-		returnMemoryAfterBursts(ctx, s.log, ready, s.pipeline.journal.Backlog, debug.FreeOSMemory)
+		returnMemoryAfterBursts(ctx, s.log, ready, s.pipeline.journal.Backlog, releaseBurstMemory)
 		return nil
 	})
 	g.Go(func() error {

@@ -78,13 +78,13 @@ const burstBacklog = 10000
 // returnMemoryEvery is how often returnMemoryAfterBursts looks at the backlog.
 const returnMemoryEvery = 250 * time.Millisecond
 
-// returnMemoryAfterBursts gives the heap a burst left free back to the OS once the burst is
-// over: after every resource's first sync (the initial lists are the first burst), and after
-// each time the backlog reached burstBacklog, once ready says synced and the backlog is empty,
-// it calls release (debug.FreeOSMemory: a collection, then every free page returned), and logs
-// what the heap returned. It runs until ctx ends. A backlog that never drains (a sink down) is
-// never a burst over: nothing is returned then, as before.
-func returnMemoryAfterBursts(ctx context.Context, log *slog.Logger, ready func() bool, backlog func() int, release func()) {
+// returnMemoryAfterBursts gives back the memory a burst left once the burst is over: after every
+// resource's first sync (the initial lists are the first burst), and after each time the
+// backlog reached burstBacklog, once ready says synced and the backlog is empty, it calls
+// release (releaseBurstMemory), and logs what the heap returned and the process's file-backed
+// resident memory before and after. It runs until ctx ends. A backlog that never drains (a sink
+// down) is never a burst over: nothing is returned then, as before.
+func returnMemoryAfterBursts(ctx context.Context, log *slog.Logger, ready func() bool, backlog func() int, release func() error) {
 	t := time.NewTicker(returnMemoryEvery)
 	defer t.Stop()
 	burst := true // the start: the initial lists
@@ -102,10 +102,24 @@ func returnMemoryAfterBursts(ctx context.Context, log *slog.Logger, ready func()
 			continue
 		}
 		burst = false
-		before := heapReleased()
-		release()
-		log.Info("returned the memory a burst of events left free to the OS", "releasedMiB", (heapReleased()-before)>>20)
+		before, fileBacked := heapReleased(), residentFileBacked()
+		err := release()
+		log.Info("returned the memory a burst of events left free to the OS", "releasedMiB", (heapReleased()-before)>>20,
+			"fileBackedBeforeMiB", fileBacked>>20, "fileBackedAfterMiB", residentFileBacked()>>20, "err", err)
 	}
+}
+
+// releaseBurstMemory is what returnMemoryAfterBursts releases once a burst is over: the heap's
+// free pages, after a collection (debug.FreeOSMemory), then the executable's read-only pages
+// (releaseStartPages). A burst maps code and tables that steady running does not touch (a
+// list's decoding, the initial deliveries, a replay's), and so does the collection, which reads
+// the tables of every function on the goroutines' stacks: at 10,000 configmaps, 20 to 31 MB of
+// the executable were resident once the initial deliveries were over, 10 MB once released
+// (docs/benchmarks-history.md, "The executable's pages a burst mapped, released once it is over").
+// What running uses is mapped again, from the page cache, as it is touched.
+func releaseBurstMemory() error {
+	debug.FreeOSMemory()
+	return releaseStartPages()
 }
 
 // heapReleased is what the Go heap holds returned to the OS, in bytes.

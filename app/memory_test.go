@@ -39,7 +39,7 @@ func TestGOGCIs25UnlessTheEnvironmentSetsIt(t *testing.T) {
 func TestAFinishedBurstsFreedHeapIsReturnedToTheOS(t *testing.T) {
 	var backlog atomic.Int64
 	backlog.Store(burstBacklog)
-	returnUntilTheEnd(t, func() bool { return true }, &backlog, debug.FreeOSMemory)
+	returnUntilTheEnd(t, func() bool { return true }, &backlog, releaseBurstMemory)
 
 	const garbage = 64 << 20
 	held := make([][]byte, 0, garbage>>16)
@@ -60,13 +60,62 @@ func TestAFinishedBurstsFreedHeapIsReturnedToTheOS(t *testing.T) {
 	}
 }
 
+// TestAFinishedBurstsExecutablePagesAreReleased: the executable's pages mapped while a burst
+// lasted (here: every page of its read-only mappings) are unmapped once its backlog drains.
+func TestAFinishedBurstsExecutablePagesAreReleased(t *testing.T) {
+	var backlog atomic.Int64
+	backlog.Store(burstBacklog)
+	returnUntilTheEnd(t, func() bool { return true }, &backlog, releaseBurstMemory)
+
+	touchExecutable(t)
+	before := residentFileBacked()
+	if before < 8<<20 {
+		t.Fatalf("RssFile %d KiB once every page of the executable was touched; want at least 8 MiB for the test to mean something", before>>10)
+	}
+	backlog.Store(0)
+	deadline := time.Now().Add(10 * time.Second)
+	for residentFileBacked() >= before/2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("RssFile %d KiB 10 s after the burst's backlog drained, %d KiB before; want less than half", residentFileBacked()>>10, before>>10)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// touchExecutable maps every page of the test binary's read-only mappings into the process,
+// reading one byte of each through /proc/self/mem, which faults the page in as a read would.
+func touchExecutable(t *testing.T) {
+	t.Helper()
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranges, err := readOnlyMappings("/proc/self/maps", exe)
+	if err != nil || len(ranges) == 0 {
+		t.Fatalf("the executable's read-only mappings: %v (%d)", err, len(ranges))
+	}
+	mem, err := os.Open("/proc/self/mem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = mem.Close() }() // read only
+	b := make([]byte, 1)
+	for _, r := range ranges {
+		for at := r[0]; at < r[1]; at += 4096 {
+			if _, err := mem.ReadAt(b, int64(at)); err != nil {
+				t.Fatalf("read %#x of the executable's mapping: %v", at, err)
+			}
+		}
+	}
+}
+
 // TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen: nothing is returned while a burst's backlog
 // waits or before every resource has synced; then once; then not again until another burst.
 func TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen(t *testing.T) {
 	var backlog, releases atomic.Int64
 	var ready atomic.Bool
 	backlog.Store(burstBacklog)
-	returnUntilTheEnd(t, ready.Load, &backlog, func() { releases.Add(1) })
+	returnUntilTheEnd(t, ready.Load, &backlog, func() error { releases.Add(1); return nil })
 	ticks := func(n int) { time.Sleep(time.Duration(n) * returnMemoryEvery) }
 	waitReleases := func(want int64) {
 		t.Helper()
@@ -110,7 +159,7 @@ func TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen(t *testing.T) {
 
 // returnUntilTheEnd runs returnMemoryAfterBursts with ready, the backlog's count and release
 // until the test ends.
-func returnUntilTheEnd(t *testing.T, ready func() bool, backlog *atomic.Int64, release func()) {
+func returnUntilTheEnd(t *testing.T, ready func() bool, backlog *atomic.Int64, release func() error) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {

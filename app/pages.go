@@ -22,8 +22,9 @@ import (
 // the executable stay mapped, and counted in the process's resident memory (RssFile), for as
 // long as the process runs: at 10,000 configmaps, the executable's resident pages were 54 to
 // 56 MB after sync, and 20 to 23 MB once released (docs/benchmarks.md). Once the parts are
-// built, before any informer starts, and again once every resource has synced,
-// releaseStartPages unmaps the executable's read-only pages (MADV_DONTNEED): they are clean
+// built, before any informer starts, again once every resource has synced, and once each burst
+// of events is over (releaseBurstMemory), releaseStartPages unmaps the executable's read-only
+// pages (MADV_DONTNEED): they are clean
 // copies of the file, which the kernel maps again, from its page cache, when they are next
 // touched, so what running uses comes back and the rest does not. Writable mappings (the
 // executable's initialised data, which running has changed) are never touched. The pages
