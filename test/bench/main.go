@@ -339,6 +339,7 @@ func run(ctx context.Context, o options) error {
 	}
 	b0Lat, dwLat := latencies(written, b0Arrivals), latencies(written, recv.arrivals())
 	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs; %.0f state store commits", len(written), b0CPU, dwCPU, commits)
+	logf("storm: dynwatch's receipts later than B0's p99 (%.1f ms), per second of the storm: %v", pct(b0Lat, 99), lateBySecond(written, recv.arrivals(), b0Lat[min(len(b0Lat)-1, len(b0Lat)*99/100)]))
 
 	mb := func(b uint64) float64 { return float64(b) / (1 << 20) }
 	n := float64(len(written))
@@ -847,6 +848,24 @@ func latencies(ws []write, arrivals map[string]int64) []time.Duration {
 		out = append(out, time.Duration(arrivals[w.rv]-w.started.UnixNano()))
 	}
 	slices.Sort(out)
+	return out
+}
+
+// lateBySecond counts the writes whose arrival came later than late after they started, by the
+// second of the storm they started in: where a tail came from.
+func lateBySecond(ws []write, arrivals map[string]int64, late time.Duration) map[int]int {
+	out := map[int]int{}
+	var first time.Time
+	for _, w := range ws {
+		if first.IsZero() || w.started.Before(first) {
+			first = w.started
+		}
+	}
+	for _, w := range ws {
+		if time.Duration(arrivals[w.rv]-w.started.UnixNano()) > late {
+			out[int(w.started.Sub(first).Seconds())]++
+		}
+	}
 	return out
 }
 
