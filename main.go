@@ -1,8 +1,9 @@
 // Command dynwatch watches any set of Kubernetes resources through dynamic informers and serves
 // their state and changes. See README.md and docs/.
 //
-// main turns flags and signals into app.Options and a context, and app.Run's error into an
-// exit code; everything else is in package app.
+// main runs itself again with the Go runtime's environment dynwatch needs (app.RuntimeEnvironment),
+// turns flags and signals into app.Options and a context, and app.Run's error into an exit
+// code; everything else is in package app.
 package main
 
 import (
@@ -18,6 +19,7 @@ import (
 )
 
 func main() {
+	execWithRuntimeEnvironment()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	reload := make(chan os.Signal, 1)
@@ -27,6 +29,22 @@ func main() {
 		fmt.Fprintf(os.Stderr, "dynwatch: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// execWithRuntimeEnvironment replaces the process (execve: the same PID, arguments and open
+// files) with the same executable under app.RuntimeEnvironment's environment, which the Go
+// runtime reads only as it starts; it returns only when there is nothing to change, or when
+// that failed, which it says, and dynwatch runs on with the runtime's defaults.
+func execWithRuntimeEnvironment() {
+	env, changed := app.RuntimeEnvironment(os.Environ())
+	if !changed {
+		return
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		err = syscall.Exec(exe, os.Args, env)
+	}
+	fmt.Fprintf(os.Stderr, "dynwatch: running with the Go runtime's default system monitor: %v\n", err)
 }
 
 func run(ctx context.Context, args []string, reload <-chan os.Signal) error {
