@@ -15,7 +15,9 @@ const helperEnv = "DYNWATCH_TEST_MAIN_START"
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		execWithRuntimeEnvironment()
-		os.Stdout.WriteString("GODEBUG=" + os.Getenv("GODEBUG") + "\n")
+		if _, err := os.Stdout.WriteString("GODEBUG=" + os.Getenv("GODEBUG") + "\n"); err != nil {
+			os.Exit(2)
+		}
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
