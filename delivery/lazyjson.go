@@ -20,10 +20,15 @@ import (
 // index, a size or a membership test, and decoded whole, once, for anything else (iteration,
 // equality, conversion), then handled by CEL's own map and list.
 //
-// A map or a list is scanned for its first lookup only: its second indexes it whole, once, and
-// every later lookup is a map access that returns the same value each time. A scan per lookup
-// made `object.data[k]`, inside an iteration over the keys, cost a scan of every key for each:
-// a filter CEL's cost limit bounds in operations ran for minutes on a configmap of 40,000 keys.
+// A map answers its first scannedLookups lookups of distinct keys by scanning, as far as the
+// key, and remembers each answer, so that a key looked up again (`object.metadata` in each half
+// of a filter) is not scanned for again; the next distinct key indexes it whole, once, and
+// every later lookup is a map access. A list is scanned for its first lookup and indexed whole
+// at its second. Every lookup of a key returns the same value. A scan per lookup made
+// `object.data[k]`, inside an iteration over the keys, cost a scan of every key for each: a
+// filter CEL's cost limit bounds in operations ran for minutes on a configmap of 40,000 keys.
+// Indexing a map at its second lookup had a filter on a pod of 4 KB read the whole pod to
+// find `metadata` again, a third of the filter's time.
 
 // jsonValue is r as a CEL value.
 func jsonValue(r gjson.Result) ref.Val {
@@ -69,7 +74,7 @@ type lazy struct {
 	raw     gjson.Result
 	typ     *types.Type // types.MapType or types.ListType
 	size    int         // members or elements, once counted; -1 before
-	lookups int         // keys or indexes looked up so far
+	lookups int         // a list's indexes looked up so far
 	full    ref.Val     // decoded whole, once needed
 }
 
@@ -90,7 +95,7 @@ func (z *lazy) Size() ref.Val {
 	return types.Int(z.size)
 }
 
-// lookup counts a lookup and reports whether it is the first: later ones use an index.
+// lookup counts a list's lookup and reports whether it is the first: later ones use an index.
 func (z *lazy) lookup() (first bool) {
 	z.lookups++
 	return z.lookups == 1
@@ -115,10 +120,22 @@ func (z *lazy) convert(self ref.Val, t ref.Type) ref.Val {
 	return z.whole().ConvertToType(t)
 }
 
+// scannedLookups is how many distinct keys a map looks up by scanning before it indexes itself
+// whole: more than a filter names in one map, few enough that an iteration's lookups stay
+// bounded by the map's size.
+const scannedLookups = 8
+
 // jsonMap is a JSON object as a CEL map of strings to values.
 type jsonMap struct {
 	lazy
-	members map[string]ref.Val // every member's value by its key, from the second lookup on
+	scanned []scanned          // the keys looked up by scanning, and what each scan found
+	members map[string]ref.Val // every member's value by its key, once indexed
+}
+
+// scanned is a key a map was scanned for and the value found: nil when the key is not a member.
+type scanned struct {
+	key string
+	val ref.Val
 }
 
 var _ traits.Mapper = (*jsonMap)(nil)
@@ -137,26 +154,38 @@ func (m *jsonMap) Find(key ref.Val) (ref.Val, bool) {
 		}
 		return nil, false // a JSON object's keys are strings
 	}
-	if !m.lookup() {
-		if m.members == nil {
-			m.members = make(map[string]ref.Val)
+	if m.members == nil {
+		for _, s := range m.scanned {
+			if s.key == string(k) {
+				return s.val, s.val != nil
+			}
+		}
+		if len(m.scanned) < scannedLookups {
+			var found ref.Val
 			m.raw.ForEach(func(name, value gjson.Result) bool {
-				m.members[name.Str] = jsonValue(value)
+				if name.Str == string(k) {
+					found = jsonValue(value)
+					return false
+				}
 				return true
 			})
+			m.scanned = append(m.scanned, scanned{key: string(k), val: found})
+			return found, found != nil
 		}
-		v, found := m.members[string(k)]
-		return v, found
+		m.members = make(map[string]ref.Val)
+		m.raw.ForEach(func(name, value gjson.Result) bool {
+			m.members[name.Str] = jsonValue(value)
+			return true
+		})
+		for _, s := range m.scanned {
+			if s.val != nil {
+				m.members[s.key] = s.val // the value the key was found with: the same each time
+			}
+		}
+		m.scanned = nil
 	}
-	var found ref.Val
-	m.raw.ForEach(func(name, value gjson.Result) bool {
-		if name.Str == string(k) {
-			found = jsonValue(value)
-			return false
-		}
-		return true
-	})
-	return found, found != nil
+	v, found := m.members[string(k)]
+	return v, found
 }
 
 // Get implements traits.Indexer.

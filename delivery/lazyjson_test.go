@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/types"
+	"github.com/tidwall/gjson"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -129,5 +131,47 @@ func TestAFilterDecidesOnTheJSONAsOnTheDecodedObject(t *testing.T) {
 		if decided[outcome] == 0 {
 			t.Errorf("no filter decided %q (decided: %v)", outcome, decided)
 		}
+	}
+}
+
+// TestAMapAnswersAKeyLookedUpAgainWithoutReadingItWhole: a key looked up again is answered
+// with the value found the first time, without the map reading all of its members (what made
+// a filter on a 4 KB pod read the whole pod to find metadata a second time); the first
+// scannedLookups distinct keys, found or not, are each scanned for, and the next indexes the map
+// whole, keeping the values already given.
+func TestAMapAnswersAKeyLookedUpAgainWithoutReadingItWhole(t *testing.T) {
+	obj := object.New(benchPod())
+	m := newJSONMap(gjson.ParseBytes(obj.JSON()))
+	metadata, found := m.Find(types.String("metadata"))
+	if !found {
+		t.Fatal("metadata not found")
+	}
+	again, found := m.Find(types.String("metadata"))
+	if !found || again != metadata {
+		t.Fatalf("metadata looked up again: %v (found %t), not the value found first", again, found)
+	}
+	if m.members != nil {
+		t.Fatalf("the map read all of its %d members for a key looked up again", len(m.members))
+	}
+	for i := range scannedLookups - 1 {
+		if v, found := m.Find(types.String(fmt.Sprintf("missing-%d", i))); found || v != nil {
+			t.Fatalf("a missing key found: %v", v)
+		}
+	}
+	if m.members != nil {
+		t.Fatalf("indexed after %d distinct keys; want after %d", scannedLookups, scannedLookups+1)
+	}
+	if _, found := m.Find(types.String("missing-0")); found {
+		t.Fatal("a missing key found when looked up again")
+	}
+	spec, found := m.Find(types.String("spec"))
+	if !found || m.members == nil {
+		t.Fatalf("the key after %d distinct ones: found %t, indexed %t; want both", scannedLookups, found, m.members != nil)
+	}
+	if v, _ := m.Find(types.String("metadata")); v != metadata {
+		t.Error("metadata once indexed is not the value found first")
+	}
+	if v, _ := m.Find(types.String("spec")); v != spec {
+		t.Error("spec looked up again in the index is another value")
 	}
 }
