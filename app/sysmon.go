@@ -16,8 +16,8 @@ import (
 // configmaps, 300 updates a second and two webhooks, runtime.sysmon was 17% of dynwatch's CPU
 // (its sleeps' context switches), which Go's own profiler does not see; never letting it sleep
 // until woken, so that it keeps its backed-off pace, took CPU per update from 1.02–1.07x a
-// bare informer's to 0.81x (docs/benchmarks-history.md, "The runtime's system monitor at its
-// idle pace").
+// bare informer's to 0.80–0.86x (docs/benchmarks-history.md, "The runtime's system monitor at
+// its idle pace").
 //
 // The runtime has no setting for the monitor's pace; the one way to keep it from the sleep
 // that resets it is GODEBUG's schedtrace, whose scheduler summary it then writes every

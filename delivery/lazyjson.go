@@ -28,7 +28,8 @@ import (
 // `object.data[k]`, inside an iteration over the keys, cost a scan of every key for each: a
 // filter CEL's cost limit bounds in operations ran for minutes on a configmap of 40,000 keys.
 // Indexing a map at its second lookup had a filter on a pod of 4 KB read the whole pod to
-// find `metadata` again, a third of the filter's time.
+// find `metadata` again: over a third of the filter's time (docs/benchmarks-history.md, "A key
+// looked up again, answered from its first scan").
 
 // jsonValue is r as a CEL value.
 func jsonValue(r gjson.Result) ref.Val {
