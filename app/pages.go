@@ -24,11 +24,11 @@ import (
 // 56 MB after sync, and 20 to 23 MB once released (docs/benchmarks.md). Once the parts are
 // built, before any informer starts, again once every resource has synced, and once each burst
 // of events is over (releaseBurstMemory), releaseStartPages unmaps the executable's read-only
-// pages (MADV_DONTNEED): they are clean
-// copies of the file, which the kernel maps again, from its page cache, when they are next
-// touched, so what running uses comes back and the rest does not. Writable mappings (the
-// executable's initialised data, which running has changed) are never touched. The pages
-// stay in the page cache, where the kernel reclaims unmapped ones first.
+// pages (MADV_DONTNEED): they are clean copies of the file, which the kernel maps again, from
+// its page cache, when they are next touched, so what running uses comes back and the rest
+// does not. Writable mappings (the executable's initialised data, which running has changed)
+// are never touched. The pages stay in the page cache, where the kernel reclaims unmapped ones
+// first.
 
 // releaseStartPagesEvery is how often releaseStartPagesOnceReady asks whether every resource
 // has synced.

@@ -339,7 +339,7 @@ func run(ctx context.Context, o options) error {
 	}
 	b0Lat, dwLat := latencies(written, b0Arrivals), latencies(written, recv.arrivals())
 	logf("storm: %d updates; CPU B0 %.2fs, dynwatch %.2fs; %.0f state store commits", len(written), b0CPU, dwCPU, commits)
-	logf("storm: dynwatch's receipts later than B0's p99 (%.1f ms), per second of the storm: %v", pct(b0Lat, 99), lateBySecond(written, recv.arrivals(), b0Lat[min(len(b0Lat)-1, len(b0Lat)*99/100)]))
+	logf("storm: dynwatch's receipts later than B0's p99 (%.1f ms), per second of the storm: %v", pct(b0Lat, 99), lateBySecond(written, recv.arrivals(), percentile(b0Lat, 99)))
 
 	mb := func(b uint64) float64 { return float64(b) / (1 << 20) }
 	n := float64(len(written))
@@ -871,10 +871,15 @@ func lateBySecond(ws []write, arrivals map[string]int64, late time.Duration) map
 
 // pct is the p-th percentile of sorted durations, in milliseconds.
 func pct(d []time.Duration, p int) float64 {
+	return float64(percentile(d, p).Microseconds()) / 1000
+}
+
+// percentile is the p-th percentile of sorted durations; 0 of none.
+func percentile(d []time.Duration, p int) time.Duration {
 	if len(d) == 0 {
 		return 0
 	}
-	return float64(d[min(len(d)-1, len(d)*p/100)].Microseconds()) / 1000
+	return d[min(len(d)-1, len(d)*p/100)]
 }
 
 // startProfile starts writing a CPU profile of the process over the next seconds to path, and
