@@ -83,6 +83,31 @@ func TestLoadAppliesDefaults(t *testing.T) {
 	}
 }
 
+func TestASinksQueueDefaultsToAWindowOverTheOutboxWithAStateStore(t *testing.T) {
+	for _, tc := range []struct {
+		name, extra string
+		want        int
+	}{
+		{"no state store: the queue holds what waits", "", DefaultQueueSize},
+		{"a state store: the rest waits in the outbox", "state: {path: /var/lib/dynwatch}\n", DefaultQueueSizeWithState},
+		{"a queueSize set wins", "state: {path: /var/lib/dynwatch}\nwebhooks: [{name: set, url: 'http://127.0.0.1:1/', queueSize: 20000}]\n", 20000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sinks := tc.extra
+			if !strings.Contains(sinks, "webhooks:") {
+				sinks += "webhooks: [{name: hook, url: 'http://127.0.0.1:1/'}]\n"
+			}
+			c, err := Load(writeConfig(t, "resources: [{version: v1, resource: configmaps}]\n"+sinks))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.Webhooks[0].QueueSize; got != tc.want {
+				t.Errorf("queueSize = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestEnvironmentOverridesTheFile(t *testing.T) {
 	t.Setenv("DYNWATCH_API_ADDRESS", "127.0.0.1:1234")
 	t.Setenv("DYNWATCH_LOG_LEVEL", "debug")

@@ -55,6 +55,9 @@ func setDefaults(v *viper.Viper) {
 
 func (c *Config) setListDefaults() {
 	for _, s := range c.Sinks() {
+		if sh := s.Shared(); sh.QueueSize == 0 && c.State.Path != "" {
+			sh.QueueSize = DefaultQueueSizeWithState
+		}
 		s.setDefaults()
 	}
 	yes := true

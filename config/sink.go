@@ -120,9 +120,17 @@ const (
 	DefaultWebhookTimeout = 10 * time.Second
 	DefaultWebhookWorkers = 4
 	DefaultQueueSize      = 10000
-	DefaultInitialBackoff = 500 * time.Millisecond
-	DefaultMaxBackoff     = 30 * time.Second
-	DefaultMaxElapsed     = 10 * time.Minute
+	// DefaultQueueSizeWithState is the queue's default with a state store (state.path), where
+	// the queue is a window over the sink's outbox on disk: what does not fit waits there and
+	// is read back, in order, as the queue drains. Through an initial list each queued event
+	// holds about 400 bytes (its entry, its key's place in the queue); a window of 1,000
+	// keeps four workers fed and leaves the rest of a list on disk: at 10,000 configmaps with
+	// two webhooks, 18,000 events fewer in memory (docs/benchmarks-history.md, "The initial
+	// deliveries' queue as a window").
+	DefaultQueueSizeWithState = 1000
+	DefaultInitialBackoff     = 500 * time.Millisecond
+	DefaultMaxBackoff         = 30 * time.Second
+	DefaultMaxElapsed         = 10 * time.Minute
 )
 
 // FilterErrors is a sink's policy for events its filter cannot decide on.
