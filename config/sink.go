@@ -285,7 +285,7 @@ func compileFilter(path, expr string, env *cel.Env, p *problems) cel.Program {
 		p.add(path, "must evaluate to a bool, not %s", ast.OutputType())
 		return nil
 	}
-	prg, err := env.Program(ast, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(1_000_000))
+	prg, err := env.Program(ast, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(1_000_000), cel.CostTracking(equalityCosts{}))
 	if err != nil {
 		p.add(path, "%v", err)
 		return nil

@@ -9,6 +9,8 @@ import (
 	"cel.dev/cel-go/common/types/traits"
 	"github.com/tidwall/gjson"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
+
+	"github.com/dynwatch/dynwatch/config"
 )
 
 // A filter reads an object as CEL values made from the JSON the cache keeps, as far as the
@@ -96,6 +98,31 @@ func (z *lazy) Size() ref.Val {
 	return types.Int(z.size)
 }
 
+// IsEmpty implements config.Emptier: whether the object or array has no members, read from its
+// first bytes, so that CEL's cost tracking does not count them where the count cannot change
+// its charge (`oldObject == null`).
+func (z *lazy) IsEmpty() bool {
+	if z.size >= 0 {
+		return z.size == 0
+	}
+	opened := false
+	for _, c := range []byte(z.raw.Raw) {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		case '{', '[':
+			if opened {
+				return false
+			}
+			opened = true
+		case '}', ']':
+			return true
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // lookup counts a list's lookup and reports whether it is the first: later ones use an index.
 func (z *lazy) lookup() (first bool) {
 	z.lookups++
@@ -139,7 +166,11 @@ type scanned struct {
 	val ref.Val
 }
 
-var _ traits.Mapper = (*jsonMap)(nil)
+var (
+	_ traits.Mapper  = (*jsonMap)(nil)
+	_ config.Emptier = (*jsonMap)(nil)
+	_ config.Emptier = (*jsonList)(nil)
+)
 
 // newJSONMap is the JSON object r.
 func newJSONMap(r gjson.Result) *jsonMap {
