@@ -31,10 +31,6 @@ func (equalityCosts) CallCost(_, overload string, args []ref.Val, result ref.Val
 	if overload != overloads.Equals && overload != overloads.NotEquals || len(args) != 2 {
 		return nil
 	}
-	track, ok := standardTrackers[overload]
-	if !ok {
-		return nil
-	}
 	lazy := -1
 	for i, a := range args {
 		if _, ok := a.(Emptier); ok {
@@ -49,6 +45,10 @@ func (equalityCosts) CallCost(_, overload string, args []ref.Val, result ref.Val
 	}
 	other := args[1-lazy]
 	if _, opt := other.(*types.Optional); opt || types.IsUnknownOrError(other) || cost.ActualSize(other) > 1 {
+		return nil
+	}
+	track, ok := standardTrackers[overload]
+	if !ok {
 		return nil
 	}
 	stand := types.String("x")

@@ -74,11 +74,10 @@ func decoded(raw gjson.Result) ref.Val {
 // lazy is what a JSON object and a JSON array share: the bytes, their count once made, and
 // the value decoded whole once needed.
 type lazy struct {
-	raw     gjson.Result
-	typ     *types.Type // types.MapType or types.ListType
-	size    int         // members or elements, once counted; -1 before
-	lookups int         // a list's indexes looked up so far
-	full    ref.Val     // decoded whole, once needed
+	raw  gjson.Result
+	typ  *types.Type // types.MapType or types.ListType
+	size int         // members or elements, once counted; -1 before
+	full ref.Val     // decoded whole, once needed
 }
 
 func (z *lazy) whole() ref.Val {
@@ -121,12 +120,6 @@ func (z *lazy) IsEmpty() bool {
 		}
 	}
 	return true
-}
-
-// lookup counts a list's lookup and reports whether it is the first: later ones use an index.
-func (z *lazy) lookup() (first bool) {
-	z.lookups++
-	return z.lookups == 1
 }
 
 func (z *lazy) ConvertToNative(t reflect.Type) (any, error) { return z.whole().ConvertToNative(t) }
@@ -186,38 +179,46 @@ func (m *jsonMap) Find(key ref.Val) (ref.Val, bool) {
 		}
 		return nil, false // a JSON object's keys are strings
 	}
-	if m.members == nil {
-		for _, s := range m.scanned {
-			if s.key == string(k) {
-				return s.val, s.val != nil
-			}
-		}
-		if len(m.scanned) < scannedLookups {
-			var found ref.Val
-			m.raw.ForEach(func(name, value gjson.Result) bool {
-				if name.Str == string(k) {
-					found = jsonValue(value)
-					return false
-				}
-				return true
-			})
-			m.scanned = append(m.scanned, scanned{key: string(k), val: found})
-			return found, found != nil
-		}
-		m.members = make(map[string]ref.Val)
-		m.raw.ForEach(func(name, value gjson.Result) bool {
-			m.members[name.Str] = jsonValue(value)
-			return true
-		})
-		for _, s := range m.scanned {
-			if s.val != nil {
-				m.members[s.key] = s.val // the value the key was found with: the same each time
-			}
-		}
-		m.scanned = nil
+	if m.members != nil {
+		v, found := m.members[string(k)]
+		return v, found
 	}
-	v, found := m.members[string(k)]
-	return v, found
+	for _, s := range m.scanned {
+		if s.key == string(k) {
+			return s.val, s.val != nil
+		}
+	}
+	if len(m.scanned) == scannedLookups {
+		m.index()
+		v, found := m.members[string(k)]
+		return v, found
+	}
+	var found ref.Val
+	m.raw.ForEach(func(name, value gjson.Result) bool {
+		if name.Str == string(k) {
+			found = jsonValue(value)
+			return false
+		}
+		return true
+	})
+	m.scanned = append(m.scanned, scanned{key: string(k), val: found})
+	return found, found != nil
+}
+
+// index reads every member into members, keeping the values the scans found: a key gives the
+// same value each time.
+func (m *jsonMap) index() {
+	m.members = make(map[string]ref.Val)
+	m.raw.ForEach(func(name, value gjson.Result) bool {
+		m.members[name.Str] = jsonValue(value)
+		return true
+	})
+	for _, s := range m.scanned {
+		if s.val != nil {
+			m.members[s.key] = s.val
+		}
+	}
+	m.scanned = nil
 }
 
 // Get implements traits.Indexer.
@@ -245,7 +246,14 @@ func (m *jsonMap) ConvertToType(t ref.Type) ref.Val { return m.convert(m, t) }
 // jsonList is a JSON array as a CEL list.
 type jsonList struct {
 	lazy
+	lookups  int       // indexes looked up so far
 	elements []ref.Val // every element's value, from the second lookup on
+}
+
+// lookup counts a lookup and reports whether it is the first: later ones use an index.
+func (l *jsonList) lookup() (first bool) {
+	l.lookups++
+	return l.lookups == 1
 }
 
 var _ traits.Lister = (*jsonList)(nil)
