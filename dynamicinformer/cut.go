@@ -40,7 +40,7 @@ func typeMembers(apiVersion, kind string) string {
 // slice, exactly sized. What it keeps is as it was, byte for byte; an object that lost its
 // last annotation loses its annotations. It reads doc without decoding any of it but the keys,
 // and its managedFields, which it returns summarised (object.ManagersOf; nil for none).
-func (c cuts) apply(doc []byte, typed string) (cut, managers []byte) {
+func (c cuts) apply(doc []byte, typed string) (cut []byte, managers object.Managers) {
 	var segBuf, keptBuf [32]segment
 	segs := segments(segBuf[:0])
 	var topBuf, metaBuf [16]jsonMember

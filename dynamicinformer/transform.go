@@ -102,7 +102,7 @@ func ingest(r *config.Resource, ix []object.Indexer, gvk schema.GroupVersionKind
 
 // managersOf summarises u's managedFields (see object.ManagersOf), encoded again from the maps
 // they were decoded into; nil for none.
-func managersOf(u *unstructured.Unstructured) []byte {
+func managersOf(u *unstructured.Unstructured) object.Managers {
 	fields, ok, _ := unstructured.NestedFieldNoCopy(u.Object, "metadata", "managedFields")
 	if !ok {
 		return nil

@@ -49,7 +49,7 @@ type wire struct {
 	raw []byte
 	cut bool
 	// managers summarises the managedFields cut from raw (see object.ManagersOf).
-	managers []byte
+	managers object.Managers
 }
 
 // DeepCopyObject copies w; client-go's informers do not call it on what they queue.

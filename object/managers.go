@@ -1,9 +1,11 @@
 package object
 
 import (
-	"encoding/binary"
 	"slices"
 	"strings"
+	"time"
+	"unique"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -16,30 +18,54 @@ import (
 // change's managers are the entries that changed from the old object's summary to the new one's
 // (ChangedManagers).
 
+// Managers is an object's summary of its managedFields (see ManagersOf): an entry per field
+// manager, operation and subresource, in managedFields' order.
+type Managers []manager
+
+// manager is one entry of a summary: hashes of its key (manager, operation, subresource), of
+// its stamp (apiVersion, time, fieldsType) and of its fields, its time, and its description
+// but for the time. The description is the same for every object one manager changed the
+// same fields of, and is kept once for all of them.
+type manager struct {
+	key           uint64
+	stamp, fields uint32
+	// unix is the entry's time, in seconds since the epoch, when desc.time is "".
+	unix int64
+	desc unique.Handle[description]
+}
+
+// description is an entry's JSON description, {"manager","operation","subresource" (only
+// when set),"time","fields"}, in parts: fields are the top-level fields the entry owns (for
+// metadata, the fields under it: metadata.labels).
+type description struct {
+	head string // {"manager":…,"operation":…[,"subresource":…]
+	// time is the JSON string of the entry's time, or "" when it is a second in RFC 3339, UTC,
+	// as the apiserver writes every time (see manager.unix).
+	time string
+	tail string // ,"fields":[…]}
+}
+
 // ManagersOf summarises managedFields, the JSON array of an object's metadata.managedFields as
-// the apiserver sent it; nil when it holds no entry (or is not an array of objects). For each
-// entry it keeps, in one allocation of its exact size: a hash of its key (manager, operation, subresource), of its
-// stamp (apiVersion, time, fieldsType) and of its fields, and its description, the JSON
-// {"manager","operation","subresource" (only when set),"time","fields"}, where fields are the
-// top-level fields the entry owns (for metadata, the fields under it: metadata.labels).
-func ManagersOf(managedFields []byte) []byte {
+// the apiserver sent it; nil when it holds no entry (or is not an array of objects).
+func ManagersOf(managedFields []byte) Managers {
 	arr := gjson.Parse(docOf(managedFields))
 	if !arr.IsArray() {
 		return nil
 	}
-	var stack [1024]byte // room for most objects' summaries, which are then copied exactly sized
-	out := stack[:0]
+	var entries [4]manager // room for most objects' entries, which are then copied exactly sized
+	out := entries[:0]
 	var names [16]string
+	var head, tail, when [256]byte
 	arr.ForEach(func(_, e gjson.Result) bool {
 		if !e.IsObject() {
 			return true
 		}
-		var manager, operation, subresource, apiVersion, time, fieldsType string
+		var name, operation, subresource, apiVersion, at, fieldsType string
 		var fieldsV1 gjson.Result
 		e.ForEach(func(k, v gjson.Result) bool {
 			switch k.Str {
 			case "manager":
-				manager = v.Str
+				name = v.Str
 			case "operation":
 				operation = v.Str
 			case "subresource":
@@ -47,7 +73,7 @@ func ManagersOf(managedFields []byte) []byte {
 			case "apiVersion":
 				apiVersion = v.Str
 			case "time":
-				time = v.Str
+				at = v.Str
 			case "fieldsType":
 				fieldsType = v.Str
 			case "fieldsV1":
@@ -55,41 +81,81 @@ func ManagersOf(managedFields []byte) []byte {
 			}
 			return true
 		})
-		out = binary.BigEndian.AppendUint64(out, hash64(manager, operation, subresource))
-		out = binary.BigEndian.AppendUint32(out, uint32(hash64(apiVersion, time, fieldsType)))
-		out = binary.BigEndian.AppendUint32(out, uint32(hash64(fieldsV1.Raw)))
-		at := len(out)
-		out = append(out, 0, 0) // the description's length, two bytes
-		out = append(out, `{"manager":`...)
-		out = AppendString(out, manager)
-		out = append(out, `,"operation":`...)
-		out = AppendString(out, operation)
+		// The description's parts are read from buffers on the stack: unique.Make copies the
+		// strings of a value it keeps (a value not seen before) and keeps nothing of one it has,
+		// so the parts of a description many objects share are not allocated for each.
+		var d description
+		b := append(head[:0], `{"manager":`...)
+		b = AppendString(b, name)
+		b = append(b, `,"operation":`...)
+		b = AppendString(b, operation)
 		if subresource != "" {
-			out = append(out, `,"subresource":`...)
-			out = AppendString(out, subresource)
+			b = append(b, `,"subresource":`...)
+			b = AppendString(b, subresource)
 		}
-		out = append(out, `,"time":`...)
-		out = AppendString(out, time)
-		out = append(out, `,"fields":[`...)
+		d.head = unsafe.String(unsafe.SliceData(b), len(b))
+		b = append(tail[:0], `,"fields":[`...)
 		for i, n := range ownedFields(fieldsV1, names[:0]) {
 			if i > 0 {
-				out = append(out, ',')
+				b = append(b, ',')
 			}
-			out = AppendString(out, n)
+			b = AppendString(b, n)
 		}
-		out = append(out, "]}"...)
-		n := len(out) - at - 2
-		if n > 0xffff {
-			out = out[:at-16] // a description past 64 KiB: the entry is left out
-			return true
+		b = append(b, "]}"...)
+		d.tail = unsafe.String(unsafe.SliceData(b), len(b))
+		unix, ok := secondOf(at)
+		if !ok {
+			b = AppendString(when[:0], at)
+			d.time = unsafe.String(unsafe.SliceData(b), len(b))
 		}
-		binary.BigEndian.PutUint16(out[at:], uint16(n))
+		out = append(out, manager{
+			key:   hash64(name, operation, subresource),
+			stamp: uint32(hash64(apiVersion, at, fieldsType)), fields: uint32(hash64(fieldsV1.Raw)),
+			unix: unix, desc: unique.Make(d),
+		})
 		return true
 	})
 	if len(out) == 0 {
 		return nil
 	}
-	return append(make([]byte, 0, len(out)), out...)
+	return append(make(Managers, 0, len(out)), out...)
+}
+
+// secondOf reads t as a second in RFC 3339, UTC ("2026-11-28T10:00:00Z"), as the apiserver
+// writes managedFields' times: false for any other form, which is kept as it is.
+func secondOf(t string) (int64, bool) {
+	const second = "2006-01-02T15:04:05Z"
+	if len(t) != len(second) || t[len(t)-1] != 'Z' {
+		return 0, false // not parsed: a failed parse allocates its error
+	}
+	at, err := time.Parse(time.RFC3339, t)
+	if err != nil || at.Nanosecond() != 0 {
+		return 0, false
+	}
+	var b [len(second)]byte
+	if string(at.UTC().AppendFormat(b[:0], time.RFC3339)) != t {
+		return 0, false
+	}
+	return at.Unix(), true
+}
+
+// appendTime appends the JSON string of m's time.
+func (m manager) appendTime(out []byte) []byte {
+	if d := m.desc.Value(); d.time != "" {
+		return append(out, d.time...)
+	}
+	out = append(out, '"')
+	out = time.Unix(m.unix, 0).UTC().AppendFormat(out, time.RFC3339)
+	return append(out, '"')
+}
+
+// appendDescription appends m's description.
+func (m manager) appendDescription(out []byte) []byte {
+	d := m.desc.Value()
+	out = append(out, d.head...)
+	out = append(out, `,"time":`...)
+	out = m.appendTime(out)
+	return append(out, d.tail...)
 }
 
 // ownedFields appends to names the top-level fields fieldsV1 owns, and for metadata the fields
@@ -133,36 +199,6 @@ func hash64(parts ...string) uint64 {
 	return h
 }
 
-// manager is one entry of a summary (see ManagersOf).
-type manager struct {
-	key           uint64
-	stamp, fields uint32
-	desc          []byte
-}
-
-// managers reads a summary; each desc aliases it.
-func managers(sum []byte) []manager {
-	var out []manager
-	for len(sum) >= 16 {
-		m := manager{key: binary.BigEndian.Uint64(sum), stamp: binary.BigEndian.Uint32(sum[8:]), fields: binary.BigEndian.Uint32(sum[12:])}
-		if len(sum) < 18 {
-			return out
-		}
-		n := int(binary.BigEndian.Uint16(sum[16:]))
-		if len(sum)-18 < n {
-			return out
-		}
-		m.desc = sum[18 : 18+n]
-		sum = sum[18+n:]
-		out = append(out, m)
-	}
-	return out
-}
-
-// Managers is the object's summary of its managedFields (see ManagersOf); nil when it came in
-// without managedFields or from where they are not kept (a state store, see ChangedManagers).
-func (o *Object) Managers() []byte { return o.managers }
-
 // ChangedManagers is the JSON array of the descriptions (see ManagersOf) of cur's managedFields
 // entries that changed at cur's version, since old (nil for an object new to the cache): an
 // entry new since old, or whose stamp changed (its apiVersion, or its time: the apiserver moves
@@ -177,7 +213,7 @@ func ChangedManagers(old, cur *Object) []byte {
 	if cur == nil || cur.managers == nil {
 		return nil
 	}
-	now := managers(cur.managers)
+	now := cur.managers
 	var changed []manager
 	switch {
 	case old == nil:
@@ -186,7 +222,7 @@ func ChangedManagers(old, cur *Object) []byte {
 		changed = latest(now)
 	default:
 		before := map[uint64]manager{}
-		for _, m := range managers(old.managers) {
+		for _, m := range old.managers {
 			before[m.key] = m
 		}
 		for _, m := range now {
@@ -207,7 +243,7 @@ func ChangedManagers(old, cur *Object) []byte {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		out = append(out, m.desc...)
+		out = m.appendDescription(out)
 	}
 	return append(out, ']')
 }
@@ -218,7 +254,7 @@ func latest(ms []manager) []manager {
 	var out []manager
 	newest := ""
 	for _, m := range ms {
-		switch t := gjson.GetBytes(m.desc, "time").Str; {
+		switch t := gjson.ParseBytes(m.appendTime(nil)).Str; {
 		case t > newest:
 			newest, out = t, append(out[:0], m)
 		case t == newest:

@@ -2,8 +2,10 @@ package object
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // entry is one managedFields entry as the apiserver writes it.
@@ -52,6 +54,8 @@ func TestTheManagersOfAChangeAreTheEntriesThatChangedAtIt(t *testing.T) {
 		{"an old object with no summary (resumed from the state store): the latest entries", OfJSON([]byte(`{}`), nil, nil), withManagers(applyA, label),
 			`[{"manager":"kubectl-label","operation":"Update","time":"` + t1 + `","fields":["metadata.labels"]}]`},
 		{"no managedFields: not known", withManagers(applyA), OfJSON([]byte(`{}`), nil, nil), ``},
+		{"times not in the apiserver's form: as they were", nil, withManagers(entry("tool-c", "Update", "2026-11-28T11:00:00+01:00", `{}`), entry("tool-d", "Update", "2026-11-28T10:00:00.5Z", `{}`), entry("tool-e", "Update", "", `{}`)),
+			`[{"manager":"tool-c","operation":"Update","time":"2026-11-28T11:00:00+01:00","fields":[]},{"manager":"tool-d","operation":"Update","time":"2026-11-28T10:00:00.5Z","fields":[]},{"manager":"tool-e","operation":"Update","time":"","fields":[]}]`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := string(ChangedManagers(c.old, c.cur)); got != c.want {
@@ -80,7 +84,28 @@ func changedString(old, cur *Object) string { return string(ChangedManagers(old,
 func TestASummaryIsNotMadeOfWhatIsNotAnArrayOfEntries(t *testing.T) {
 	for _, in := range []string{``, `null`, `{}`, `[]`, `[1,"x"]`} {
 		if got := ManagersOf([]byte(in)); got != nil {
-			t.Errorf("ManagersOf(%s) = %q, want nil", in, got)
+			t.Errorf("ManagersOf(%s) = %v, want nil", in, got)
 		}
 	}
+}
+
+func TestASummaryKeepsOnceWhatItsObjectsShare(t *testing.T) {
+	// 10,000 objects applied by the same two managers, owning the same fields, each at a second
+	// of its own: what tells the entries apart is their times.
+	const n = 10000
+	sums := make([]any, n)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range sums {
+		at := time.Unix(1_800_000_000+int64(i), 0).UTC().Format(time.RFC3339)
+		sums[i] = ManagersOf([]byte("[" + entry("tool-a", "Apply", at, `{"f:data":{"f:k":{}},"f:metadata":{"f:labels":{"f:app":{}}}}`) + "," + entry("tool-b", "Update", at, `{"f:data":{"f:k":{}}}`) + "]"))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	// Two entries' hashes and times, and a reference each to the description they share.
+	if per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n; per > 128 {
+		t.Errorf("a summary of two entries holds %d bytes of heap, want at most 128", per)
+	}
+	runtime.KeepAlive(sums)
 }

@@ -31,7 +31,7 @@ import (
 type Object struct {
 	json     []byte
 	hdr      header
-	managers []byte
+	managers Managers
 }
 
 // New keeps u, as it is now, as an Object; u is not kept, and may be modified after.
@@ -52,7 +52,7 @@ type Indexer struct {
 // NewIndexed keeps u with the values of the indexers ix (see Object.IndexValue) and the summary
 // of its managedFields managers (see ManagersOf; nil for none). scratch, when not nil, holds
 // buffers to encode into, reused from one object to the next.
-func NewIndexed(u *unstructured.Unstructured, ix []Indexer, managers []byte, scratch *sync.Pool) *Object {
+func NewIndexed(u *unstructured.Unstructured, ix []Indexer, managers Managers, scratch *sync.Pool) *Object {
 	var o *Object
 	if scratch == nil {
 		o = &Object{json: appendJSON(nil, u.Object), managers: managers}
@@ -112,14 +112,14 @@ func FromJSON(b []byte) (*Object, error) {
 // none of which may need the object decoded (each has FromJSON), and the summary of its
 // managedFields managers (see ManagersOf; nil for none); b and managers are kept, and must not
 // be modified after. Its header's strings are read from b in place.
-func OfJSON(b []byte, ix []Indexer, managers []byte) *Object {
+func OfJSON(b []byte, ix []Indexer, managers Managers) *Object {
 	o := &Object{}
 	o.ofJSON(b, ix, managers, nil)
 	return o
 }
 
 // ofJSON makes o the Object of b (see OfJSON), its header from s when not nil.
-func (o *Object) ofJSON(b []byte, ix []Indexer, managers []byte, s *Slab) {
+func (o *Object) ofJSON(b []byte, ix []Indexer, managers Managers, s *Slab) {
 	var h headerFields
 	var meta gjson.Result
 	// An object's few labels are gathered on the stack: the header keeps them as spans of b.
