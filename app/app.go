@@ -47,7 +47,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log := newLogger(o.Log, cfg.Log)
 	klog.SetSlogLogger(log)
-	gc := newCollector(log)
+	setGCPercent(log)
 	setMemoryLimit(ctx, log)
 	gin.SetMode(gin.ReleaseMode)
 	s, err := build(ctx, log, cfg, o)
@@ -56,7 +56,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	releaseStartPagesLogged(log, "built")
 	log.Info("starting", "cluster", s.cluster.ID, "resources", len(cfg.Resources), "webhooks", len(cfg.Webhooks), "jetstream", len(cfg.JetStream), "kafka", len(cfg.Kafka), "apiserver", s.host)
-	err = s.run(ctx, gc)
+	err = s.run(ctx)
 	log.Info("stopped", "err", err)
 	return err
 }
@@ -83,9 +83,8 @@ type service struct {
 }
 
 // run runs the parts under one errgroup until ctx ends or one fails. The pipeline and the
-// history stop only once the informers have: no event may reach a journal that is closing. gc
-// is told when bursts of events begin and end.
-func (s *service) run(ctx context.Context, gc collector) error {
+// history stop only once the informers have: no event may reach a journal that is closing.
+func (s *service) run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	deliver, stopDelivery := context.WithCancel(context.WithoutCancel(ctx))
 	g.Go(func() error { defer stopDelivery(); return s.informers.Run(ctx) })
@@ -105,7 +104,7 @@ func (s *service) run(ctx context.Context, gc collector) error {
 	})
 	g.Go(func() error {
 		ready := func() bool { ok, _ := s.ready.Ready(); return ok }
-		returnMemoryAfterBursts(ctx, s.log, ready, s.pipeline.journal.Backlog, gc, releaseBurstMemory)
+		returnMemoryAfterBursts(ctx, s.log, ready, s.pipeline.journal.Backlog, releaseBurstMemory)
 		return nil
 	})
 	g.Go(func() error {

@@ -14,6 +14,6 @@
 //
 // Concurrency: Run may be called once per process at a time: it sets process-wide state that
 // client-go and klog read (client feature gates, klog's logger, gin's mode) and the Go
-// runtime's memory limit (90% of the cgroup's, unless GOMEMLIMIT is set) and GOGC (10 through
-// a burst of events, the initial lists first, and 25 otherwise, unless GOGC is set).
+// runtime's memory limit (90% of the cgroup's, unless GOMEMLIMIT is set) and GOGC (25, unless
+// GOGC is set).
 package app

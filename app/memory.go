@@ -36,39 +36,13 @@ const memoryLimitRefresh = time.Minute
 // "Less made per request and per commit").
 const gcPercent = 25
 
-// burstGCPercent is dynwatch's GOGC while a burst lasts (see returnMemoryAfterBursts), the
-// initial lists first. A burst's heap grows with what it holds (the lists' objects, the
-// journal's record of them, the deliveries waiting for their sinks), and the peak a pod's limit
-// must hold is that and the collector's room above it: a quarter of it at gcPercent. The
-// collections a burst makes at 10 cost little, for the cache they mark is bytes the collector
-// does not scan, and the start's are not on any update's path.
-const burstGCPercent = 10
-
-// collector sets the runtime's GOGC: burstGCPercent while a burst lasts, gcPercent otherwise.
-// A GOGC in the environment wins: owned is false, and the collector leaves it alone.
-type collector struct{ owned bool }
-
-// newCollector is dynwatch's collector, and sets GOGC for the start's burst, unless GOGC is in
-// the environment.
-func newCollector(log *slog.Logger) collector {
+// setGCPercent sets the runtime's GOGC to gcPercent, unless GOGC is in the environment.
+func setGCPercent(log *slog.Logger) {
 	if v, ok := os.LookupEnv("GOGC"); ok {
 		log.Info("GOGC is set in the environment: dynwatch leaves it alone", "gogc", v)
-		return collector{}
+		return
 	}
-	c := collector{owned: true}
-	c.burst(true)
-	return c
-}
-
-// burst sets GOGC for a burst that begins (on) or is over.
-func (c collector) burst(on bool) {
-	switch {
-	case !c.owned:
-	case on:
-		debug.SetGCPercent(burstGCPercent)
-	default:
-		debug.SetGCPercent(gcPercent)
-	}
+	debug.SetGCPercent(gcPercent)
 }
 
 // setMemoryLimit sets the Go runtime's soft memory limit to memoryLimitRatio of the memory
@@ -108,10 +82,9 @@ const returnMemoryEvery = 250 * time.Millisecond
 // resource's first sync (the initial lists are the first burst), and after each time the
 // backlog reached burstBacklog, once ready says synced and the backlog is empty, it calls
 // release (releaseBurstMemory), and logs what the heap returned and the process's file-backed
-// resident memory before and after. It tells gc when a burst begins (the start's is begun by
-// newCollector) and when it is over. It runs until ctx ends. A backlog that never drains (a sink
+// resident memory before and after. It runs until ctx ends. A backlog that never drains (a sink
 // down) is never a burst over: nothing is returned then, as before.
-func returnMemoryAfterBursts(ctx context.Context, log *slog.Logger, ready func() bool, backlog func() int, gc collector, release func() error) {
+func returnMemoryAfterBursts(ctx context.Context, log *slog.Logger, ready func() bool, backlog func() int, release func() error) {
 	t := time.NewTicker(returnMemoryEvery)
 	defer t.Stop()
 	burst := true // the start: the initial lists
@@ -122,15 +95,13 @@ func returnMemoryAfterBursts(ctx context.Context, log *slog.Logger, ready func()
 		case <-t.C:
 		}
 		n := backlog()
-		if n >= burstBacklog && !burst {
+		if n >= burstBacklog {
 			burst = true
-			gc.burst(true)
 		}
 		if !burst || n > 0 || !ready() {
 			continue
 		}
 		burst = false
-		gc.burst(false)
 		before, fileBacked := heapReleased(), residentFileBacked()
 		err := release()
 		attrs := []any{"releasedMiB", (heapReleased() - before) >> 20, "fileBackedBeforeMiB", fileBacked >> 20, "fileBackedAfterMiB", residentFileBacked() >> 20}

@@ -11,52 +11,25 @@ import (
 	"time"
 )
 
-// TestGOGCIs10ThroughABurstAnd25AfterUnlessTheEnvironmentSetsIt: dynwatch sets the
-// collector's GOGC to burstGCPercent from the start, which is a burst, to gcPercent once a
-// burst is over and back to burstGCPercent when another begins, and leaves a GOGC from the
-// environment alone.
-func TestGOGCIs10ThroughABurstAnd25AfterUnlessTheEnvironmentSetsIt(t *testing.T) {
+// TestGOGCIs25UnlessTheEnvironmentSetsIt: dynwatch sets the collector's GOGC to gcPercent,
+// and leaves a GOGC from the environment alone.
+func TestGOGCIs25UnlessTheEnvironmentSetsIt(t *testing.T) {
 	before := debug.SetGCPercent(100)
 	t.Cleanup(func() { debug.SetGCPercent(before) })
 	log := slog.New(slog.DiscardHandler)
-	gogc := func() int { v := debug.SetGCPercent(100); debug.SetGCPercent(v); return v }
 
 	t.Setenv("GOGC", "") // restored when the test ends
 	if err := os.Unsetenv("GOGC"); err != nil {
 		t.Fatal(err)
 	}
-	gc := newCollector(log)
-	if got := gogc(); got != burstGCPercent {
-		t.Errorf("at the start, GOGC = %d; want %d", got, burstGCPercent)
+	setGCPercent(log)
+	if got := debug.SetGCPercent(100); got != gcPercent {
+		t.Errorf("without GOGC in the environment, GOGC = %d; want %d", got, gcPercent)
 	}
-	var backlog atomic.Int64
-	var ready atomic.Bool
-	backlog.Store(burstBacklog)
-	ready.Store(true)
-	returnUntilTheEnd(t, ready.Load, &backlog, gc, func() error { return nil })
-	waitGOGC := func(want int, when string) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for gogc() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s, GOGC = %d; want %d", when, gogc(), want)
-			}
-			time.Sleep(returnMemoryEvery / 4)
-		}
-	}
-	time.Sleep(2 * returnMemoryEvery)
-	waitGOGC(burstGCPercent, "while the start's backlog waits")
-	backlog.Store(0)
-	waitGOGC(gcPercent, "once the start's burst is over")
-	backlog.Store(burstBacklog)
-	waitGOGC(burstGCPercent, "once another burst begins")
-	backlog.Store(0)
-	waitGOGC(gcPercent, "once that burst is over")
 
-	debug.SetGCPercent(100)
 	t.Setenv("GOGC", "200")
-	newCollector(log).burst(true)
-	if got := gogc(); got != 100 {
+	setGCPercent(log)
+	if got := debug.SetGCPercent(100); got != 100 {
 		t.Errorf("with GOGC=200 in the environment, dynwatch changed GOGC to %d", got)
 	}
 }
@@ -66,7 +39,7 @@ func TestGOGCIs10ThroughABurstAnd25AfterUnlessTheEnvironmentSetsIt(t *testing.T)
 func TestAFinishedBurstsFreedHeapIsReturnedToTheOS(t *testing.T) {
 	var backlog atomic.Int64
 	backlog.Store(burstBacklog)
-	returnUntilTheEnd(t, func() bool { return true }, &backlog, collector{}, releaseBurstMemory)
+	returnUntilTheEnd(t, func() bool { return true }, &backlog, releaseBurstMemory)
 
 	const garbage = 64 << 20
 	held := make([][]byte, 0, garbage>>16)
@@ -92,7 +65,7 @@ func TestAFinishedBurstsFreedHeapIsReturnedToTheOS(t *testing.T) {
 func TestAFinishedBurstsExecutablePagesAreReleased(t *testing.T) {
 	var backlog atomic.Int64
 	backlog.Store(burstBacklog)
-	returnUntilTheEnd(t, func() bool { return true }, &backlog, collector{}, releaseBurstMemory)
+	returnUntilTheEnd(t, func() bool { return true }, &backlog, releaseBurstMemory)
 
 	touchExecutable(t)
 	before := residentFileBacked()
@@ -142,7 +115,7 @@ func TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen(t *testing.T) {
 	var backlog, releases atomic.Int64
 	var ready atomic.Bool
 	backlog.Store(burstBacklog)
-	returnUntilTheEnd(t, ready.Load, &backlog, collector{}, func() error { releases.Add(1); return nil })
+	returnUntilTheEnd(t, ready.Load, &backlog, func() error { releases.Add(1); return nil })
 	ticks := func(n int) { time.Sleep(time.Duration(n) * returnMemoryEvery) }
 	waitReleases := func(want int64) {
 		t.Helper()
@@ -184,14 +157,14 @@ func TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen(t *testing.T) {
 	waitReleases(2)
 }
 
-// returnUntilTheEnd runs returnMemoryAfterBursts with ready, the backlog's count, gc and release
+// returnUntilTheEnd runs returnMemoryAfterBursts with ready, the backlog's count and release
 // until the test ends.
-func returnUntilTheEnd(t *testing.T, ready func() bool, backlog *atomic.Int64, gc collector, release func() error) {
+func returnUntilTheEnd(t *testing.T, ready func() bool, backlog *atomic.Int64, release func() error) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		returnMemoryAfterBursts(ctx, slog.New(slog.DiscardHandler), ready, func() int { return int(backlog.Load()) }, gc, release)
+		returnMemoryAfterBursts(ctx, slog.New(slog.DiscardHandler), ready, func() int { return int(backlog.Load()) }, release)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 }
