@@ -2,6 +2,7 @@ package subscription
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	kdynamicinformer "k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -63,6 +65,10 @@ type Controller struct {
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter // by namespace, shared by its subscriptions' sinks
+
+	// built is the sink each subscription, by uid, was last turned into (see sinks): served as
+	// it was while the apiserver cannot answer what a new one needs.
+	built map[types.UID]config.SinkConfig
 }
 
 // NewController builds a Controller; nothing runs until Run.
@@ -78,7 +84,8 @@ func NewController(o Options) *Controller {
 
 // Initial lists the Subscriptions and returns their sinks, for delivery to start with: a
 // subscription's outbox kept from before a restart is then delivered, not taken for a removed
-// sink's. It fails, naming the CRD, while the resource is not served.
+// sink's. It fails, naming the CRD, while the resource is not served, and while the apiserver
+// cannot answer whether the admission policies are bound or what a subscription's sink needs.
 func (c *Controller) Initial(ctx context.Context) ([]config.SinkConfig, error) {
 	list, err := c.o.Client.Resource(GVR).List(ctx, metav1.ListOptions{})
 	if apierrors.IsNotFound(err) {
@@ -94,10 +101,18 @@ func (c *Controller) Initial(ctx context.Context) ([]config.SinkConfig, error) {
 		}
 	}
 	unguarded := c.unguarded(ctx)
+	if errors.As(unguarded, new(unknown)) {
+		// Started without its subscriptions' sinks, delivery would dead-letter what their
+		// outboxes kept from before as removed sinks'.
+		return nil, unguarded
+	}
 	if unguarded != nil {
 		c.o.Logger.Error("no subscription is served", "err", unguarded)
 	}
-	sinks, _ := c.sinks(items, unguarded)
+	sinks, _, unverified := c.sinks(items, unguarded)
+	if len(unverified) > 0 {
+		return nil, errors.Join(unverified...)
+	}
 	return sinks, nil
 }
 
@@ -157,15 +172,20 @@ var (
 )
 
 // unguarded is why spec.subject cannot be trusted now, or nil: both admission policies must be
-// bound, the validating one to deny. Without them a writer's subject is whatever it wrote.
+// bound, the validating one to deny. Without them a writer's subject is whatever it wrote. A
+// binding that cannot be read for a reason other than its absence or dynwatch's rights (the
+// apiserver restarting, a timeout, a 5xx) says nothing either way: the error is an unknown.
 func (c *Controller) unguarded(ctx context.Context) error {
 	for _, b := range []struct {
 		gvr  schema.GroupVersionResource
 		kind string
 	}{{mutatingBindings, "MutatingAdmissionPolicyBinding"}, {validatingBindings, "ValidatingAdmissionPolicyBinding"}} {
 		u, err := c.o.Client.Resource(b.gvr).Get(ctx, PolicyName, metav1.GetOptions{})
-		if err != nil {
+		switch {
+		case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
 			return fmt.Errorf("the %s %s, which records who wrote a subscription, cannot be read: %w; without it spec.subject is whatever a writer wrote, so no subscription is served", b.kind, PolicyName, err)
+		case err != nil:
+			return unknown{fmt.Errorf("whether the %s %s binds its policy is not known: %w", b.kind, PolicyName, err)}
 		}
 		policy, _, _ := unstructured.NestedString(u.Object, "spec", "policyName")
 		actions, _, _ := unstructured.NestedStringSlice(u.Object, "spec", "validationActions")
@@ -176,6 +196,11 @@ func (c *Controller) unguarded(ctx context.Context) error {
 	return nil
 }
 
+// unknown is an answer the apiserver did not give (it is restarting, timed out, answered 5xx):
+// whether the admission policies are bound, whether a subject may read a Secret, the Secret.
+// It decides nothing: what was served is served as it was until the apiserver answers.
+type unknown struct{ error }
+
 // serves reports whether u's namespace is one subscriptions.namespaces names (all, if none).
 func (c *Controller) serves(u *unstructured.Unstructured) bool {
 	ns := c.o.Config().Subscriptions.Namespaces
@@ -185,10 +210,19 @@ func (c *Controller) serves(u *unstructured.Unstructured) bool {
 // sync applies items' sinks and writes the statuses that changed.
 func (c *Controller) sync(ctx context.Context, items []*unstructured.Unstructured) {
 	unguarded := c.unguarded(ctx)
+	if errors.As(unguarded, new(unknown)) {
+		// Removing the sinks would dead-letter what their outboxes hold, for an apiserver
+		// that did not answer: they are served as they were until it does (the next change,
+		// or Every).
+		if ctx.Err() == nil {
+			c.o.Logger.Warn("the subscriptions are served as they were", "err", unguarded)
+		}
+		return
+	}
 	if unguarded != nil && ctx.Err() == nil {
 		c.o.Logger.Error("no subscription is served", "err", unguarded)
 	}
-	sinks, states := c.sinks(items, unguarded)
+	sinks, states, _ := c.sinks(items, unguarded)
 	applied := c.o.Apply(sinks)
 	if applied != nil {
 		c.o.Logger.Error("apply the subscriptions' sinks", "err", applied)
@@ -198,6 +232,9 @@ func (c *Controller) sync(ctx context.Context, items []*unstructured.Unstructure
 	}
 	for i, u := range items {
 		st := states[i]
+		if st.kept {
+			continue
+		}
 		if applied != nil && st.sink != nil {
 			st.ready = condition("Ready", metav1.ConditionFalse, "NotApplied", applied.Error())
 		}
@@ -210,17 +247,21 @@ func (c *Controller) sync(ctx context.Context, items []*unstructured.Unstructure
 // state is what dynwatch makes of one subscription.
 type state struct {
 	sink                        config.SinkConfig // nil: not accepted
+	kept                        bool              // sink is the one built before: its status is left as it was
 	accepted, authorized, ready metav1.Condition
 	durable                     metav1.Condition // a stream's; no Type for a webhook
 }
 
 // sinks builds each item's sink and state; the sinks are those accepted, sorted by name.
-// While unguarded (the admission policies are missing) none is.
-func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) ([]config.SinkConfig, []state) {
+// While unguarded (the admission policies are missing) none is. An item whose sink needs what
+// the apiserver cannot answer now (an unknown) keeps the sink it was last turned into; one that
+// was never turned into a sink is not accepted, and named in unverified.
+func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) (out []config.SinkConfig, states []state, unverified []error) {
 	cfg := c.o.Config()
 	disabled, durable := c.delivering()
-	var out []config.SinkConfig
-	states := make([]state, len(items))
+	states = make([]state, len(items))
+	built := map[types.UID]config.SinkConfig{}
+	defer func() { c.built = built }()
 	over := c.overQuota(items, cfg.Subscriptions.Quota.PerNamespace)
 	for i, u := range items {
 		switch {
@@ -233,11 +274,25 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 			continue
 		}
 		w, s, err := c.accept(u, cfg)
-		if err != nil {
+		if prev, ok := c.built[u.GetUID()]; ok && errors.As(err, new(unknown)) {
+			// Served as it was, its status left as it was, until the apiserver answers.
+			c.o.Logger.Warn("a subscription is served as it was", "namespace", u.GetNamespace(), "name", u.GetName(), "err", err)
+			out = append(out, prev)
+			built[u.GetUID()] = prev
+			states[i] = state{sink: prev, kept: true}
+			continue
+		}
+		switch {
+		case errors.As(err, new(unknown)):
+			states[i] = notAccepted("Unverified", err.Error())
+			unverified = append(unverified, fmt.Errorf("subscription %s/%s: %w", u.GetNamespace(), u.GetName(), err))
+			continue
+		case err != nil:
 			states[i] = notAccepted("Invalid", err.Error())
 			continue
 		}
 		out = append(out, w)
+		built[u.GetUID()] = w
 		name := w.Shared().Name
 		st := state{sink: w, accepted: condition("Accepted", metav1.ConditionTrue, "Valid", "delivered as the "+kindOf(w)+" sink "+name)}
 		st.authorized = c.authorized(u.GetNamespace(), s, w.Shared())
@@ -248,14 +303,14 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 	}
 	refused := c.refusals(out)
 	for i, st := range states {
-		if st.sink != nil {
+		if st.sink != nil && !st.kept {
 			name := st.sink.Shared().Name
 			states[i].ready = c.ready(st.authorized, refused[name], disabled[name])
 		}
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
 	c.forgetLimiters(out)
-	return out, states
+	return out, states, unverified
 }
 
 // forgetLimiters forgets the limiters of namespaces none of sinks is in: a namespace's last
@@ -378,15 +433,18 @@ func (c *Controller) readSecret(namespace string, subject *config.Subject, field
 	ok, err := c.o.Reviewer.MayGet(subject, secretsResource, namespace, name)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("%s: could not review whether %s may read it: %w", field, subject.Username, err)
+		return nil, unknown{fmt.Errorf("%s: could not review whether %s may read it: %w", field, subject.Username, err)}
 	case !ok:
 		return nil, fmt.Errorf("%s: %s may not get the Secret %s, so the subscription may not use it", field, subject.Username, name)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
 	defer cancel()
 	data, err := c.o.Secret(ctx, namespace, name)
-	if err != nil {
+	switch {
+	case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
 		return nil, fmt.Errorf("%s: %w", field, err)
+	case err != nil:
+		return nil, unknown{fmt.Errorf("%s: %w", field, err)}
 	}
 	return data, nil
 }

@@ -28,6 +28,13 @@ var configmaps = schema.GroupVersionResource{Version: "v1", Resource: "configmap
 // returns a Reviewer asking it every period, and the reviews metric.
 func startReviewing(t *testing.T, user string, every time.Duration) (*Reviewer, *prometheus.CounterVec) {
 	t.Helper()
+	r, _ := startReviewingOn(t, user, every)
+	return r, r.reviews
+}
+
+// startReviewingOn is startReviewing, and returns the test bed's cluster.
+func startReviewingOn(t *testing.T, user string, every time.Duration) (*Reviewer, *testbed.Cluster) {
+	t.Helper()
 	cluster, err := testbed.Start(t.Context(), testbed.Options{Out: io.Discard})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +71,7 @@ func startReviewing(t *testing.T, user string, every time.Duration) (*Reviewer, 
 		return nil
 	})
 	r.entries = map[decisionKey]*decision{}
-	return r, r.reviews
+	return r, cluster
 }
 
 // run runs r until the test ends.
