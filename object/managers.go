@@ -129,7 +129,7 @@ func secondOf(t string) (int64, bool) {
 		return 0, false // not parsed: a failed parse allocates its error
 	}
 	at, err := time.Parse(time.RFC3339, t)
-	if err != nil || at.Nanosecond() != 0 {
+	if err != nil {
 		return 0, false
 	}
 	var b [len(second)]byte

@@ -261,7 +261,6 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 	disabled, durable := c.delivering()
 	states = make([]state, len(items))
 	built := map[types.UID]config.SinkConfig{}
-	defer func() { c.built = built }()
 	over := c.overQuota(items, cfg.Subscriptions.Quota.PerNamespace)
 	for i, u := range items {
 		switch {
@@ -310,6 +309,7 @@ func (c *Controller) sinks(items []*unstructured.Unstructured, unguarded error) 
 	}
 	slices.SortFunc(out, func(a, b config.SinkConfig) int { return strings.Compare(a.Shared().Name, b.Shared().Name) })
 	c.forgetLimiters(out)
+	c.built = built
 	return out, states, unverified
 }
 
