@@ -1,9 +1,6 @@
 package dynamicinformer
 
 import (
-	"bytes"
-	"encoding/json"
-
 	"github.com/dynwatch/dynwatch/config"
 	"github.com/dynwatch/dynwatch/object"
 )
@@ -43,16 +40,16 @@ func typeMembers(apiVersion, kind string) string {
 func (c cuts) apply(doc []byte, typed string) (cut []byte, managers object.Managers) {
 	var segBuf, keptBuf [32]segment
 	segs := segments(segBuf[:0])
-	var topBuf, metaBuf [16]jsonMember
-	open := skipSpace(doc, 0)
-	top := objectMembers(doc, open, topBuf[:0])
+	var topBuf, metaBuf [16]object.Member
+	open := object.SkipSpace(doc, 0)
+	top := object.Members(doc, open, topBuf[:0])
 	meta, hasType := -1, false
 	for i, m := range top {
 		switch {
-		case m.is(doc, "apiVersion"), m.is(doc, "kind"):
+		case m.Is(doc, "apiVersion"), m.Is(doc, "kind"):
 			hasType = true
-		case m.is(doc, "metadata"):
-			if doc[m.value] == '{' {
+		case m.Is(doc, "metadata"):
+			if doc[m.Value] == '{' {
 				meta = i
 			}
 		}
@@ -67,13 +64,13 @@ func (c cuts) apply(doc []byte, typed string) (cut []byte, managers object.Manag
 	}
 	if meta >= 0 {
 		m := top[meta]
-		ms := objectMembers(doc, m.value, metaBuf[:0])
-		if i := find(doc, ms, "managedFields"); i >= 0 {
-			managers = object.ManagersOf(doc[ms[i].value:ms[i].end])
+		ms := object.Members(doc, m.Value, metaBuf[:0])
+		if i := object.FindMember(doc, ms, "managedFields"); i >= 0 {
+			managers = object.ManagersOf(doc[ms[i].Value:ms[i].End])
 		}
 		if kept, changed := c.metadata(doc, ms, keptBuf[:0]); changed {
-			segs = append(segs.doc(from, m.value), kept...)
-			from = m.end
+			segs = append(segs.doc(from, m.Value), kept...)
+			from = m.End
 		}
 	}
 	return segs.doc(from, len(doc)).bytes(doc), managers
@@ -81,19 +78,19 @@ func (c cuts) apply(doc []byte, typed string) (cut []byte, managers object.Manag
 
 // metadata appends to out the metadata of members ms less what c cuts, and reports whether it
 // cut anything (if not, what it returns is to be ignored).
-func (c cuts) metadata(doc []byte, ms []jsonMember, out segments) (segments, bool) {
+func (c cuts) metadata(doc []byte, ms []object.Member, out segments) (segments, bool) {
 	changed := false
 	out = out.lit("{")
 	n := 0
 	for _, m := range ms {
-		if c.managedFields && m.is(doc, "managedFields") {
+		if c.managedFields && m.Is(doc, "managedFields") {
 			changed = true
 			continue
 		}
-		if c.lastApplied && m.is(doc, "annotations") && doc[m.value] == '{' {
-			var buf [16]jsonMember
-			as := objectMembers(doc, m.value, buf[:0])
-			if i := find(doc, as, LastAppliedAnnotation); i >= 0 {
+		if c.lastApplied && m.Is(doc, "annotations") && doc[m.Value] == '{' {
+			var buf [16]object.Member
+			as := object.Members(doc, m.Value, buf[:0])
+			if i := object.FindMember(doc, as, LastAppliedAnnotation); i >= 0 {
 				changed = true
 				if len(as) == 1 {
 					continue // its last annotation: no annotations
@@ -101,7 +98,7 @@ func (c cuts) metadata(doc []byte, ms []jsonMember, out segments) (segments, boo
 				if n++; n > 1 {
 					out = out.lit(",")
 				}
-				out = out.doc(m.start, m.value)
+				out = out.doc(m.Start, m.Value)
 				out = out.lit("{")
 				k := 0
 				for j, a := range as {
@@ -111,7 +108,7 @@ func (c cuts) metadata(doc []byte, ms []jsonMember, out segments) (segments, boo
 					if k++; k > 1 {
 						out = out.lit(",")
 					}
-					out = out.doc(a.start, a.end)
+					out = out.doc(a.Start, a.End)
 				}
 				out = out.lit("}")
 				continue
@@ -120,115 +117,10 @@ func (c cuts) metadata(doc []byte, ms []jsonMember, out segments) (segments, boo
 		if n++; n > 1 {
 			out = out.lit(",")
 		}
-		out = out.doc(m.start, m.end)
+		out = out.doc(m.Start, m.End)
 	}
 	out = out.lit("}")
 	return out, changed
-}
-
-// jsonMember is one member of a JSON object: its key, quoted, at doc[start:keyEnd], its value at
-// doc[value:end].
-type jsonMember struct{ start, keyEnd, value, end int }
-
-// is reports whether m's key is k, without making a string of it (but for a key with an
-// escape in it, which no object the apiserver sends has in the members cut).
-func (m jsonMember) is(doc []byte, k string) bool {
-	raw := doc[m.start:m.keyEnd]
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw[1:len(raw)-1]) == k // a comparison: the compiler makes no string
-	}
-	var s string
-	_ = json.Unmarshal(raw, &s)
-	return s == k
-}
-
-// find is the index of the jsonMember of ms named key, -1 if none.
-func find(doc []byte, ms []jsonMember, key string) int {
-	for i, m := range ms {
-		if m.is(doc, key) {
-			return i
-		}
-	}
-	return -1
-}
-
-// objectMembers appends to out the members of the object of valid JSON doc whose '{' is at open.
-func objectMembers(doc []byte, open int, out []jsonMember) []jsonMember {
-	i := skipSpace(doc, open+1)
-	if i >= len(doc) || doc[i] == '}' {
-		return out
-	}
-	for i < len(doc) {
-		var m jsonMember
-		m.start = i
-		m.keyEnd = skipString(doc, i)
-		i = skipSpace(doc, m.keyEnd)
-		m.value = skipSpace(doc, i+1) // past the ':'
-		m.end = skipValue(doc, m.value)
-		out = append(out, m)
-		i = skipSpace(doc, m.end)
-		if i >= len(doc) || doc[i] != ',' {
-			break
-		}
-		i = skipSpace(doc, i+1)
-	}
-	return out
-}
-
-func skipSpace(doc []byte, i int) int {
-	for i < len(doc) && (doc[i] == ' ' || doc[i] == '\n' || doc[i] == '\r' || doc[i] == '\t') {
-		i++
-	}
-	return i
-}
-
-// skipString is the end of the string whose opening quote is at i.
-func skipString(doc []byte, i int) int {
-	for j := i + 1; j < len(doc); {
-		q := bytes.IndexByte(doc[j:], '"')
-		if q < 0 {
-			break
-		}
-		j += q
-		if !escaped(doc[i+1 : j]) {
-			return j + 1
-		}
-		j++
-	}
-	return len(doc)
-}
-
-// skipValue is the end of the value that starts at i.
-func skipValue(doc []byte, i int) int {
-	if i >= len(doc) {
-		return i
-	}
-	switch doc[i] {
-	case '"':
-		return skipString(doc, i)
-	case '{', '[':
-		depth := 0
-		for i < len(doc) {
-			switch doc[i] {
-			case '"':
-				i = skipString(doc, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	default: // a number, true, false or null
-		for i < len(doc) && bytes.IndexByte([]byte(",}] \t\r\n"), doc[i]) < 0 {
-			i++
-		}
-		return i
-	}
 }
 
 // segments are the pieces of an output: ranges of the input and literals, joined by bytes.

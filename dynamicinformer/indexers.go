@@ -88,13 +88,13 @@ func jsonIndexFunc(ix *config.Indexer) func(meta gjson.Result, json []byte, labe
 			}
 			// Read without gjson's ForEach, which would unescape every value (the last-applied
 			// one where it is kept) to find one.
-			var buf [16]jsonMember
-			ms := objectMembers(json, a.Index, buf[:0])
-			i := find(json, ms, ix.Key)
-			if i < 0 || json[ms[i].value] != '"' {
+			var buf [16]object.Member
+			ms := object.Members(json, a.Index, buf[:0])
+			i := object.FindMember(json, ms, ix.Key)
+			if i < 0 || json[ms[i].Value] != '"' {
 				return nil
 			}
-			return []string{gjson.Parse(docOf(json[ms[i].value:ms[i].end])).Str}
+			return []string{gjson.Parse(docOf(json[ms[i].Value:ms[i].End])).Str}
 		}
 	case config.IndexOwner:
 		return func(meta gjson.Result, _ []byte, _ object.LabelPairs) []string {

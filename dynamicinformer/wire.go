@@ -322,7 +322,7 @@ func (f *frameReader) next() ([]byte, error) {
 					break
 				}
 				i += q
-				if !escaped(f.buf[f.start:i]) {
+				if !object.Escaped(f.buf[f.start:i]) {
 					inString = false
 				}
 				i++
@@ -384,16 +384,6 @@ func (f *frameReader) fill(i *int) error {
 			return err
 		}
 	}
-}
-
-// escaped reports whether the quote that follows s is escaped: preceded by an odd number of
-// backslashes.
-func escaped(s []byte) bool {
-	n := 0
-	for i := len(s) - 1; i >= 0 && s[i] == '\\'; i-- {
-		n++
-	}
-	return n%2 == 1
 }
 
 // docOf is b as a string, sharing its memory; b must not be modified while it is used.

@@ -1,11 +1,12 @@
 // Package object is dynwatch's data model, on which every other package stands: the Object the
 // cache, the journal and the query API share (object.go: an object kept as its JSON with a
-// header of offsets, header.go; its JSON encoding, json.go), the Event a change becomes
+// header of offsets, header.go; its JSON encoding, json.go; its JSON read in place,
+// members.go; the summary of who changed it, managers.go), the Event a change becomes
 // (event.go), and an object's identity (key.go): its key in the cache, the key that orders
 // its deliveries, list order, the parsing of its resourceVersion, and the name of its
 // resource, spelt one way in logs, metrics, dead letters, the checkpoint ConfigMap and the
 // state store. It imports nothing of dynwatch's (the standard library, apimachinery and the
-// JSON reader only) and holds no state.
+// JSON reader only) and holds no state but the seed of the summaries' hashes, set once.
 //
 // Concurrency: an Object is immutable once made, and safe to share between goroutines; nothing
 // may modify what its methods return. The exception is an Object of a Slab (slab.go: objects

@@ -1,6 +1,7 @@
 package object
 
 import (
+	"hash/maphash"
 	"slices"
 	"strings"
 	"time"
@@ -46,94 +47,137 @@ type description struct {
 }
 
 // ManagersOf summarises managedFields, the JSON array of an object's metadata.managedFields as
-// the apiserver sent it; nil when it holds no entry (or is not an array of objects).
+// the apiserver sent it; nil when it holds no entry (or is not an array of objects). It reads
+// the array in place, each byte once but for the hash of each entry's fields.
 func ManagersOf(managedFields []byte) Managers {
-	arr := gjson.Parse(docOf(managedFields))
-	if !arr.IsArray() {
+	doc := managedFields
+	i := SkipSpace(doc, 0)
+	if i >= len(doc) || doc[i] != '[' {
 		return nil
 	}
 	var entries [4]manager // room for most objects' entries, which are then copied exactly sized
 	out := entries[:0]
-	var names [16]string
-	var head, tail, when [256]byte
-	arr.ForEach(func(_, e gjson.Result) bool {
-		if !e.IsObject() {
-			return true
+	var s scratch
+	for i = SkipSpace(doc, i+1); i < len(doc) && doc[i] != ']'; {
+		end := 0
+		if doc[i] == '{' {
+			var m manager
+			m, end = s.managerOf(doc, i)
+			out = append(out, m)
+		} else if end = skipValue(doc, i); end == i {
+			break // not JSON: a byte that starts no value
 		}
-		var name, operation, subresource, apiVersion, at, fieldsType string
-		var fieldsV1 gjson.Result
-		e.ForEach(func(k, v gjson.Result) bool {
-			switch k.Str {
-			case "manager":
-				name = v.Str
-			case "operation":
-				operation = v.Str
-			case "subresource":
-				subresource = v.Str
-			case "apiVersion":
-				apiVersion = v.Str
-			case "time":
-				at = v.Str
-			case "fieldsType":
-				fieldsType = v.Str
-			case "fieldsV1":
-				fieldsV1 = v
-			}
-			return true
-		})
-		// The description's parts are read from buffers on the stack: unique.Make copies the
-		// strings of a value it keeps (a value not seen before) and keeps nothing of one it has,
-		// so the parts of a description many objects share are not allocated for each.
-		var d description
-		b := append(head[:0], `{"manager":`...)
-		b = AppendString(b, name)
-		b = append(b, `,"operation":`...)
-		b = AppendString(b, operation)
-		if subresource != "" {
-			b = append(b, `,"subresource":`...)
-			b = AppendString(b, subresource)
+		if i = SkipSpace(doc, end); i < len(doc) && doc[i] == ',' {
+			i = SkipSpace(doc, i+1)
 		}
-		d.head = unsafe.String(unsafe.SliceData(b), len(b))
-		b = append(tail[:0], `,"fields":[`...)
-		for i, n := range ownedFields(fieldsV1, names[:0]) {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = AppendString(b, n)
-		}
-		b = append(b, "]}"...)
-		d.tail = unsafe.String(unsafe.SliceData(b), len(b))
-		unix, ok := secondOf(at)
-		if !ok {
-			b = AppendString(when[:0], at)
-			d.time = unsafe.String(unsafe.SliceData(b), len(b))
-		}
-		out = append(out, manager{
-			key:   hash64(name, operation, subresource),
-			stamp: uint32(hash64(apiVersion, at, fieldsType)), fields: uint32(hash64(fieldsV1.Raw)),
-			unix: unix, desc: unique.Make(d),
-		})
-		return true
-	})
+	}
 	if len(out) == 0 {
 		return nil
 	}
 	return append(make(Managers, 0, len(out)), out...)
 }
 
+// scratch holds what a summary's entries are read into, on the stack of ManagersOf: the
+// description's parts are read from its buffers, and unique.Make copies the strings of a value
+// it keeps (a value not seen before) and keeps nothing of one it has, so the parts of a
+// description many objects share are not allocated for each.
+type scratch struct {
+	names            [16]string
+	head, tail, when [256]byte
+}
+
+// managerOf is the entry of managedFields whose JSON object is at doc[open:], and the object's
+// end.
+func (s *scratch) managerOf(doc []byte, open int) (manager, int) {
+	var name, operation, subresource, apiVersion, at, fieldsType string
+	var fieldsV1 []byte
+	names := s.names[:0]
+	members := scanMembers(doc, open)
+	for {
+		key, value, ok := members.next()
+		if !ok {
+			break
+		}
+		end := 0
+		switch key {
+		case "fieldsV1":
+			names, end = ownedFields(doc, value, names[:0])
+			fieldsV1 = doc[value:end]
+		default:
+			var v string
+			v, end = stringValue(doc, value)
+			switch key {
+			case "manager":
+				name = v
+			case "operation":
+				operation = v
+			case "subresource":
+				subresource = v
+			case "apiVersion":
+				apiVersion = v
+			case "time":
+				at = v
+			case "fieldsType":
+				fieldsType = v
+			}
+		}
+		members.passed(end)
+	}
+	var d description
+	b := append(s.head[:0], `{"manager":`...)
+	b = AppendString(b, name)
+	b = append(b, `,"operation":`...)
+	b = AppendString(b, operation)
+	if subresource != "" {
+		b = append(b, `,"subresource":`...)
+		b = AppendString(b, subresource)
+	}
+	d.head = unsafe.String(unsafe.SliceData(b), len(b))
+	b = append(s.tail[:0], `,"fields":[`...)
+	slices.Sort(names)
+	for i, n := range slices.Compact(names) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = AppendString(b, n)
+	}
+	b = append(b, "]}"...)
+	d.tail = unsafe.String(unsafe.SliceData(b), len(b))
+	unix, ok := secondOf(at)
+	if !ok {
+		b = AppendString(s.when[:0], at)
+		d.time = unsafe.String(unsafe.SliceData(b), len(b))
+	}
+	return manager{
+		key:   hash64(name, operation, subresource),
+		stamp: uint32(hash64(apiVersion, at, fieldsType)), fields: uint32(hash64(docOf(fieldsV1))),
+		unix: unix, desc: unique.Make(d),
+	}, members.end()
+}
+
 // secondOf reads t as a second in RFC 3339, UTC ("2026-11-28T10:00:00Z"), as the apiserver
-// writes managedFields' times: false for any other form, which is kept as it is.
+// writes managedFields' times: false for any other form, which is kept as it is. It reads the
+// digits itself: time.Parse and the format to check its result were a tenth of a summary's
+// cost.
 func secondOf(t string) (int64, bool) {
 	const second = "2006-01-02T15:04:05Z"
-	if len(t) != len(second) || t[len(t)-1] != 'Z' {
-		return 0, false // not parsed: a failed parse allocates its error
-	}
-	at, err := time.Parse(time.RFC3339, t)
-	if err != nil {
+	if len(t) != len(second) || t[4] != '-' || t[7] != '-' || t[10] != 'T' || t[13] != ':' || t[16] != ':' || t[19] != 'Z' {
 		return 0, false
 	}
-	var b [len(second)]byte
-	if string(at.UTC().AppendFormat(b[:0], time.RFC3339)) != t {
+	var n [6]int // year, month, day, hour, minute, second
+	for i, f := range [6][2]int{{0, 4}, {5, 7}, {8, 10}, {11, 13}, {14, 16}, {17, 19}} {
+		for _, c := range []byte(t[f[0]:f[1]]) {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			n[i] = n[i]*10 + int(c-'0')
+		}
+	}
+	if n[1] < 1 || n[1] > 12 || n[3] > 23 || n[4] > 59 || n[5] > 59 {
+		return 0, false
+	}
+	at := time.Date(n[0], time.Month(n[1]), n[2], n[3], n[4], n[5], 0, time.UTC)
+	if at.Day() != n[2] { // a day the month does not have, which time.Date would move on
 		return 0, false
 	}
 	return at.Unix(), true
@@ -158,45 +202,60 @@ func (m manager) appendDescription(out []byte) []byte {
 	return append(out, d.tail...)
 }
 
-// ownedFields appends to names the top-level fields fieldsV1 owns, and for metadata the fields
-// under it (metadata.labels), sorted and without repeats.
-func ownedFields(fieldsV1 gjson.Result, names []string) []string {
-	fieldsV1.ForEach(func(k, v gjson.Result) bool {
-		name, ok := strings.CutPrefix(k.Str, "f:")
+// ownedFields appends to names the top-level fields that fieldsV1, the value of an entry at
+// doc[value:], owns (none unless it is an object), and for metadata the fields under it
+// (metadata.labels); and returns the value's end.
+func ownedFields(doc []byte, value int, names []string) ([]string, int) {
+	if value >= len(doc) || doc[value] != '{' {
+		return names, skipValue(doc, value)
+	}
+	fields := scanMembers(doc, value)
+	for {
+		key, v, ok := fields.next()
 		if !ok {
-			return true
+			break
 		}
-		if name != "metadata" || !v.IsObject() {
-			names = append(names, name)
-			return true
-		}
-		under := false
-		v.ForEach(func(k, _ gjson.Result) bool {
-			if sub, ok := strings.CutPrefix(k.Str, "f:"); ok {
-				names, under = append(names, "metadata."+sub), true
+		name, owned := strings.CutPrefix(key, "f:")
+		if !owned || name != "metadata" || v >= len(doc) || doc[v] != '{' {
+			if owned {
+				names = append(names, name)
 			}
-			return true
-		})
-		if !under {
+			fields.passed(skipValue(doc, v))
+			continue
+		}
+		n := len(names)
+		under := scanMembers(doc, v)
+		for {
+			sub, w, ok := under.next()
+			if !ok {
+				break
+			}
+			if sub, ok := strings.CutPrefix(sub, "f:"); ok {
+				names = append(names, "metadata."+sub)
+			}
+			under.passed(skipValue(doc, w))
+		}
+		if len(names) == n {
 			names = append(names, name)
 		}
-		return true
-	})
-	slices.Sort(names)
-	return slices.Compact(names)
+		fields.passed(under.end())
+	}
+	return names, fields.end()
 }
 
-// hash64 is FNV-1a over parts, each followed by a zero byte.
+// hashSeed is the seed of every summary's hashes: they are compared only with the hashes of
+// other summaries of the same process.
+var hashSeed = maphash.MakeSeed()
+
+// hash64 is a hash of parts, each followed by a zero byte.
 func hash64(parts ...string) uint64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
+	var h maphash.Hash
+	h.SetSeed(hashSeed)
 	for _, p := range parts {
-		for i := 0; i < len(p); i++ {
-			h = (h ^ uint64(p[i])) * prime
-		}
-		h *= prime // a zero byte
+		_, _ = h.WriteString(p) // never fails
+		_ = h.WriteByte(0)
 	}
-	return h
+	return h.Sum64()
 }
 
 // ChangedManagers is the JSON array of the descriptions (see ManagersOf) of cur's managedFields

@@ -54,8 +54,8 @@ func TestTheManagersOfAChangeAreTheEntriesThatChangedAtIt(t *testing.T) {
 		{"an old object with no summary (resumed from the state store): the latest entries", OfJSON([]byte(`{}`), nil, nil), withManagers(applyA, label),
 			`[{"manager":"kubectl-label","operation":"Update","time":"` + t1 + `","fields":["metadata.labels"]}]`},
 		{"no managedFields: not known", withManagers(applyA), OfJSON([]byte(`{}`), nil, nil), ``},
-		{"times not in the apiserver's form: as they were", nil, withManagers(entry("tool-c", "Update", "2026-11-28T11:00:00+01:00", `{}`), entry("tool-d", "Update", "2026-11-28T10:00:00.5Z", `{}`), entry("tool-e", "Update", "", `{}`)),
-			`[{"manager":"tool-c","operation":"Update","time":"2026-11-28T11:00:00+01:00","fields":[]},{"manager":"tool-d","operation":"Update","time":"2026-11-28T10:00:00.5Z","fields":[]},{"manager":"tool-e","operation":"Update","time":"","fields":[]}]`},
+		{"times not in the apiserver's form: as they were", nil, withManagers(entry("tool-c", "Update", "2026-11-28T11:00:00+01:00", `{}`), entry("tool-d", "Update", "2026-11-28T10:00:00.5Z", `{}`), entry("tool-e", "Update", "", `{}`), entry("tool-f", "Update", "2026-02-30T10:00:00Z", `{}`), entry("tool-g", "Update", "2026-11-28T24:00:00Z", `{}`), entry("tool-h", "Update", "2026-11-28t10:00:00Z", `{}`)),
+			`[{"manager":"tool-c","operation":"Update","time":"2026-11-28T11:00:00+01:00","fields":[]},{"manager":"tool-d","operation":"Update","time":"2026-11-28T10:00:00.5Z","fields":[]},{"manager":"tool-e","operation":"Update","time":"","fields":[]},{"manager":"tool-f","operation":"Update","time":"2026-02-30T10:00:00Z","fields":[]},{"manager":"tool-g","operation":"Update","time":"2026-11-28T24:00:00Z","fields":[]},{"manager":"tool-h","operation":"Update","time":"2026-11-28t10:00:00Z","fields":[]}]`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := string(ChangedManagers(c.old, c.cur)); got != c.want {
@@ -108,4 +108,27 @@ func TestASummaryKeepsOnceWhatItsObjectsShare(t *testing.T) {
 		t.Errorf("a summary of two entries holds %d bytes of heap, want at most 128", per)
 	}
 	runtime.KeepAlive(sums)
+}
+
+func TestASummaryIsReadFromEntriesWrittenAnyValidWay(t *testing.T) {
+	// White space between every token, escapes in strings and keys, members in another order,
+	// a member summaries do not read, and fieldsV1's keys of list items (k:{...}) with quotes.
+	in := "[ \n" + `{ "fieldsV1" : { "f:spec" : { "f:containers" : { "k:{\"name\":\"web\"}" : { ".": {} } } }, "f:metadata" : { "f:labels" : { "f:app" : { } }, "f:annotations": {} } },` +
+		` "time" : "` + t1 + `", "extra": [1, {"a": "]"}], "operation" : "Update", "manager" : "tool\u002da\"x\"" , "fieldsType": "FieldsV1" } ,` + "\t" +
+		` {"manager":"ctrl","operation":"Update","subresource":"status","time":"` + t0 + `","fieldsV1":{"f:status":{}}}` + " \n]"
+	got := changedString(nil, OfJSON([]byte(`{}`), nil, ManagersOf([]byte(in))))
+	want := `[{"manager":"tool-a\"x\"","operation":"Update","time":"` + t1 + `","fields":["metadata.annotations","metadata.labels","spec"]},` +
+		`{"manager":"ctrl","operation":"Update","subresource":"status","time":"` + t0 + `","fields":["status"]}]`
+	if got != want {
+		t.Fatalf("summary\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestASummaryOfWhatIsNotValidJSONIsMadeWithoutAPanicOrAHang(t *testing.T) {
+	for n := range len(benchManagedFields) {
+		ManagersOf(benchManagedFields[:n]) // cut short anywhere
+	}
+	for _, in := range []string{`[}`, `[]]`, `[{]`, `[,,]`, `[{"manager":}]`, `[{"manager" "a"}]`, `[{"fieldsV1":{"f:metadata":}}]`, `[{"fieldsV1":{"f:metadata":{"f:labels"}}}]`, `[{"a":1}}]`, `["\`} {
+		ManagersOf([]byte(in))
+	}
 }
