@@ -48,7 +48,7 @@ type description struct {
 
 // ManagersOf summarises managedFields, the JSON array of an object's metadata.managedFields as
 // the apiserver sent it; nil when it holds no entry (or is not an array of objects). It reads
-// the array in place, each byte once but for the hash of each entry's fields.
+// the array in place, in one pass (the hash of each entry's fields reads them again).
 func ManagersOf(managedFields []byte) Managers {
 	doc := managedFields
 	i := SkipSpace(doc, 0)
