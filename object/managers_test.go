@@ -3,6 +3,7 @@ package object
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -126,9 +127,18 @@ func TestASummaryIsReadFromEntriesWrittenAnyValidWay(t *testing.T) {
 
 func TestASummaryOfWhatIsNotValidJSONIsMadeWithoutAPanicOrAHang(t *testing.T) {
 	for n := range len(benchManagedFields) {
-		ManagersOf(benchManagedFields[:n]) // cut short anywhere
+		ManagersOf(slices.Clip(benchManagedFields[:n])) // cut short anywhere, with no room after it
 	}
 	for _, in := range []string{`[}`, `[]]`, `[{]`, `[,,]`, `[{"manager":}]`, `[{"manager" "a"}]`, `[{"fieldsV1":{"f:metadata":}}]`, `[{"fieldsV1":{"f:metadata":{"f:labels"}}}]`, `[{"a":1}}]`, `["\`} {
 		ManagersOf([]byte(in))
 	}
+}
+
+// FuzzManagersOf looks for managedFields that make a summary panic or hang.
+func FuzzManagersOf(f *testing.F) {
+	f.Add(benchManagedFields)
+	f.Add([]byte(`[{"manager":"a\"b","fieldsV1":{"f:metadata":{"f:labels":{}},"k:{\"x\":1}":{}}}]`))
+	f.Fuzz(func(t *testing.T, managedFields []byte) {
+		ManagersOf(slices.Clip(managedFields))
+	})
 }

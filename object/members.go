@@ -48,7 +48,7 @@ func Members(doc []byte, open int, out []Member) []Member {
 		m.Start = i
 		m.KeyEnd = skipString(doc, i)
 		i = SkipSpace(doc, m.KeyEnd)
-		m.Value = SkipSpace(doc, i+1) // past the ':'
+		m.Value = SkipSpace(doc, min(i+1, len(doc))) // past the ':'
 		m.End = skipValue(doc, m.Value)
 		out = append(out, m)
 		i = SkipSpace(doc, m.End)
@@ -79,7 +79,8 @@ func (s *memberScan) next() (key string, value int, ok bool) {
 		return "", 0, false
 	}
 	key, keyEnd := stringValue(s.doc, s.i)
-	return key, SkipSpace(s.doc, SkipSpace(s.doc, keyEnd)+1), true // past the ':'
+	colon := SkipSpace(s.doc, keyEnd)
+	return key, SkipSpace(s.doc, min(colon+1, len(s.doc))), true
 }
 
 // passed moves on past the value the caller read or skipped, which ends at end.
