@@ -6,8 +6,8 @@ import (
 	"unsafe"
 )
 
-// Reading valid JSON in place: the members of an object and the elements of an array found by
-// skipping over their values, without decoding any of them. An informer's cut (what it strips
+// Reading valid JSON in place: the members of an object found by skipping over their values,
+// without decoding any of them. An informer's cut (what it strips
 // from an object it keeps), its indexers and ManagersOf read an object's JSON so, once per
 // change: each reads the few members it needs and passes over the rest.
 
