@@ -248,8 +248,8 @@ func (j *Journal) fanOut(tx *txn, targets []Target, e object.Event, oldJSON []by
 			}
 			j.seq++
 			d.Seq = j.seq
-			off, n := tx.entry(t.Name(), d.Seq, d, body)
-			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since, n: n}, off})
+			off, n, whole := tx.entry(t.Name(), d.Seq, d, body)
+			bt.added = append(bt.added, added{t.Name(), d.Seq, indexed{resource: e.Resource, revision: d.Revision, since: d.Since, n: int32(n), whole: int32(whole)}, off})
 		}
 		bt.out = append(bt.out, queued{t, d})
 	}

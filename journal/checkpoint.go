@@ -71,11 +71,11 @@ func (j *Journal) committed(b *batch) {
 		}
 		j.outbox[a.sink][a.seq] = a.x
 		j.order[a.sink] = append(j.order[a.sink], a.seq)
-		j.noteHeld(entrySize(a.sink, a.x.n))
+		j.noteHeld(entrySize(a.sink, a.x.whole))
 	}
 	for _, r := range b.removed {
 		if x, ok := j.outbox[r.sink][r.seq]; ok {
-			j.noteHeld(-entrySize(r.sink, x.n))
+			j.noteHeld(-entrySize(r.sink, x.whole))
 		}
 		delete(j.outbox[r.sink], r.seq)
 	}

@@ -150,16 +150,22 @@ func (s *store) writeSnapshot(c *compaction) error {
 			buf = appendString(buf, sink)
 			buf = appendBytes(buf, v)
 		}
+		var pieces []byte // an entry whose body is in pieces, read to be written whole
 		for i := range c.entries {
 			e := &c.entries[i]
 			buf = append(buf, recEntry)
 			buf = appendString(buf, e.sink)
 			buf = binary.AppendUvarint(buf, e.seq)
 			var err error
-			if buf, err = s.appendRead(buf, e.x.at, e.x.n); err != nil {
+			if e.x.whole == e.x.n {
+				buf, err = s.appendRead(buf, e.x.at, int(e.x.n))
+			} else {
+				buf, pieces, err = s.appendWholeAt(buf, pieces, e.x)
+			}
+			if err != nil {
 				return fmt.Errorf("outbox %s entry %d: %w", e.sink, e.seq, err)
 			}
-			off := len(buf) - e.x.n
+			off := len(buf) - int(e.x.whole)
 			if e.x.deadline != 0 {
 				putEntryDeadline(buf[off:], fromUnixNano(e.x.deadline))
 			}
@@ -211,7 +217,7 @@ func (j *Journal) finishCompaction(c compaction) {
 	j.idx.Lock()
 	for _, e := range c.entries {
 		if x, ok := j.outbox[e.sink][e.seq]; ok && x.at == e.x.at {
-			x.at = e.to
+			x.at, x.n = e.to, x.whole
 			j.outbox[e.sink][e.seq] = x
 		}
 	}

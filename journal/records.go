@@ -3,6 +3,7 @@ package journal
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -31,11 +32,12 @@ const (
 )
 
 // logFormat is the log's format. 7 was the log's first (it follows the numbering of a store
-// before the log, never released); 8 adds recRevision; a log of format 7 is read, and written on as 8.
-const logFormat = "8"
+// before the log, never released); 8 adds recRevision; 9 adds entries whose body is in pieces
+// (see pieced). A log of format 7 or 8 is read, and written on as 9.
+const logFormat = "9"
 
-// priorFormat is the log format before logFormat, which this release reads and writes on.
-const priorFormat = "7"
+// priorFormats are the log's formats before logFormat, which this release reads and writes on.
+var priorFormats = []string{"7", "8"}
 
 func appendBytes(buf, b []byte) []byte {
 	buf = binary.AppendUvarint(buf, uint64(len(b)))
@@ -149,7 +151,8 @@ type indexed struct {
 	revision uint64
 	since    uint64
 	at       wal.Pos
-	n        int
+	n        int32 // the entry's length in the log
+	whole    int32 // its length with its body whole, as a snapshot writes it: n, unless its body is in pieces
 	deadline int64 // unix nanoseconds, set after the entry was written; 0 for the entry's own
 }
 
@@ -161,12 +164,14 @@ func (x indexed) lowest() uint64 {
 	return x.revision
 }
 
-// indexEntry reads an entry's index fields; a corrupt entry has neither.
-func indexEntry(v []byte) indexed {
+// indexEntry reads the index fields and lengths of v, an entry that lies at p; a corrupt entry
+// has neither field.
+func indexEntry(v []byte, p wal.Pos) indexed {
+	x := indexed{at: p, n: int32(len(v)), whole: int32(wholeSize(v, p.Off))}
 	if len(v) < entryHeader {
-		return indexed{}
+		return x
 	}
-	x := indexed{revision: binary.BigEndian.Uint64(v[24:]), since: binary.BigEndian.Uint64(v[32:])}
+	x.revision, x.since = binary.BigEndian.Uint64(v[24:]), binary.BigEndian.Uint64(v[32:])
 	if _, rest, err := readString(v[entryHeader:]); err == nil {
 		if key, _, err := readString(rest); err == nil {
 			x.resource, _ = object.OrderingKeyResource(key)
@@ -225,6 +230,100 @@ func decodeEntry(v []byte) (Entry, error) {
 		d.Event.Managers = []byte(f[8].Raw) // a copy: the body may be let go (see shareObject)
 	}
 	return d, nil
+}
+
+// A body in pieces (from format 9): the byte pieced, then pieces to the entry's end, each a
+// literal (pieceBytes and a byte string) or a reference (pieceRef, how far before the entry's
+// first byte the bytes lie, and their length, as uvarints) to bytes its commit wrote before it,
+// in the same frame: the object's state, or the objects of another sink's entry of the same
+// event. A body written whole is JSON: it begins with '{', never with pieced.
+const (
+	pieced     byte = 0
+	pieceBytes byte = 1
+	pieceRef   byte = 2
+)
+
+// errPiece is a body's piece that does not decode, or refers to bytes not before its entry.
+var errPiece = errors.New("a piece of the body that does not decode")
+
+// piece is one piece of a body in pieces: b, or the n bytes that lie back bytes before the
+// entry.
+type piece struct {
+	ref     bool
+	b       []byte
+	back, n int
+}
+
+// nextPiece reads the piece v begins with, and returns the rest of v after it.
+func nextPiece(v []byte) (piece, []byte, error) {
+	switch v[0] {
+	case pieceBytes:
+		n, size := binary.Uvarint(v[1:])
+		if size <= 0 || uint64(len(v)-1-size) < n {
+			return piece{}, nil, errPiece
+		}
+		b := v[1+size : 1+size+int(n)]
+		return piece{b: b}, v[1+size+int(n):], nil
+	case pieceRef:
+		back, s1 := binary.Uvarint(v[1:])
+		if s1 <= 0 {
+			return piece{}, nil, errPiece
+		}
+		n, s2 := binary.Uvarint(v[1+s1:])
+		if s2 <= 0 || n > back || back > math.MaxInt32 {
+			return piece{}, nil, errPiece
+		}
+		return piece{ref: true, back: int(back), n: int(n)}, v[1+s1+s2:], nil
+	}
+	return piece{}, nil, errPiece
+}
+
+// bodyAt is the offset in v, an encoded entry, of its body, and whether the body is in pieces.
+func bodyAt(v []byte) (int, bool, error) {
+	if len(v) < entryHeader {
+		return 0, false, errors.New("truncated")
+	}
+	rest := v[entryHeader:]
+	for range 3 { // the id, the ordering key, the filter error
+		n, size := binary.Uvarint(rest)
+		if size <= 0 || uint64(len(rest)-size) < n {
+			return 0, false, errors.New("truncated")
+		}
+		rest = rest[size+int(n):]
+	}
+	return len(v) - len(rest), len(rest) > 0 && rest[0] == pieced, nil
+}
+
+// wholeSize is the length of v, an encoded entry that lies at off in its file, with its body
+// whole: len(v) unless the body is in pieces. A body whose pieces do not decode, or refer to
+// bytes not before the entry in its file, counts as whole: read back, it does not decode.
+func wholeSize(v []byte, off int64) int {
+	at, inPieces, err := bodyAt(v)
+	if err != nil || !inPieces {
+		return len(v)
+	}
+	n := at
+	for rest := v[at+1:]; len(rest) > 0; {
+		p, r, err := nextPiece(rest)
+		if err != nil || int64(p.back) > off || n > math.MaxInt32-len(p.b)-p.n {
+			return len(v)
+		}
+		n += len(p.b) + p.n
+		rest = r
+	}
+	return n
+}
+
+// appendLiteral appends b as a literal piece.
+func appendLiteral(buf, b []byte) []byte {
+	buf = append(buf, pieceBytes)
+	return appendBytes(buf, b)
+}
+
+// literalSize is the length of a literal piece of n bytes, refSize that of a reference.
+func literalSize(n int) int { return 1 + uvarintSize(uint64(n)) + n }
+func refSize(back, n int) int {
+	return 1 + uvarintSize(uint64(back)) + uvarintSize(uint64(n))
 }
 
 func appendString(buf []byte, s string) []byte {

@@ -122,7 +122,7 @@ func openStore(path string, datasync func(*os.File) error) (*store, error) {
 	if errors.Is(err, wal.ErrLocked) {
 		err = errLocked
 	}
-	if err == nil && format != "" && format != logFormat && format != priorFormat {
+	if err == nil && format != "" && format != logFormat && !slices.Contains(priorFormats, format) {
 		err = errors.Join(fmt.Errorf("the store's format %q is not one this dynwatch reads (%s or earlier): it was written by a later release", format, logFormat), l.Close())
 	}
 	if err != nil {
@@ -132,7 +132,7 @@ func openStore(path string, datasync func(*os.File) error) (*store, error) {
 	if rec.Damaged != "" {
 		s.Damaged, s.DamageErr = rec.Damaged, rec.DamageErr
 	}
-	if s.Fresh || format == priorFormat {
+	if s.Fresh || format != logFormat {
 		if _, err := l.Append(append([]byte{recFormat}, appendString(nil, logFormat)...)); err != nil {
 			return nil, fmt.Errorf("state.path %s: %w", path, errors.Join(err, l.Close()))
 		}
@@ -167,19 +167,18 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 			sink, seq := r.string(), r.uvarint()
 			b, off := r.bytes()
 			if r.err == nil {
-				x := indexEntry(b)
-				x.at, x.n = at(p, off), len(b)
+				x := indexEntry(b, at(p, off))
 				if old, ok := s.outbox[sink][seq]; ok {
-					s.held.Add(-entrySize(sink, old.n))
+					s.held.Add(-entrySize(sink, old.whole))
 				}
-				s.held.Add(entrySize(sink, x.n))
+				s.held.Add(entrySize(sink, x.whole))
 				inner(s.outbox, sink)[seq] = x
 				s.seq = max(s.seq, seq)
 			}
 		case recAck:
 			sink, seq := r.string(), r.uvarint()
 			if x, ok := s.outbox[sink][seq]; ok {
-				s.held.Add(-entrySize(sink, x.n))
+				s.held.Add(-entrySize(sink, x.whole))
 			}
 			delete(s.outbox[sink], seq)
 		case recDeadline:
@@ -191,7 +190,7 @@ func (s *store) load(p wal.Pos, payload []byte) string {
 		case recDropSink:
 			sink := r.string()
 			for _, x := range s.outbox[sink] {
-				s.held.Add(-entrySize(sink, x.n))
+				s.held.Add(-entrySize(sink, x.whole))
 			}
 			delete(s.outbox, sink)
 		case recSinkRecord:
@@ -288,6 +287,13 @@ func (s *store) readEntry(seq uint64, x indexed) (e Entry, corrupt bool, err err
 	if err := s.log.ReadAt(x.at, b); err != nil {
 		return Entry{}, false, fmt.Errorf("read outbox entry %d: %w", seq, err)
 	}
+	if x.whole != x.n {
+		if b, err = s.appendWhole(make([]byte, 0, x.whole), x.at, b); errors.Is(err, errPiece) {
+			return Entry{}, true, nil
+		} else if err != nil {
+			return Entry{}, false, fmt.Errorf("read outbox entry %d: %w", seq, err)
+		}
+	}
 	if e, err = decodeEntry(b); err != nil {
 		return e, true, nil
 	}
@@ -353,11 +359,61 @@ func objectSize(res, key string, st stored) int64 {
 	return int64(recordOverhead + len(res) + len(key) + len(st.uid) + len(st.rv) + st.n)
 }
 
-func entrySize(sink string, n int) int64 { return int64(recordOverhead + len(sink) + n) }
+func entrySize(sink string, n int32) int64 { return int64(recordOverhead+len(sink)) + int64(n) }
 
 // unhold takes an object's state out of the size held.
 func (s *store) unhold(res, key string) {
 	if st, ok := s.objects[res][key]; ok {
 		s.held.Add(-objectSize(res, key, st))
 	}
+}
+
+// appendWholeAt appends the entry x indexes to buf as appendBytes does, with its body whole
+// (see appendWhole), reading the entry into scratch, which it returns for the next. Its pieces
+// were found whole when it was indexed (see wholeSize).
+func (s *store) appendWholeAt(buf, scratch []byte, x indexed) ([]byte, []byte, error) {
+	scratch = slices.Grow(scratch[:0], int(x.n))[:x.n]
+	if err := s.log.ReadAt(x.at, scratch); err != nil {
+		return buf, scratch, err
+	}
+	buf = binary.AppendUvarint(buf, uint64(x.whole))
+	start := len(buf)
+	buf, err := s.appendWhole(buf, x.at, scratch)
+	if err == nil && len(buf)-start != int(x.whole) {
+		err = fmt.Errorf("%d bytes whole; indexed as %d", len(buf)-start, x.whole)
+	}
+	return buf, scratch, err
+}
+
+// appendWhole appends v, the encoded entry that lies at p, to buf with its body whole: the
+// bytes its pieces refer to are read from the log straight into buf. A piece that does not
+// decode, or refers to bytes not before the entry in its file, is errPiece.
+func (s *store) appendWhole(buf []byte, p wal.Pos, v []byte) ([]byte, error) {
+	at, inPieces, err := bodyAt(v)
+	if err != nil || !inPieces {
+		return append(buf, v...), nil // one that does not decode fails as it is decoded
+	}
+	buf = append(buf, v[:at]...)
+	for rest := v[at+1:]; len(rest) > 0; {
+		pc, r, err := nextPiece(rest)
+		if err != nil {
+			return buf, err
+		}
+		rest = r
+		if !pc.ref {
+			buf = append(buf, pc.b...)
+			continue
+		}
+		if int64(pc.back) > p.Off {
+			return buf, errPiece
+		}
+		from := p
+		from.Off -= int64(pc.back)
+		off := len(buf)
+		buf = slices.Grow(buf, pc.n)[:off+pc.n]
+		if err := s.log.ReadAt(from, buf[off:]); err != nil {
+			return buf[:off], err
+		}
+	}
+	return buf, nil
 }

@@ -1,9 +1,11 @@
 package journal
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -144,5 +146,60 @@ func TestAFileAtStatePathIsRefusedNamingIt(t *testing.T) {
 	}
 	if b, err := os.ReadFile(path); err != nil || string(b) != "not a log" {
 		t.Errorf("the file at state.path was changed: %q, %v", b, err)
+	}
+}
+
+// TestAnEntryWhosePiecesDoNotDecodeIsCorrupt: an outbox entry whose body is in pieces that do
+// not decode, or refer to bytes not before the entry in its file (its frame checks: the bytes
+// were written wrong), is counted as corrupt and removed when its outbox is read; it neither
+// stops the outbox's reading nor reads another file's bytes, and the entries after it are
+// delivered.
+func TestAnEntryWhosePiecesDoNotDecodeIsCorrupt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	l, _, err := wal.Open(path, wal.Options{}, func(wal.Pos, []byte) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := Entry{ID: "uid-b.11.added", Key: "configmaps/ns/b", Revision: 11}
+	body := `{"type":"ADDED","resource":{"group":"","version":"v1","resource":"configmaps"},"object":{"metadata":{"name":"b","namespace":"ns","uid":"uid-b","resourceVersion":"11"}}}`
+	bodies := map[string][]byte{
+		"a reference before the file's start": binary.AppendUvarint(binary.AppendUvarint([]byte{pieced, pieceRef}, 1<<20), 10),
+		"a reference longer than its reach":   binary.AppendUvarint(binary.AppendUvarint([]byte{pieced, pieceRef}, 4), 10),
+		"a literal cut short":                 append(binary.AppendUvarint([]byte{pieced, pieceBytes}, 100), "{}"...),
+		"a piece of no kind":                  {pieced, 9, 1, 2},
+	}
+	var payload []byte
+	seq := uint64(0)
+	for _, name := range slices.Sorted(maps.Keys(bodies)) {
+		seq++
+		d := good
+		d.ID = name
+		payload = append(payload, recEntry)
+		payload = appendString(payload, "sink")
+		payload = binary.AppendUvarint(payload, seq)
+		payload = appendBytes(payload, append(appendEntry(nil, d), bodies[name]...))
+	}
+	good.Body = []byte(body)
+	payload = append(payload, recEntry)
+	payload = appendString(payload, "sink")
+	payload = binary.AppendUvarint(payload, seq+1)
+	payload = appendBytes(payload, appendEntry(nil, good))
+	if _, err := l.Append(payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	targets := []Target{&target{}}
+	j := openJournal(t, path, &targets)
+	var got []string
+	if _, end, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool { got = append(got, e.ID); return true }); err != nil || !end {
+		t.Fatalf("reading the outbox: end %v, %v; want its end, and no error", end, err)
+	}
+	if !slices.Equal(got, []string{good.ID}) {
+		t.Errorf("read %q; want only the entry that decodes", got)
+	}
+	if c := counterValue(j.m.corrupt); c != float64(len(bodies)) {
+		t.Errorf("%v entries counted corrupt; want %d", c, len(bodies))
 	}
 }

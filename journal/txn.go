@@ -26,11 +26,16 @@ type txn struct {
 	revs     map[string]map[string]revision
 }
 
-// ref is a value written from where it lies, before buf[at:].
+// ref is a value written from where it lies, before buf[at:], at off in the payload.
 type ref struct {
-	at int
-	b  []byte
+	at, off int
+	b       []byte
 }
+
+// recentValues is how many of the last values written from where they lie an entry looks
+// among for its objects (see placed): an event's state, and its old object as its first
+// entry wrote it, are the last two.
+const recentValues = 4
 
 // refMin is the shortest value a commit writes from where it lies (see txn.value); a shorter
 // one costs less copied than as one more vector of the write.
@@ -47,8 +52,22 @@ func (t *txn) value(b []byte) {
 		t.buf = append(t.buf, b...)
 		return
 	}
-	t.refs = append(t.refs, ref{len(t.buf), b})
+	t.refs = append(t.refs, ref{at: len(t.buf), off: t.len(), b: b})
 	t.refBytes += len(b)
+}
+
+// placed is where in the payload b lies, if the commit wrote it, from where it lies, among its
+// last recentValues values: an entry refers to it there rather than writing it again.
+func (t *txn) placed(b []byte) (int, bool) {
+	if len(b) < refMin {
+		return 0, false
+	}
+	for i := len(t.refs) - 1; i >= max(0, len(t.refs)-recentValues); i-- {
+		if r := t.refs[i]; len(r.b) == len(b) && &r.b[0] == &b[0] {
+			return r.off, true
+		}
+	}
+	return 0, false
 }
 
 // parts are the payload's pieces in order, for wal.Log.Write.
@@ -238,24 +257,81 @@ func (t *txn) resources() []string {
 }
 
 // entry appends an outbox entry whose body is body (d's own is not written), and returns
-// where the entry begins in the payload and its length.
-func (t *txn) entry(sink string, seq uint64, d Entry, body payload) (off, n int) {
+// where the entry begins in the payload, its length, and its length with its body whole. The
+// objects of the body that the commit wrote already (the object's state, another sink's entry
+// of the same event) are referred to, and the body written in pieces (see pieced).
+func (t *txn) entry(sink string, seq uint64, d Entry, body payload) (off, n, whole int) {
 	t.buf = append(t.buf, recEntry)
 	t.buf = appendString(t.buf, sink)
 	t.buf = binary.AppendUvarint(t.buf, seq)
 	d.Body = nil
-	n = encodedSize(d) + body.len()
-	t.buf = binary.AppendUvarint(t.buf, uint64(n))
-	off = t.len()
-	t.buf = appendEntry(t.buf, d)
-	t.buf = append(t.buf, body.head...)
-	t.value(body.object)
-	if body.old != nil {
-		t.buf = append(t.buf, oldObjectField...)
-		t.value(body.old)
+	whole = encodedSize(d) + body.len()
+	objectAt, objectPlaced := t.placed(body.object)
+	oldAt, oldPlaced := t.placed(body.old)
+	if !objectPlaced && !oldPlaced {
+		t.buf = binary.AppendUvarint(t.buf, uint64(whole))
+		off = t.len()
+		t.buf = appendEntry(t.buf, d)
+		t.buf = append(t.buf, body.head...)
+		t.value(body.object)
+		if body.old != nil {
+			t.buf = append(t.buf, oldObjectField...)
+			t.value(body.old)
+		}
+		t.buf = append(t.buf, '}')
+		return off, whole, whole
 	}
-	t.buf = append(t.buf, '}')
-	return off, n
+	// How far back a reference reaches depends on the size of the entry's length before it,
+	// which depends on the references' sizes: a few rounds settle both.
+	size := func(off int) int {
+		n := encodedSize(d) + 1 + literalSize(len(body.head)) + pieceSize(body.object, objectPlaced, off-objectAt) + literalSize(1)
+		if body.old != nil {
+			n += literalSize(len(oldObjectField)) + pieceSize(body.old, oldPlaced, off-oldAt)
+		}
+		return n
+	}
+	start, k := t.len(), 1
+	for {
+		off = start + k
+		n = size(off)
+		if uvarintSize(uint64(n)) == k {
+			break
+		}
+		k = uvarintSize(uint64(n))
+	}
+	t.buf = binary.AppendUvarint(t.buf, uint64(n))
+	t.buf = appendEntry(t.buf, d)
+	t.buf = append(t.buf, pieced)
+	t.buf = appendLiteral(t.buf, body.head)
+	t.piece(body.object, objectPlaced, off-objectAt)
+	if body.old != nil {
+		t.buf = appendLiteral(t.buf, []byte(oldObjectField))
+		t.piece(body.old, oldPlaced, off-oldAt)
+	}
+	t.buf = appendLiteral(t.buf, []byte("}"))
+	return off, n, whole
+}
+
+// piece appends b as a piece: a reference back bytes back when the commit wrote it already,
+// else a literal written from where it lies.
+func (t *txn) piece(b []byte, placed bool, back int) {
+	if placed {
+		t.buf = append(t.buf, pieceRef)
+		t.buf = binary.AppendUvarint(t.buf, uint64(back))
+		t.buf = binary.AppendUvarint(t.buf, uint64(len(b)))
+		return
+	}
+	t.buf = append(t.buf, pieceBytes)
+	t.buf = binary.AppendUvarint(t.buf, uint64(len(b)))
+	t.value(b)
+}
+
+// pieceSize is the length of b's piece (see piece).
+func pieceSize(b []byte, placed bool, back int) int {
+	if placed {
+		return refSize(back, len(b))
+	}
+	return literalSize(len(b))
 }
 
 // has reports whether sink's outbox holds committed entry seq, not acknowledged in t.
