@@ -203,3 +203,48 @@ func TestAnEntryWhosePiecesDoNotDecodeIsCorrupt(t *testing.T) {
 		t.Errorf("%v entries counted corrupt; want %d", c, len(bodies))
 	}
 }
+
+// TestAStoreOfAnEarlierFormatIsReadAndWrittenOn: a store the last release wrote (format 8, its
+// entries' bodies whole) opens, its outbox reads back, and the entries this release writes on
+// it, whose bodies refer to their commit's objects, read back beside them, opened again too.
+func TestAStoreOfAnEarlierFormatIsReadAndWrittenOn(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	l, _, err := wal.Open(path, wal.Options{}, func(wal.Pos, []byte) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier := addedWithData("a", 10, 2048)
+	d := Entry{Event: earlier, ID: EventID(earlier), Key: object.OrderingKey(configmaps, "ns", "a"), Revision: 10}
+	d.Body = AppendBody(nil, d)
+	payload := append([]byte{recFormat}, appendString(nil, "8")...)
+	payload = append(payload, recEntry)
+	payload = appendString(payload, "sink")
+	payload = binary.AppendUvarint(payload, 1)
+	payload = appendBytes(payload, appendEntry(nil, d))
+	if _, err := l.Append(payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tg := &recorder{name: "sink"}
+	targets := []Target{tg}
+	j := openJournal(t, path, &targets)
+	later := addedWithData("b", 11, 2048)
+	j.OnEvent(later)
+	flush(t, j)
+	want := []string{string(d.Body), string(AppendBody(nil, tg.entries[0]))}
+	for _, when := range []string{"at once", "opened again"} {
+		var got []string
+		if _, _, err := j.ReadOutbox("sink", 0, 0, func(e Entry) bool { got = append(got, string(AppendBody(nil, e))); return true }); err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: the outbox read back %d bodies that differ from the %d written", when, len(got), len(want))
+		}
+		if err := j.Close(); err != nil {
+			t.Fatal(err)
+		}
+		j = openJournal(t, path, &targets)
+	}
+}
