@@ -13,7 +13,9 @@
 // state replaces it (compact.go). In memory the journal keeps each object's state as the
 // cache's own object (or, read back at start, where its JSON lies), and each outbox entry's
 // index: its revision and where it lies; an entry's body is read from the log when it is
-// read back. A Target is a sink as the journal sees it: a name, a filter and a queue. An
+// read back. An entry's body refers to the objects its commit wrote before it (the object's
+// new state, another sink's entry of the same event) rather than holding them again; a
+// snapshot writes each entry whole. A Target is a sink as the journal sees it: a name, a filter and a queue. An
 // Entry is one event recorded for one target, with its stable id and its ordering key. A
 // Checkpoint is a revision per sink and per resource through which every event has been
 // acknowledged; one resource's resourceVersions compare as integers, so a checkpoint means the
