@@ -47,6 +47,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log := newLogger(o.Log, cfg.Log)
 	klog.SetSlogLogger(log)
+	starting := releaseWhileStarting(ctx, log, startPagesEvery, startPagesFor)
+	defer starting.Stop()
 	setGCPercent(log)
 	setMemoryLimit(ctx, log)
 	gin.SetMode(gin.ReleaseMode)
@@ -54,7 +56,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	releaseStartPagesLogged(log, "built")
+	s.starting = starting
 	log.Info("starting", "cluster", s.cluster.ID, "resources", len(cfg.Resources), "webhooks", len(cfg.Webhooks), "jetstream", len(cfg.JetStream), "kafka", len(cfg.Kafka), "apiserver", s.host)
 	err = s.run(ctx)
 	log.Info("stopped", "err", err)
@@ -70,6 +72,7 @@ type service struct {
 	keys      signingKeys // GET /signing-keys
 	informers *dynamicinformer.Manager
 	ready     *releasingReadiness // the informers' readiness, /readyz's first
+	starting  *startRelease       // the releases of the executable's pages while starting
 	pipeline  *pipeline
 	history   *history.Recorder // nil without a state store
 	reloader  *config.Reloader
@@ -104,7 +107,9 @@ func (s *service) run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		ready := func() bool { ok, _ := s.ready.Ready(); return ok }
-		returnMemoryAfterBursts(ctx, s.log, ready, s.pipeline.journal.Backlog, releaseBurstMemory)
+		// The first burst over is the start's: its releases end there.
+		release := func() error { s.starting.Stop(); return releaseBurstMemory() }
+		returnMemoryAfterBursts(ctx, s.log, ready, s.pipeline.journal.Backlog, release)
 		return nil
 	})
 	g.Go(func() error {

@@ -83,8 +83,9 @@ func TestAFinishedBurstsExecutablePagesAreReleased(t *testing.T) {
 }
 
 // touchExecutable maps every page of the test binary's read-only mappings into the process,
-// reading one byte of each through /proc/self/mem, which faults the page in as a read would.
-func touchExecutable(t *testing.T) {
+// reading one byte of each through /proc/self/mem, which faults the page in as a read would,
+// and returns the mappings' size.
+func touchExecutable(t *testing.T) uint64 {
 	t.Helper()
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
@@ -100,13 +101,16 @@ func touchExecutable(t *testing.T) {
 	}
 	defer func() { _ = mem.Close() }() // read only
 	b := make([]byte, 1)
+	var size uint64
 	for _, r := range ranges {
 		for at := r[0]; at < r[1]; at += 4096 {
 			if _, err := mem.ReadAt(b, int64(at)); err != nil {
 				t.Fatalf("read %#x of the executable's mapping: %v", at, err)
 			}
 		}
+		size += uint64(r[1] - r[0])
 	}
+	return size
 }
 
 // TestMemoryIsReturnedOnceABurstIsOverAndOnlyThen: nothing is returned while a burst's backlog

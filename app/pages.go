@@ -21,9 +21,9 @@ import (
 // parsing and checks, CEL's compilers, discovery, the informers' first lists. Their pages of
 // the executable stay mapped, and counted in the process's resident memory (RssFile), for as
 // long as the process runs: at 10,000 configmaps, the executable's resident pages were 54 to
-// 56 MB after sync, and 20 to 23 MB once released (docs/benchmarks.md). Once the parts are
-// built, before any informer starts, again once every resource has synced, and once each burst
-// of events is over (releaseBurstMemory), releaseStartPages unmaps the executable's read-only
+// 56 MB after sync, and 20 to 23 MB once released (docs/benchmarks.md). Every startPagesEvery
+// while dynwatch starts (startRelease), once every resource has synced, and once each burst of
+// events is over (releaseBurstMemory), releaseStartPages unmaps the executable's read-only
 // pages (MADV_DONTNEED): they are clean copies of the file, which the kernel maps again, from
 // its page cache, when they are next touched, so what running uses comes back and the rest
 // does not. Writable mappings (the executable's initialised data, which running has changed)
@@ -33,6 +33,72 @@ import (
 // releaseStartPagesEvery is how often releaseStartPagesOnceReady asks whether every resource
 // has synced.
 const releaseStartPagesEvery = 250 * time.Millisecond
+
+// Starting touches more of the executable than the release once built and once synced can
+// bound: at 10,000 configmaps it was 25 to 41 MB resident again through the informers' lists,
+// with the faults' read-around, and that was a third of the peak to synced. While dynwatch
+// starts, startRelease releases the pages every startPagesEvery, so that what is resident is
+// what about that long touched: at 10,000 configmaps the executable then stayed at 2 to 21 MB
+// through the lists and the peak to synced was 67 MB rather than 83 (docs/benchmarks-history.md,
+// "The executable's pages released while starting").
+const startPagesEvery = 20 * time.Millisecond
+
+// startPagesFor bounds how long startRelease releases: a start whose first burst never ends
+// (a sink down from the start holds its initial deliveries) does not pay for releases, and for
+// the faults that map the pages again, as long as it runs.
+const startPagesFor = time.Minute
+
+// startRelease releases the executable's read-only pages every period from its start until
+// Stop, until its bound has passed, or until its context ends, whichever comes first, and logs
+// then how many releases it made and what they took.
+type startRelease struct {
+	log  *slog.Logger
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// releaseWhileStarting starts releasing the executable's read-only pages every period, for at
+// most bound.
+func releaseWhileStarting(ctx context.Context, log *slog.Logger, period, bound time.Duration) *startRelease {
+	r := &startRelease{log: log, stop: make(chan struct{}), done: make(chan struct{})}
+	go r.run(ctx, period, bound)
+	return r
+}
+
+func (r *startRelease) run(ctx context.Context, period, bound time.Duration) {
+	defer close(r.done)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	end := time.NewTimer(bound)
+	defer end.Stop()
+	releases, spent, why := 0, time.Duration(0), ""
+	for why == "" {
+		began := time.Now()
+		if err := releaseStartPages(); err != nil {
+			r.log.Info("stopped releasing the executable's pages while starting: a release failed", "err", err)
+			return
+		}
+		releases, spent = releases+1, spent+time.Since(began)
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.stop:
+			why = "the start is over"
+		case <-end.C:
+			why = "the start lasted longer than " + bound.String()
+		case <-t.C:
+		}
+	}
+	r.log.Info("stopped releasing the executable's pages while starting", "why", why, "every", period.String(), "releases", releases,
+		"spent", spent.Round(time.Millisecond).String(), "fileBackedMiB", residentFileBacked()>>20)
+}
+
+// Stop ends the releases and returns once they have ended. Later calls do nothing.
+func (r *startRelease) Stop() {
+	r.once.Do(func() { close(r.stop) })
+	<-r.done
+}
 
 // releasingReadiness is the informers' readiness, releasing the start's pages the first time
 // it finds every resource synced, before it says so. So /readyz's first 200 comes after the
@@ -47,7 +113,7 @@ type releasingReadiness struct {
 func (r *releasingReadiness) Ready() (bool, []string) {
 	ready, why := r.Readiness.Ready()
 	if ready {
-		r.once.Do(func() { releaseStartPagesLogged(r.log, "every resource has synced") })
+		r.once.Do(func() { releaseStartPagesLogged(r.log) })
 	}
 	return ready, why
 }
@@ -66,8 +132,10 @@ func releaseStartPagesOnceReady(ctx context.Context, r *releasingReadiness) {
 	}
 }
 
-// releaseStartPagesLogged releases the start's pages and logs what it did, and why now.
-func releaseStartPagesLogged(log *slog.Logger, now string) {
+// releaseStartPagesLogged releases the start's pages once every resource has synced, and logs
+// what it did.
+func releaseStartPagesLogged(log *slog.Logger) {
+	const now = "every resource has synced"
 	before := residentFileBacked()
 	if err := releaseStartPages(); err != nil {
 		log.Info("the executable's pages touched while starting were not released", "now", now, "err", err)

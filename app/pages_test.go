@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // changedAtRun is initialised data (the executable's writable mapping) that the test changes
@@ -96,5 +97,49 @@ func TestTheStartPagesAreReleasedOnceBeforeTheFirstReadyAnswer(t *testing.T) {
 	r.Ready()
 	if n := strings.Count(logged.String(), line); n != 1 {
 		t.Errorf("released %d times after two ready answers; want once: %s", n, logged.String())
+	}
+}
+
+// TestTheExecutablesPagesAreReleasedWhileStartingUntilStopped: while the start's releases run,
+// the executable's pages that a test maps again are released within a few periods; once Stop
+// has returned, pages mapped again stay mapped; and the releases' log line says why they ended.
+func TestTheExecutablesPagesAreReleasedWhileStartingUntilStopped(t *testing.T) {
+	var logged bytes.Buffer
+	const period = 10 * time.Millisecond
+	r := releaseWhileStarting(t.Context(), slog.New(slog.NewTextHandler(&logged, nil)), period, time.Hour)
+	for range 3 {
+		size := touchExecutable(t)
+		deadline := time.Now().Add(10 * time.Second)
+		for residentFileBacked() >= size/4 {
+			if time.Now().After(deadline) {
+				t.Fatalf("RssFile %d KiB 10 s after the executable's %d KiB were mapped again; want less than a quarter", residentFileBacked()>>10, size>>10)
+			}
+			time.Sleep(period)
+		}
+	}
+	r.Stop()
+	size := touchExecutable(t)
+	time.Sleep(10 * period) // ten periods without a release
+	if now := residentFileBacked(); now < size/2 {
+		t.Errorf("RssFile %d KiB ten periods after Stop returned and the executable's %d KiB were mapped again: released after Stop", now>>10, size>>10)
+	}
+	if !strings.Contains(logged.String(), "why=\"the start is over\"") {
+		t.Errorf("the releases' log: %q; want the line saying the start is over", logged.String())
+	}
+	r.Stop() // a second Stop returns too
+}
+
+// TestTheReleasesWhileStartingEndAfterTheirBound: releases that nobody stops end once their
+// bound has passed, and say so.
+func TestTheReleasesWhileStartingEndAfterTheirBound(t *testing.T) {
+	var logged bytes.Buffer
+	r := releaseWhileStarting(t.Context(), slog.New(slog.NewTextHandler(&logged, nil)), 10*time.Millisecond, 50*time.Millisecond)
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the releases went on 10 s after their bound of 50ms")
+	}
+	if !strings.Contains(logged.String(), "longer than 50ms") {
+		t.Errorf("the releases' log: %q; want the line saying the start lasted longer than the bound", logged.String())
 	}
 }
