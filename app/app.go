@@ -47,7 +47,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	log := newLogger(o.Log, cfg.Log)
 	klog.SetSlogLogger(log)
-	starting := releaseWhileStarting(ctx, log, startPagesEvery, startPagesFor)
+	starting := releaseWhileStarting(ctx, log, startPagesEvery, startPagesGrowth, startPagesFor)
 	defer starting.Stop()
 	setGCPercent(log)
 	setMemoryLimit(ctx, log)

@@ -37,18 +37,23 @@ const releaseStartPagesEvery = 250 * time.Millisecond
 // Starting touches more of the executable than the release once built and once synced can
 // bound: at 10,000 configmaps it was 25 to 41 MB resident again through the informers' lists,
 // with the faults' read-around, and that was a third of the peak to synced. While dynwatch
-// starts, startRelease releases the pages every startPagesEvery, so that what is resident is
-// what about that long touched: at 10,000 configmaps the executable then stayed at 2 to 21 MB
-// through the lists and the peak to synced was 67 MB rather than 83 (docs/benchmarks-history.md,
-// "The executable's pages released while starting").
-const startPagesEvery = 20 * time.Millisecond
+// starts, startRelease looks at its file-backed resident memory every startPagesEvery and
+// releases the executable's pages whenever they have grown by startPagesGrowth over what
+// running maps again after a release (the code and tables it keeps touching), so that what
+// starting touches once does not stay (docs/benchmarks-history.md, "The executable's pages
+// released while starting"). A start that touches nothing new (a sink down from the start,
+// its initial deliveries retried) grows nothing, and is not released again and again.
+const (
+	startPagesEvery  = 20 * time.Millisecond
+	startPagesGrowth = 4 << 20
+)
 
-// startPagesFor bounds how long startRelease releases: a start whose first burst never ends
-// (a sink down from the start holds its initial deliveries) does not pay for releases, and for
-// the faults that map the pages again, as long as it runs.
+// startPagesFor bounds how long startRelease runs: a start whose first burst never ends (a
+// sink down from the start holds its initial deliveries) does not look at its memory, and
+// release what grows, for as long as it runs.
 const startPagesFor = time.Minute
 
-// startRelease releases the executable's read-only pages every period from its start until
+// startRelease releases the executable's read-only pages, while they grow, from its start until
 // Stop, until its bound has passed, or until its context ends, whichever comes first, and logs
 // then how many releases it made and what they took.
 type startRelease struct {
@@ -58,28 +63,38 @@ type startRelease struct {
 	once sync.Once
 }
 
-// releaseWhileStarting starts releasing the executable's read-only pages every period, for at
-// most bound.
-func releaseWhileStarting(ctx context.Context, log *slog.Logger, period, bound time.Duration) *startRelease {
+// releaseWhileStarting starts looking at the process's file-backed resident memory every
+// period, and releasing the executable's read-only pages each time they have grown by growth,
+// for at most bound.
+func releaseWhileStarting(ctx context.Context, log *slog.Logger, period time.Duration, growth uint64, bound time.Duration) *startRelease {
 	r := &startRelease{log: log, stop: make(chan struct{}), done: make(chan struct{})}
-	go r.run(ctx, period, bound)
+	go r.run(ctx, period, growth, bound)
 	return r
 }
 
-func (r *startRelease) run(ctx context.Context, period, bound time.Duration) {
+func (r *startRelease) run(ctx context.Context, period time.Duration, growth uint64, bound time.Duration) {
 	defer close(r.done)
 	t := time.NewTicker(period)
 	defer t.Stop()
 	end := time.NewTimer(bound)
 	defer end.Stop()
+	// floor is what running mapped again in the period after the last release: growth over it
+	// is what starting touched since.
+	var floor uint64
+	settling := false
 	releases, spent, why := 0, time.Duration(0), ""
 	for why == "" {
-		began := time.Now()
-		if err := releaseStartPages(); err != nil {
-			r.log.Info("stopped releasing the executable's pages while starting: a release failed", "err", err)
-			return
+		switch resident := residentFileBacked(); {
+		case settling:
+			floor, settling = resident, false
+		case resident >= floor+growth:
+			began := time.Now()
+			if err := releaseStartPages(); err != nil {
+				r.log.Info("stopped releasing the executable's pages while starting: a release failed", "err", err)
+				return
+			}
+			releases, spent, settling = releases+1, spent+time.Since(began), true
 		}
-		releases, spent = releases+1, spent+time.Since(began)
 		select {
 		case <-ctx.Done():
 			return
@@ -90,7 +105,7 @@ func (r *startRelease) run(ctx context.Context, period, bound time.Duration) {
 		case <-t.C:
 		}
 	}
-	r.log.Info("stopped releasing the executable's pages while starting", "why", why, "every", period.String(), "releases", releases,
+	r.log.Info("stopped releasing the executable's pages while starting", "why", why, "releases", releases,
 		"spent", spent.Round(time.Millisecond).String(), "fileBackedMiB", residentFileBacked()>>20)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -106,7 +107,7 @@ func TestTheStartPagesAreReleasedOnceBeforeTheFirstReadyAnswer(t *testing.T) {
 func TestTheExecutablesPagesAreReleasedWhileStartingUntilStopped(t *testing.T) {
 	var logged bytes.Buffer
 	const period = 10 * time.Millisecond
-	r := releaseWhileStarting(t.Context(), slog.New(slog.NewTextHandler(&logged, nil)), period, time.Hour)
+	r := releaseWhileStarting(t.Context(), slog.New(slog.NewTextHandler(&logged, nil)), period, 4<<20, time.Hour)
 	for range 3 {
 		size := touchExecutable(t)
 		deadline := time.Now().Add(10 * time.Second)
@@ -133,7 +134,7 @@ func TestTheExecutablesPagesAreReleasedWhileStartingUntilStopped(t *testing.T) {
 // bound has passed, and say so.
 func TestTheReleasesWhileStartingEndAfterTheirBound(t *testing.T) {
 	var logged bytes.Buffer
-	r := releaseWhileStarting(t.Context(), slog.New(slog.NewTextHandler(&logged, nil)), 10*time.Millisecond, 50*time.Millisecond)
+	r := releaseWhileStarting(t.Context(), slog.New(slog.NewTextHandler(&logged, nil)), 10*time.Millisecond, 4<<20, 50*time.Millisecond)
 	select {
 	case <-r.done:
 	case <-time.After(10 * time.Second):
@@ -141,5 +142,25 @@ func TestTheReleasesWhileStartingEndAfterTheirBound(t *testing.T) {
 	}
 	if !strings.Contains(logged.String(), "longer than 50ms") {
 		t.Errorf("the releases' log: %q; want the line saying the start lasted longer than the bound", logged.String())
+	}
+}
+
+// TestTheReleasesWhileStartingLeaveAloneWhatRunningKeepsMapped: with nothing new touched, the
+// pages running maps again after a release are not released again and again (that the pages
+// a start maps are released is TestTheExecutablesPagesAreReleasedWhileStartingUntilStopped).
+func TestTheReleasesWhileStartingLeaveAloneWhatRunningKeepsMapped(t *testing.T) {
+	var logged bytes.Buffer
+	const period = 10 * time.Millisecond
+	r := releaseWhileStarting(t.Context(), slog.New(slog.NewTextHandler(&logged, nil)), period, 8<<20, time.Hour)
+	time.Sleep(50 * period) // fifty periods of running without touching anything new
+	r.Stop()
+	_, after, _ := strings.Cut(logged.String(), "releases=")
+	releases, err := strconv.Atoi(strings.Fields(after + " ")[0])
+	if err != nil {
+		t.Fatalf("the releases' log: %q: %v", logged.String(), err)
+	}
+	// One at the start if the test binary's pages were 8 MiB or more by then.
+	if releases > 1 {
+		t.Errorf("%d releases in 50 periods of running that touched nothing new; want at most 1 (%s)", releases, logged.String())
 	}
 }
