@@ -34,9 +34,9 @@ import (
 // has synced.
 const releaseStartPagesEvery = 250 * time.Millisecond
 
-// Starting touches more of the executable than the release once built and once synced can
-// bound: at 10,000 configmaps it was 25 to 41 MB resident again through the informers' lists,
-// with the faults' read-around, and that was a third of the peak to synced. While dynwatch
+// Starting touches more of the executable than releases once built and once synced could
+// bound: at 10,000 configmaps it was 24 to 41 MB resident again through the informers' lists,
+// with the faults' read-around, a third of the peak to synced (12 to 18 MB with startRelease). While dynwatch
 // starts, startRelease looks at its file-backed resident memory every startPagesEvery and
 // releases the executable's pages whenever they have grown by startPagesGrowth over what
 // running maps again after a release (the code and tables it keeps touching), so that what
