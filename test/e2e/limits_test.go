@@ -68,7 +68,7 @@ api:
 metrics: {address: "127.0.0.1:0"}
 `, ns, requestTimeout, caFile))
 	// No consistency check: one of 30,000 objects costs about as much CPU as the scans whose
-	// end the subtests measure by dynwatch's CPU time (a CI run's check fell in the 500 ms
+	// end the subtests measure by dynwatch's CPU time (a CI run's check fell in the window
 	// after a client left, and the scan seemed to go on).
 	p, err := launch(t, runner.Options{Config: config, Kubeconfig: c.Kubeconfig, Env: []string{"DYNWATCH_CONSISTENCYCHECK_ENABLED=false"}})
 	if err != nil {
