@@ -79,13 +79,20 @@ type batch struct {
 // but those an outsized commit grew: a commit of an initial list's 1,024 events grew them anew
 // each time (24 MB of garbage in the third of a second after the list of 20,000 configmaps).
 func (b *batch) reset() {
-	*b = batch{out: emptied(b.out), added: emptied(b.added), removed: emptied(b.removed), progress: emptied(b.progress)}
+	*b = batch{out: emptied(b.out, keptEntries), added: emptied(b.added, keptEntries), removed: emptied(b.removed, 2*maxBatch), progress: emptied(b.progress, 2*maxBatch)}
 }
 
-// emptied is s cleared, to be appended to again, or nil if it grew past a commit of maxBatch
-// events to two sinks.
-func emptied[S ~[]E, E any](s S) S {
-	if cap(s) > 2*maxBatch {
+// keptEntries is how many entries a batch's arrays of them keep room for: a commit of maxBatch
+// events to up to four sinks, in the array append grows to hold them (up to a third more than
+// they need). Kept up to twice maxBatch, the arrays a commit of an initial list to two sinks
+// grew were let go every time, and grown anew by copies for the next commit (16 MB of garbage
+// through the list of 10,000 configmaps, at the peak of dynwatch's resident memory). What
+// they keep is what the largest commit used, 3 MB at most.
+const keptEntries = 6 * maxBatch
+
+// emptied is s cleared, to be appended to again, or nil if it grew past n elements.
+func emptied[S ~[]E, E any](s S, n int) S {
+	if cap(s) > n {
 		return nil
 	}
 	clear(s)
