@@ -372,10 +372,10 @@ func allocated(fn func()) uint64 {
 	return after.TotalAlloc - before.TotalAlloc
 }
 
-// discarding selects everything and keeps nothing it is handed.
-type discarding struct{}
+// discarding is a sink of that name that selects every event and keeps nothing it is handed.
+type discarding string
 
-func (discarding) Name() string                       { return "sink" }
+func (d discarding) Name() string                     { return string(d) }
 func (discarding) Selects(object.Event) (bool, error) { return true, nil }
 func (discarding) Queue(Entry)                        {}
 func (discarding) InitialState() bool                 { return false }
@@ -386,7 +386,7 @@ func (discarding) InitialState() bool                 { return false }
 // append outgrew it.
 func TestAFlushedEventIsNotKeptAliveByThePendingOperations(t *testing.T) {
 	j, _ := newJournal(t)
-	j.targets = func() []Target { return []Target{discarding{}} }
+	j.targets = func() []Target { return []Target{discarding("sink")} }
 	const versions = 1500 // two commits' worth, so the array is grown past what it holds
 	old := make([]weak.Pointer[object.Object], 0, versions)
 	prev := addedAt("a", 10).Object
@@ -419,7 +419,7 @@ func TestAFlushedEventIsNotKeptAliveByThePendingOperations(t *testing.T) {
 // After the initial deliveries of 20,000 configmaps they were 11 MB of dynwatch's live heap.
 func TestADrainedBacklogLeavesNothingOfItsSize(t *testing.T) {
 	j, _ := newJournal(t)
-	j.targets = func() []Target { return []Target{discarding{}} }
+	j.targets = func() []Target { return []Target{discarding("sink")} }
 	const entries = 20_000
 	j.OnEvent(addedAt("a", 1))
 	flush(t, j)
@@ -486,12 +486,11 @@ func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
 		name  string
 		sinks int
 	}{{"one sink", 1}, {"two sinks", 2}, {"three sinks", 3}} {
-		sinks := c.sinks
 		t.Run(c.name, func(t *testing.T) {
 			j, _ := newJournal(t)
-			targets := make([]Target, sinks)
+			targets := make([]Target, c.sinks)
 			for i := range targets {
-				targets[i] = namedDiscarding(fmt.Sprintf("sink-%d", i))
+				targets[i] = discarding(fmt.Sprintf("sink-%d", i))
 			}
 			j.targets = func() []Target { return targets }
 			const objects = 4 * maxBatch
@@ -508,7 +507,7 @@ func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
 			}
 			record(events[:maxBatch]) // the journal's own arrays and maps, grown once
 			per := allocated(func() { record(events[maxBatch:]) }) / (objects - maxBatch)
-			limit := uint64(1536 + 1280*sinks) // its state, and for each sink its entry's strings, its index and its room in commit buffers
+			limit := uint64(1536 + 1280*c.sinks) // its state, and for each sink its entry's strings, its index and its room in commit buffers
 			t.Logf("%d bytes allocated per event of an initial list (limit %d)", per, limit)
 			if per > limit {
 				t.Errorf("%d bytes allocated per event of an initial list; want no more than %d: its state, and its entry for each sink", per, limit)
@@ -516,14 +515,6 @@ func TestACommitOfAnInitialListMakesLittleGarbage(t *testing.T) {
 		})
 	}
 }
-
-// namedDiscarding is a sink of that name that selects every event and discards it.
-type namedDiscarding string
-
-func (n namedDiscarding) Name() string                     { return string(n) }
-func (namedDiscarding) Selects(object.Event) (bool, error) { return true, nil }
-func (namedDiscarding) Queue(Entry)                        {}
-func (namedDiscarding) InitialState() bool                 { return false }
 
 // TestAnEntryIsQueuedWithoutABodyOfItsOwn: the log records each entry's whole request body,
 // but the entry queued for the sink holds only the event and the old object, which live on
